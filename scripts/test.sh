@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite: fetches the default model, runs every Rust test (unit and
+# integration, on the real MLX engine), then type-checks the macOS code.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+# Tests run the release profile: the engine in a debug build is too slow to be useful.
+cargo build --release --bin mlxbar
+./target/release/mlxbar fetch-model >/dev/null
+./target/release/mlxbar doctor
+cargo test --release --all-targets -- --test-threads=2
+bash scripts/check-macos.sh

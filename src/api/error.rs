@@ -1,0 +1,109 @@
+//! Errors in OpenAI's JSON shape: `{"error": {"message", "type", "param", "code"}}`.
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+    pub retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after_secs: None }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        Self::not_found(format!("The model '{model}' does not exist; GET /v1/models lists the models this server has"))
+            .param("model")
+            .code("model_not_found")
+    }
+
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("The request body exceeds the limit of {limit} bytes"))
+            .code("payload_too_large")
+    }
+
+    pub fn queue_full(waiting: usize) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!("The server is busy: {waiting} requests are already waiting. Retry shortly."),
+        )
+        .code("queue_full");
+        e.retry_after_secs = Some(1);
+        e
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).code("model_not_ready");
+        e.retry_after_secs = Some(2);
+        e
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "Missing or incorrect API key: send 'Authorization: Bearer <key>'")
+            .code("invalid_api_key")
+    }
+
+    pub fn forbidden_host(host: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            format!("Host '{host}' is not allowed (DNS rebinding protection); add it with --allowed-host"),
+        )
+        .code("host_not_allowed")
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message).code("engine_error")
+    }
+
+    pub fn param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+
+    pub fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+impl From<crate::engine::SubmitError> for ApiError {
+    fn from(e: crate::engine::SubmitError) -> Self {
+        use crate::engine::SubmitError::*;
+        match e {
+            QueueFull(n) => ApiError::queue_full(n),
+            Loading => ApiError::unavailable("The model is still loading; retry shortly"),
+            Unavailable(why) => ApiError::unavailable(format!("The engine is not available: {why}")),
+        }
+    }
+}

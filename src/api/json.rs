@@ -1,0 +1,43 @@
+//! A JSON body extractor whose failures are OpenAI-shaped errors: 413 past the body limit,
+//! 400 for malformed JSON or wrong fields (axum's own says 422 in plain text).
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+pub struct OpenAiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OpenAiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let limit = req.extensions().get::<BodyLimit>().map(|l| l.0).unwrap_or(0);
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::payload_too_large(limit)
+            } else {
+                ApiError::bad_request(format!("Could not read the request body: {e}"))
+            }
+        })?;
+        if bytes.is_empty() {
+            return Err(ApiError::bad_request("The request body is empty; expected a JSON object"));
+        }
+        let mut de = serde_json::Deserializer::from_slice(&bytes);
+        serde_path_to_error::deserialize(&mut de).map(OpenAiJson).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                ApiError::bad_request(format!("We could not parse the JSON body of your request: {inner}"))
+            } else if path == "." {
+                ApiError::bad_request(format!("Invalid request: {inner}"))
+            } else {
+                ApiError::bad_request(format!("Invalid value for '{path}': {inner}"))
+            }
+        })
+    }
+}
+
+/// The configured body limit, put into request extensions so errors can quote it.
+#[derive(Clone, Copy)]
+pub struct BodyLimit(pub usize);

@@ -1,0 +1,61 @@
+//! The HTTP API: OpenAI-compatible routes plus health, with the security layers.
+pub mod chat;
+pub mod completions;
+pub mod error;
+pub mod generation;
+pub mod json;
+pub mod models;
+pub mod openai;
+pub mod security;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, Method};
+use axum::routing::{get, post};
+use axum::{middleware, Extension, Router};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::config::Config;
+use crate::engine::Engine;
+use error::ApiError;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    pub config: Arc<Config>,
+    pub started: Instant,
+    pub started_unix: u64,
+}
+
+pub fn router(state: AppState) -> Router {
+    let config = state.config.clone();
+    let mut app = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models::list_models))
+        .route("/health", get(models::health))
+        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health") })
+        .method_not_allowed_fallback(|| async {
+            let mut e = ApiError::bad_request("Method not allowed for this route");
+            e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
+            e
+        })
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(Extension(json::BodyLimit(config.max_body_bytes)))
+        .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key))
+        .layer(middleware::from_fn_with_state(state.clone(), security::check_host));
+    // No CORS headers at all unless origins are configured: browsers then refuse
+    // cross-origin reads. Never a wildcard.
+    let origins: Vec<HeaderValue> = config.cors_origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
+    if !origins.is_empty() {
+        app = app.layer(
+            CorsLayer::new()
+                .allow_origin(AllowOrigin::list(origins))
+                .allow_methods([Method::GET, Method::POST])
+                .allow_headers([axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION]),
+        );
+    }
+    app.with_state(state)
+}

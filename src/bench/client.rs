@@ -1,0 +1,105 @@
+//! A streaming OpenAI client that times one chat completion: time to first token and the
+//! decode rate after it. Works against any OpenAI-compatible server.
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub label: String,
+    /// Base URL, e.g. `http://127.0.0.1:8080` (a trailing `/v1` is accepted).
+    pub base_url: String,
+    pub model: String,
+}
+
+impl Target {
+    /// `[LABEL=]URL[#MODEL]`.
+    pub fn parse(spec: &str) -> Result<Target> {
+        let (label, rest) = match spec.split_once('=') {
+            Some((l, r)) if !l.contains("://") => (Some(l.to_string()), r),
+            _ => (None, spec),
+        };
+        let (url, model) = match rest.split_once('#') {
+            Some((u, m)) => (u, m.to_string()),
+            None => (rest, "default".to_string()),
+        };
+        if !url.starts_with("http://") && !url.starts_with("https://") {
+            bail!("'{spec}' is not [LABEL=]http://HOST:PORT[#MODEL]");
+        }
+        let base_url = url.trim_end_matches('/').trim_end_matches("/v1").to_string();
+        Ok(Target { label: label.unwrap_or_else(|| base_url.clone()), base_url, model })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunTiming {
+    pub ttft: Duration,
+    pub completion_tokens: usize,
+    /// Tokens after the first, per second of streaming after the first.
+    pub decode_tok_s: f64,
+    pub total: Duration,
+}
+
+pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, max_tokens: usize) -> Result<RunTiming> {
+    let body = json!({
+        "model": t.model, "messages": messages, "max_tokens": max_tokens,
+        "temperature": 0.0, "stream": true, "stream_options": {"include_usage": true},
+    });
+    let start = Instant::now();
+    let resp = client.post(format!("{}/v1/chat/completions", t.base_url)).json(&body).send().await.with_context(|| format!("POST to {}", t.label))?;
+    if !resp.status().is_success() {
+        bail!("{}: HTTP {}: {}", t.label, resp.status(), resp.text().await.unwrap_or_default());
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::<u8>::new();
+    let (mut first, mut last, mut chunks, mut usage_tokens) = (None, None, 0usize, None);
+    'read: while let Some(bytes) = stream.next().await {
+        buf.extend_from_slice(&bytes?);
+        while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..pos + 2).collect();
+            for line in String::from_utf8_lossy(&event).lines() {
+                let Some(data) = line.strip_prefix("data:").map(str::trim) else { continue };
+                if data == "[DONE]" {
+                    break 'read;
+                }
+                let v: Value = serde_json::from_str(data).with_context(|| format!("{}: bad chunk {data}", t.label))?;
+                if let Some(n) = v.pointer("/usage/completion_tokens").and_then(Value::as_u64) {
+                    usage_tokens = Some(n as usize);
+                }
+                let content = v.pointer("/choices/0/delta/content").and_then(Value::as_str).unwrap_or("");
+                if !content.is_empty() {
+                    let now = Instant::now();
+                    first.get_or_insert(now);
+                    last = Some(now);
+                    chunks += 1;
+                }
+            }
+        }
+    }
+    let (Some(first), Some(last)) = (first, last) else { bail!("{}: no tokens streamed", t.label) };
+    // Servers that send no usage in streams (llama-cpp-python) send one chunk per token.
+    let tokens = usage_tokens.unwrap_or(chunks).max(chunks);
+    let decode = (last - first).as_secs_f64();
+    Ok(RunTiming {
+        ttft: first - start,
+        completion_tokens: tokens,
+        decode_tok_s: if decode > 0.0 { (tokens.saturating_sub(1)) as f64 / decode } else { 0.0 },
+        total: start.elapsed(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Target;
+
+    #[test]
+    fn parses_target_specs() {
+        let t = Target::parse("llama.cpp=http://127.0.0.1:8081/v1#smollm2").unwrap();
+        assert_eq!((t.label.as_str(), t.base_url.as_str(), t.model.as_str()), ("llama.cpp", "http://127.0.0.1:8081", "smollm2"));
+        let t = Target::parse("http://127.0.0.1:9000/").unwrap();
+        assert_eq!((t.label.as_str(), t.model.as_str()), ("http://127.0.0.1:9000", "default"));
+        assert!(Target::parse("localhost:9000").is_err());
+    }
+}

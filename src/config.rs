@@ -1,0 +1,184 @@
+//! Server configuration: defaults, then the config file, then environment and flags.
+//!
+//! The file is TOML at `$XDG_CONFIG_HOME/mlxbar/config.toml` (macOS: `~/Library/Application
+//! Support/mlxbar/config.toml`) or `--config PATH`; every key is optional:
+//! ```toml
+//! host = "127.0.0.1"
+//! port = 8080
+//! model = "/path/to/model.gguf"   # or an MLX/HF folder; default: SmolLM2-135M-Instruct Q4_1
+//! weight_format = "auto"          # auto | float32 | native
+//! queue_capacity = 64
+//! max_body_bytes = 4194304
+//! allowed_hosts = []              # extra Host names accepted besides loopback
+//! cors_origins = []               # origins allowed to call from a browser; none by default
+//! api_key = "..."                 # required when host is not loopback
+//! default_temperature = 0.7
+//! default_top_p = 0.95
+//! ```
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::engine::WeightFormat;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub host: IpAddr,
+    pub port: u16,
+    pub model: Option<PathBuf>,
+    pub weight_format: WeightFormat,
+    pub queue_capacity: usize,
+    pub max_body_bytes: usize,
+    pub allowed_hosts: Vec<String>,
+    pub cors_origins: Vec<String>,
+    pub api_key: Option<String>,
+    /// Used when a request sets no temperature. OpenAI's default of 1.0 makes small models ramble.
+    pub default_temperature: f32,
+    pub default_top_p: f32,
+    /// Test hook, see `EngineOptions::test_fail_marker`.
+    #[serde(skip)]
+    pub test_fail_marker: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            host: IpAddr::from([127, 0, 0, 1]),
+            port: 8080,
+            model: None,
+            weight_format: WeightFormat::Auto,
+            queue_capacity: 64,
+            max_body_bytes: 4 * 1024 * 1024,
+            allowed_hosts: vec![],
+            cors_origins: vec![],
+            api_key: None,
+            default_temperature: 0.7,
+            default_top_p: 0.95,
+            test_fail_marker: None,
+        }
+    }
+}
+
+/// Flags of `mlxbar serve`; each overrides the config file.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// A .gguf file or an MLX/HF model folder [default: the bundled SmolLM2-135M-Instruct]
+    #[arg(long, env = "MLXBAR_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Address to bind [default: 127.0.0.1]
+    #[arg(long, env = "MLXBAR_HOST")]
+    pub host: Option<IpAddr>,
+    /// Port to bind [default: 8080]; 0 picks a free one
+    #[arg(long, env = "MLXBAR_PORT")]
+    pub port: Option<u16>,
+    /// How weights are held: float32 is fastest on the CPU device, native (quantized) on Metal
+    #[arg(long, value_enum)]
+    pub weight_format: Option<WeightFormat>,
+    /// Requests that may wait for the engine before new ones get 429
+    #[arg(long)]
+    pub queue_capacity: Option<usize>,
+    /// Extra Host header names to accept (repeatable; "*" accepts any)
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins allowed to call the API (repeatable)
+    #[arg(long = "cors-origin")]
+    pub cors_origins: Vec<String>,
+    /// Require `Authorization: Bearer KEY` (mandatory when binding beyond loopback)
+    #[arg(long, env = "MLXBAR_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Config file [default: the user config dir's mlxbar/config.toml, if present]
+    #[arg(long, env = "MLXBAR_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+impl Config {
+    pub fn default_path() -> Option<PathBuf> {
+        dirs::config_dir().map(|d| d.join("mlxbar").join("config.toml"))
+    }
+
+    /// Defaults <- file <- flags, then validated.
+    pub fn load(args: &ServeArgs) -> Result<Config> {
+        let mut config = match &args.config {
+            Some(path) => Self::from_file(path)?,
+            None => match Self::default_path().filter(|p| p.exists()) {
+                Some(path) => Self::from_file(&path)?,
+                None => Config::default(),
+            },
+        };
+        if let Some(v) = &args.model {
+            config.model = Some(v.clone());
+        }
+        if let Some(v) = args.host {
+            config.host = v;
+        }
+        if let Some(v) = args.port {
+            config.port = v;
+        }
+        if let Some(v) = args.weight_format {
+            config.weight_format = v;
+        }
+        if let Some(v) = args.queue_capacity {
+            config.queue_capacity = v;
+        }
+        config.allowed_hosts.extend(args.allowed_hosts.iter().cloned());
+        config.cors_origins.extend(args.cors_origins.iter().cloned());
+        if args.api_key.is_some() {
+            config.api_key = args.api_key.clone();
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !self.host.is_loopback() && self.api_key.as_deref().is_none_or(str::is_empty) {
+            bail!("binding to {} exposes the server beyond this machine: set an API key (--api-key or MLXBAR_API_KEY)", self.host);
+        }
+        if self.cors_origins.iter().any(|o| o.trim() == "*") {
+            bail!("a wildcard CORS origin is not allowed; list the origins");
+        }
+        if self.queue_capacity == 0 {
+            bail!("queue_capacity must be at least 1");
+        }
+        Ok(())
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::new(self.host, self.port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn beyond_loopback_needs_an_api_key() {
+        let mut c = Config { host: "0.0.0.0".parse().unwrap(), ..Config::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("API key"));
+        c.api_key = Some("secret".into());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn file_then_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "port = 9000\nqueue_capacity = 3\nallowed_hosts = [\"mac.local\"]\n").unwrap();
+        let args = ServeArgs { config: Some(path.clone()), port: Some(9100), ..Default::default() };
+        let c = Config::load(&args).unwrap();
+        assert_eq!((c.port, c.queue_capacity), (9100, 3));
+        assert_eq!(c.allowed_hosts, vec!["mac.local".to_string()]);
+        std::fs::write(&path, "cors_origins = [\"*\"]\n").unwrap();
+        assert!(Config::load(&ServeArgs { config: Some(path.clone()), ..Default::default() }).is_err());
+        std::fs::write(&path, "prot = 1\n").unwrap();
+        assert!(Config::load(&ServeArgs { config: Some(path), ..Default::default() }).is_err(), "unknown keys are errors");
+    }
+}

@@ -1,0 +1,62 @@
+//! `mlxbar doctor`: what this machine gives mlxbar (MLX build, device, BLAS, model cache).
+use std::fmt::Write;
+
+use crate::engine::DeviceKind;
+use crate::model_store;
+
+/// The MLX library version, as MLX reports it.
+pub fn mlx_version() -> String {
+    unsafe {
+        let mut s = mlx_sys::mlx_string_new();
+        let v = if mlx_sys::mlx_version(&mut s) == 0 {
+            std::ffi::CStr::from_ptr(mlx_sys::mlx_string_data(s)).to_string_lossy().into_owned()
+        } else {
+            "unknown".into()
+        };
+        mlx_sys::mlx_string_free(s);
+        v
+    }
+}
+
+/// The shared library that provides `cblas_sgemm` to MLX in this process (Linux: it must
+/// be OpenBLAS; the wheel's bundled reference BLAS is ~18x slower).
+#[cfg(target_os = "linux")]
+pub fn blas_provider() -> Option<String> {
+    unsafe {
+        let sym = libc::dlsym(libc::RTLD_DEFAULT, c"cblas_sgemm".as_ptr());
+        if sym.is_null() {
+            return None;
+        }
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(sym, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        Some(std::ffi::CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn blas_provider() -> Option<String> {
+    Some("Accelerate (macOS)".into())
+}
+
+pub fn report() -> String {
+    let mut out = String::new();
+    let device = DeviceKind::for_this_platform();
+    let _ = writeln!(out, "mlxbar      {}", env!("CARGO_PKG_VERSION"));
+    let _ = writeln!(out, "platform    {} {}", std::env::consts::OS, std::env::consts::ARCH);
+    let _ = writeln!(out, "MLX         {}", mlx_version());
+    let _ = writeln!(out, "device      {} ({})", device.as_str(), if device == DeviceKind::Gpu { "Metal" } else { "MLX CPU backend" });
+    let blas = blas_provider().unwrap_or_else(|| "not found".into());
+    let verdict = if cfg!(target_os = "linux") && !blas.contains("openblas") { "  <- slow reference BLAS: apt-get install libopenblas0-pthread and rebuild" } else { "" };
+    let _ = writeln!(out, "BLAS        {blas}{verdict}");
+    let _ = writeln!(out, "cpus        {}", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    let model = model_store::default_model_path();
+    let _ = writeln!(
+        out,
+        "model cache {} ({})",
+        model.display(),
+        if model.exists() { "present" } else { "not fetched yet: `mlxbar fetch-model`" }
+    );
+    out
+}

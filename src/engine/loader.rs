@@ -1,0 +1,64 @@
+//! Finds out what `--model PATH` is (a .gguf file or an MLX/HF folder) and loads the
+//! model and its text codec.
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use super::model::{gguf, hf, Model, WeightFormat};
+use super::tokenizer::{self, TextCodec};
+
+/// What the API and `/health` say about the loaded model.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelInfo {
+    /// The id clients send as `model`.
+    pub id: String,
+    pub path: String,
+    pub source: &'static str,
+    pub architecture: &'static str,
+    pub weight_format: WeightFormat,
+    pub dtype: String,
+    pub weight_bytes: usize,
+    pub context_length: usize,
+    pub vocab_size: i32,
+    pub layers: usize,
+    pub load_seconds: f64,
+}
+
+pub fn load(path: &Path, format: WeightFormat) -> Result<(Model, TextCodec, ModelInfo)> {
+    let started = Instant::now();
+    let (model, codec, source) = if path.is_dir() {
+        let (config, tensors) = hf::load(path)?;
+        let codec = tokenizer::from_hf_dir(path)?;
+        (Model::assemble(config, tensors, format)?, codec, "mlx-folder")
+    } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        let loaded = gguf::load(path)?;
+        let codec = tokenizer::from_gguf(&loaded.file)?;
+        (Model::assemble(loaded.config, loaded.tensors, format)?, codec, "gguf")
+    } else if path.exists() {
+        bail!("{} is neither a .gguf file nor a model folder (config.json + *.safetensors)", path.display());
+    } else {
+        bail!("model path {} does not exist", path.display());
+    };
+    let id = match source {
+        "gguf" => path.file_stem(),
+        _ => path.file_name(),
+    }
+    .map(|s| s.to_string_lossy().into_owned())
+    .unwrap_or_else(|| "model".into());
+    let info = ModelInfo {
+        id,
+        path: path.display().to_string(),
+        source,
+        architecture: model.config.arch.name(),
+        weight_format: model.format,
+        dtype: format!("{:?}", model.dtype).to_lowercase(),
+        weight_bytes: model.nbytes(),
+        context_length: model.config.max_position_embeddings,
+        vocab_size: model.config.vocab_size,
+        layers: model.config.num_layers,
+        load_seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok((model, codec, info))
+}

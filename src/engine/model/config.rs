@@ -1,0 +1,255 @@
+//! The hyper-parameters of a llama-family transformer, read from a GGUF header or an
+//! HF `config.json`.
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+/// Architectures sharing the llama block layout (pre-norm, RoPE, GQA, SwiGLU MLP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    pub fn parse(name: &str) -> Result<Arch> {
+        Ok(match name {
+            "llama" => Arch::Llama,
+            "mistral" => Arch::Mistral,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            other => bail!("unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3)"),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// Llama 3.x frequency scaling ("rope_type": "llama3").
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+pub struct Llama3RopeScaling {
+    pub factor: f32,
+    #[serde(default = "one")]
+    pub low_freq_factor: f32,
+    #[serde(default = "four")]
+    pub high_freq_factor: f32,
+    #[serde(default = "eight_k")]
+    pub original_max_position_embeddings: f32,
+}
+fn one() -> f32 {
+    1.0
+}
+fn four() -> f32 {
+    4.0
+}
+fn eight_k() -> f32 {
+    8192.0
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeConfig {
+    pub theta: f32,
+    /// Interleaved pairs (GGML order) instead of rotate-half (NeoX/HF order).
+    pub traditional: bool,
+    pub llama3_scaling: Option<Llama3RopeScaling>,
+    /// Linear position scaling (`rope_scaling.type == "linear"`): positions are multiplied by this.
+    pub position_scale: f32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub hidden_size: i32,
+    pub num_layers: usize,
+    pub num_heads: i32,
+    pub num_kv_heads: i32,
+    pub head_dim: i32,
+    pub intermediate_size: i32,
+    pub vocab_size: i32,
+    pub rms_norm_eps: f32,
+    pub rope: RopeConfig,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+}
+
+impl ModelConfig {
+    /// Bytes of KV cache one token takes in every layer, at `bytes_per_value`.
+    pub fn kv_bytes_per_token(&self, bytes_per_value: usize) -> usize {
+        2 * self.num_layers * (self.num_kv_heads * self.head_dim) as usize * bytes_per_value
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.num_heads <= 0 || self.num_kv_heads <= 0 || self.num_heads % self.num_kv_heads != 0 {
+            bail!("bad head counts: {} heads, {} kv heads", self.num_heads, self.num_kv_heads);
+        }
+        if self.head_dim <= 0 || self.head_dim % 2 != 0 {
+            bail!("bad head_dim {}", self.head_dim);
+        }
+        if self.num_layers == 0 || self.hidden_size <= 0 || self.vocab_size <= 0 {
+            bail!("empty model: {} layers, hidden {}, vocab {}", self.num_layers, self.hidden_size, self.vocab_size);
+        }
+        Ok(())
+    }
+}
+
+/// `quantization` in an mlx-community `config.json`: defaults plus per-module overrides.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QuantizationConfig {
+    pub group_size: i32,
+    pub bits: i32,
+    pub overrides: std::collections::HashMap<String, (i32, i32)>,
+}
+
+impl QuantizationConfig {
+    /// (group_size, bits) for a module path such as `model.layers.0.self_attn.q_proj`.
+    pub fn for_module(&self, module: &str) -> (i32, i32) {
+        self.overrides.get(module).copied().unwrap_or((self.group_size, self.bits))
+    }
+}
+
+/// The subset of HF's `config.json` that the llama family needs.
+#[derive(Debug, Deserialize)]
+struct HfConfig {
+    model_type: String,
+    hidden_size: i32,
+    num_hidden_layers: usize,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    num_key_value_heads: Option<i32>,
+    head_dim: Option<i32>,
+    vocab_size: i32,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f32,
+    #[serde(default = "default_theta")]
+    rope_theta: f32,
+    #[serde(default)]
+    rope_traditional: bool,
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    tie_word_embeddings: Option<bool>,
+    #[serde(default = "default_ctx")]
+    max_position_embeddings: usize,
+    quantization: Option<serde_json::Value>,
+}
+fn default_eps() -> f32 {
+    1e-6
+}
+fn default_theta() -> f32 {
+    10000.0
+}
+fn default_ctx() -> usize {
+    4096
+}
+
+/// Parses `config.json`; returns the model config and its quantization, if any.
+pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
+    let hf: HfConfig = serde_json::from_str(json).context("config.json")?;
+    let arch = Arch::parse(&hf.model_type)?;
+    let mut rope = RopeConfig {
+        theta: hf.rope_theta,
+        traditional: hf.rope_traditional,
+        llama3_scaling: None,
+        position_scale: 1.0,
+    };
+    if let Some(scaling) = &hf.rope_scaling {
+        if !scaling.is_null() {
+            let kind = scaling
+                .get("rope_type")
+                .or_else(|| scaling.get("type"))
+                .and_then(|v| v.as_str())
+                .unwrap_or("default");
+            match kind {
+                "llama3" => rope.llama3_scaling = Some(serde_json::from_value(scaling.clone()).context("rope_scaling")?),
+                "linear" => {
+                    let factor = scaling.get("factor").and_then(|v| v.as_f64()).unwrap_or(1.0) as f32;
+                    rope.position_scale = 1.0 / factor;
+                }
+                "default" => {}
+                other => bail!("unsupported rope_scaling type '{other}'"),
+            }
+        }
+    }
+    let quant = match &hf.quantization {
+        Some(q) if q.is_object() => Some(parse_quantization(q)?),
+        _ => None,
+    };
+    let cfg = ModelConfig {
+        arch,
+        hidden_size: hf.hidden_size,
+        num_layers: hf.num_hidden_layers,
+        num_heads: hf.num_attention_heads,
+        num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+        head_dim: hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads),
+        intermediate_size: hf.intermediate_size,
+        vocab_size: hf.vocab_size,
+        rms_norm_eps: hf.rms_norm_eps,
+        rope,
+        // HF's default: llama/mistral untie, but checkpoints say so explicitly; a missing
+        // lm_head weight also means tied (checked by the loader).
+        tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+        max_position_embeddings: hf.max_position_embeddings,
+    };
+    cfg.validate()?;
+    Ok((cfg, quant))
+}
+
+fn parse_quantization(q: &serde_json::Value) -> Result<QuantizationConfig> {
+    let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_i64()).map(|x| x as i32);
+    let mut out = QuantizationConfig {
+        group_size: num(q, "group_size").context("quantization.group_size")?,
+        bits: num(q, "bits").context("quantization.bits")?,
+        overrides: Default::default(),
+    };
+    for (k, v) in q.as_object().into_iter().flatten() {
+        if let (Some(g), Some(b)) = (num(v, "group_size"), num(v, "bits")) {
+            out.overrides.insert(k.clone(), (g, b));
+        }
+    }
+    if let Some(mode) = q.get("mode").and_then(|m| m.as_str()) {
+        if mode != "affine" {
+            bail!("unsupported quantization mode '{mode}' (only affine)");
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_mlx_community_quantized_config() {
+        let json = r#"{"model_type":"llama","hidden_size":576,"num_hidden_layers":30,"intermediate_size":1536,
+            "num_attention_heads":9,"num_key_value_heads":3,"vocab_size":49152,"rms_norm_eps":1e-5,
+            "rope_theta":100000.0,"tie_word_embeddings":true,"max_position_embeddings":8192,
+            "quantization":{"group_size":32,"bits":4,"model.embed_tokens":{"group_size":32,"bits":8}}}"#;
+        let (cfg, q) = from_hf_config(json).unwrap();
+        assert_eq!(cfg.head_dim, 64);
+        assert!(cfg.tie_word_embeddings);
+        let q = q.unwrap();
+        assert_eq!(q.for_module("model.embed_tokens"), (32, 8));
+        assert_eq!(q.for_module("model.layers.0.mlp.up_proj"), (32, 4));
+        assert_eq!(cfg.kv_bytes_per_token(4), 2 * 30 * 192 * 4);
+    }
+
+    #[test]
+    fn parses_llama3_rope_scaling_and_rejects_unknown_arch() {
+        let json = r#"{"model_type":"llama","hidden_size":2048,"num_hidden_layers":16,"intermediate_size":8192,
+            "num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
+            "rope_scaling":{"factor":32.0,"high_freq_factor":4.0,"low_freq_factor":1.0,
+            "original_max_position_embeddings":8192,"rope_type":"llama3"}}"#;
+        let (cfg, q) = from_hf_config(json).unwrap();
+        assert!(q.is_none());
+        assert_eq!(cfg.rope.llama3_scaling.unwrap().factor, 32.0);
+        assert!(from_hf_config(&json.replace("\"llama\"", "\"gpt2\"")).is_err());
+    }
+}

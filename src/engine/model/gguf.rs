@@ -1,0 +1,159 @@
+//! Loads a llama-family GGUF file: hyper-parameters from `{arch}.*` metadata, tensors from
+//! GGML names. MLX returns Q4_0/Q4_1/Q8_0 tensors as affine-quantized triplets
+//! (`.weight` packed u32, `.scales`, `.biases`; group 32).
+//!
+//! llama.cpp's converter permutes the rows of attn_q/attn_k of llama-arch models for GGML's
+//! interleaved RoPE; keeping the rows and running *traditional* RoPE is equivalent and
+//! avoids touching packed quantized rows. qwen2/qwen3 GGUFs are not permuted (NeoX RoPE).
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use mlx_rs::{io::GgufFile, Array, Dtype};
+
+use super::config::{Arch, ModelConfig, RopeConfig};
+use super::linear::{Quantized, Weight};
+use super::{rope, TensorMap};
+
+/// Reads a numeric metadata value (stored by MLX as a scalar array).
+pub fn meta_f32(g: &GgufFile, key: &str) -> Result<Option<f32>> {
+    match g.get_metadata_array(key).with_context(|| format!("GGUF metadata {key}"))? {
+        Some(a) => Ok(Some(a.as_dtype(Dtype::Float32)?.item_exact::<f32>())),
+        None => Ok(None),
+    }
+}
+
+pub fn meta_bool(g: &GgufFile, key: &str) -> Result<Option<bool>> {
+    Ok(meta_f32(g, key)?.map(|v| v != 0.0))
+}
+
+pub struct LoadedGguf {
+    pub file: GgufFile,
+    pub config: ModelConfig,
+    pub tensors: TensorMap,
+}
+
+pub fn load(path: &Path) -> Result<LoadedGguf> {
+    let g = GgufFile::load(path).with_context(|| format!("reading GGUF {}", path.display()))?;
+    let arch_name = g.get_metadata_string("general.architecture")?.context("no general.architecture")?;
+    let arch = Arch::parse(&arch_name)?;
+    let m = |k: &str| meta_f32(&g, &format!("{arch_name}.{k}"));
+    let req = |k: &str| -> Result<f32> { m(k)?.with_context(|| format!("GGUF lacks {arch_name}.{k}")) };
+    let hidden = req("embedding_length")? as i32;
+    let heads = req("attention.head_count")? as i32;
+    let tokens = g.get_metadata_strings("tokenizer.ggml.tokens")?.map_or(0, |t| t.len());
+    let vocab = m("vocab_size")?.map(|v| v as i32).unwrap_or(tokens as i32);
+    let head_dim = match m("attention.key_length")? {
+        Some(k) => k as i32,
+        None => m("rope.dimension_count")?.map(|d| d as i32).unwrap_or(hidden / heads),
+    };
+    let mut config = ModelConfig {
+        arch,
+        hidden_size: hidden,
+        num_layers: req("block_count")? as usize,
+        num_heads: heads,
+        num_kv_heads: m("attention.head_count_kv")?.map(|v| v as i32).unwrap_or(heads),
+        head_dim,
+        intermediate_size: req("feed_forward_length")? as i32,
+        vocab_size: vocab,
+        rms_norm_eps: m("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+        rope: RopeConfig {
+            theta: m("rope.freq_base")?.unwrap_or(10000.0),
+            traditional: matches!(arch, Arch::Llama | Arch::Mistral),
+            llama3_scaling: None,
+            position_scale: 1.0 / m("rope.scaling.factor")?.filter(|f| *f > 0.0).unwrap_or(1.0),
+        },
+        tie_word_embeddings: false,
+        max_position_embeddings: m("context_length")?.map(|v| v as usize).unwrap_or(4096),
+    };
+    if let Some(kind) = g.get_metadata_string(&format!("{arch_name}.rope.scaling.type"))? {
+        if kind != "linear" && kind != "none" {
+            bail!("unsupported GGUF rope scaling '{kind}'");
+        }
+    }
+
+    let mut t = TensorMap::default();
+    let keys = g.array_keys()?;
+    for key in &keys {
+        let Some(base) = key.strip_suffix(".weight") else { continue };
+        let Some(name) = canonical_name(base) else {
+            tracing::debug!("ignoring GGUF tensor {key}");
+            continue;
+        };
+        let w = g.get_array(key)?.context(key.clone())?;
+        let scales = g.get_array(&format!("{base}.scales"))?;
+        if let Some(scales) = scales {
+            let biases = g.get_array(&format!("{base}.biases"))?.with_context(|| format!("{base}.biases"))?;
+            let group_size = 32;
+            let in_features = scales.shape()[scales.ndim() - 1] * group_size;
+            let bits = w.shape()[w.ndim() - 1] * 32 / in_features;
+            t.weights.insert(name, Weight::Quantized(Quantized { weight: w, scales, biases, group_size, bits }));
+        } else if is_matrix(&name) {
+            t.weights.insert(name, Weight::Dense(w));
+        } else if name == "rope_periods" {
+            w.eval()?;
+            let factors = w.as_dtype(Dtype::Float32)?;
+            factors.eval()?;
+            let p = rope::gguf_periods(head_dim, config.rope.theta, factors.as_slice::<f32>());
+            t.vectors.insert(name, Array::from_slice(&p, &[p.len() as i32]));
+        } else {
+            t.vectors.insert(name, w);
+        }
+        if let Some(b) = g.get_array(&format!("{base}.bias"))? {
+            if let Some(n) = canonical_name(base) {
+                t.vectors.insert(format!("{n}.bias"), b);
+            }
+        }
+    }
+    if !t.weights.contains_key("lm_head") {
+        config.tie_word_embeddings = true;
+    }
+    config.validate()?;
+    Ok(LoadedGguf { file: g, config, tensors: t })
+}
+
+fn is_matrix(name: &str) -> bool {
+    !(name.ends_with("norm") || name == "rope_periods")
+}
+
+/// GGML tensor base name -> canonical name (see [`TensorMap`]).
+fn canonical_name(base: &str) -> Option<String> {
+    let fixed = match base {
+        "token_embd" => Some("embed"),
+        "output_norm" => Some("norm"),
+        "output" => Some("lm_head"),
+        "rope_freqs" => Some("rope_periods"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = base.strip_prefix("blk.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let part = match part {
+        "attn_norm" => "attn_norm",
+        "ffn_norm" => "mlp_norm",
+        "attn_q" => "q",
+        "attn_k" => "k",
+        "attn_v" => "v",
+        "attn_output" => "o",
+        "attn_q_norm" => "q_norm",
+        "attn_k_norm" => "k_norm",
+        "ffn_gate" => "gate",
+        "ffn_up" => "up",
+        "ffn_down" => "down",
+        _ => return None,
+    };
+    Some(format!("layers.{layer}.{part}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn maps_ggml_names() {
+        use super::canonical_name as c;
+        assert_eq!(c("blk.12.attn_q").as_deref(), Some("layers.12.q"));
+        assert_eq!(c("blk.0.ffn_norm").as_deref(), Some("layers.0.mlp_norm"));
+        assert_eq!(c("token_embd").as_deref(), Some("embed"));
+        assert_eq!(c("blk.0.attn_rot_embd"), None);
+    }
+}

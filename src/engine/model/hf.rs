@@ -1,0 +1,93 @@
+//! Loads an MLX / Hugging Face model folder: `config.json` + `*.safetensors`, including
+//! mlx-community quantized folders (`.weight`/`.scales`/`.biases` per module).
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use mlx_rs::Array;
+
+use super::config::{self, ModelConfig};
+use super::linear::{Quantized, Weight};
+use super::TensorMap;
+
+pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
+    let config_text = std::fs::read_to_string(dir.join("config.json")).with_context(|| format!("{}/config.json", dir.display()))?;
+    let (mut config, quant) = config::from_hf_config(&config_text)?;
+    let mut files: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("no *.safetensors in {}", dir.display());
+    }
+    let mut raw = std::collections::HashMap::new();
+    for f in &files {
+        raw.extend(Array::load_safetensors(f).with_context(|| format!("reading {}", f.display()))?);
+    }
+
+    let mut t = TensorMap::default();
+    let modules: Vec<String> = raw.keys().filter_map(|k| k.strip_suffix(".weight").map(str::to_string)).collect();
+    for module in modules {
+        let Some(name) = canonical_name(&module) else {
+            tracing::debug!("ignoring tensor {module}.weight");
+            continue;
+        };
+        let w = raw.remove(&format!("{module}.weight")).unwrap();
+        if let Some(scales) = raw.remove(&format!("{module}.scales")) {
+            let q = quant.as_ref().with_context(|| format!("{module} is quantized but config.json has no quantization"))?;
+            let (group_size, bits) = q.for_module(&module);
+            let biases = raw.remove(&format!("{module}.biases")).with_context(|| format!("{module}.biases"))?;
+            t.weights.insert(name.clone(), Weight::Quantized(Quantized { weight: w, scales, biases, group_size, bits }));
+        } else if name.ends_with("norm") {
+            t.vectors.insert(name.clone(), w);
+        } else {
+            t.weights.insert(name.clone(), Weight::Dense(w));
+        }
+        if let Some(b) = raw.remove(&format!("{module}.bias")) {
+            t.vectors.insert(format!("{name}.bias"), b);
+        }
+    }
+    if !t.weights.contains_key("lm_head") {
+        config.tie_word_embeddings = true;
+    }
+    Ok((config, t))
+}
+
+/// HF module path -> canonical name (see [`TensorMap`]).
+fn canonical_name(module: &str) -> Option<String> {
+    match module {
+        "model.embed_tokens" => return Some("embed".into()),
+        "model.norm" => return Some("norm".into()),
+        "lm_head" => return Some("lm_head".into()),
+        _ => {}
+    }
+    let rest = module.strip_prefix("model.layers.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let part = match part {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "mlp_norm",
+        "self_attn.q_proj" => "q",
+        "self_attn.k_proj" => "k",
+        "self_attn.v_proj" => "v",
+        "self_attn.o_proj" => "o",
+        "self_attn.q_norm" => "q_norm",
+        "self_attn.k_norm" => "k_norm",
+        "mlp.gate_proj" => "gate",
+        "mlp.up_proj" => "up",
+        "mlp.down_proj" => "down",
+        _ => return None,
+    };
+    Some(format!("layers.{layer}.{part}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn maps_hf_names() {
+        use super::canonical_name as c;
+        assert_eq!(c("model.layers.3.self_attn.k_proj").as_deref(), Some("layers.3.k"));
+        assert_eq!(c("model.layers.3.post_attention_layernorm").as_deref(), Some("layers.3.mlp_norm"));
+        assert_eq!(c("lm_head").as_deref(), Some("lm_head"));
+        assert_eq!(c("model.layers.3.self_attn.rotary_emb.inv_freq"), None);
+    }
+}

@@ -1,0 +1,164 @@
+//! Projection and embedding weights, dense or MLX affine-quantized.
+use anyhow::{ensure, Result};
+use mlx_rs::{ops, Array, Dtype};
+
+/// MLX affine quantization: `bits`-bit values packed in u32, one scale and bias per group.
+#[derive(Clone)]
+pub struct Quantized {
+    pub weight: Array,
+    pub scales: Array,
+    pub biases: Array,
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+impl Quantized {
+    pub fn dequantize(&self) -> Result<Array> {
+        Ok(ops::dequantize(&self.weight, &self.scales, &self.biases, self.group_size, self.bits)?)
+    }
+}
+
+/// The weight matrix of a projection, `[out_features, in_features]`.
+#[derive(Clone)]
+pub enum Weight {
+    Dense(Array),
+    Quantized(Quantized),
+}
+
+impl Weight {
+    /// `x @ W.T`.
+    pub fn apply(&self, x: &Array) -> Result<Array> {
+        Ok(match self {
+            // MLX hands the transposed view to BLAS as a transpose flag, without a copy.
+            Weight::Dense(w) => ops::matmul(x, w.t())?,
+            Weight::Quantized(q) => {
+                ops::quantized_matmul(x, &q.weight, &q.scales, &q.biases, true, q.group_size, q.bits)?
+            }
+        })
+    }
+
+    pub fn out_features(&self) -> i32 {
+        match self {
+            Weight::Dense(w) => w.shape()[0],
+            Weight::Quantized(q) => q.weight.shape()[0],
+        }
+    }
+
+    /// Converts to a dense matrix of `dtype`; quantized weights are dequantized first.
+    pub fn into_dense(self, dtype: Dtype) -> Result<Weight> {
+        let w = match self {
+            Weight::Dense(w) => w,
+            Weight::Quantized(q) => q.dequantize()?,
+        };
+        let w = if w.dtype() == dtype { w } else { w.as_dtype(dtype)? };
+        Ok(Weight::Dense(w))
+    }
+
+    /// Casts the float parts (dense matrix, or scales and biases) to `dtype`.
+    pub fn cast_floats(self, dtype: Dtype) -> Result<Weight> {
+        let cast = |a: Array| -> Result<Array> { Ok(if a.dtype() == dtype { a } else { a.as_dtype(dtype)? }) };
+        Ok(match self {
+            Weight::Dense(w) => Weight::Dense(cast(w)?),
+            Weight::Quantized(q) => Weight::Quantized(Quantized { scales: cast(q.scales)?, biases: cast(q.biases)?, ..q }),
+        })
+    }
+
+    /// Stacks several projections of the same input into one (q|k|v, gate|up), so a step
+    /// runs one matmul instead of several. None when their formats differ.
+    pub fn concat_rows(parts: &[Weight]) -> Result<Option<Weight>> {
+        if parts.iter().all(|p| matches!(p, Weight::Dense(_))) {
+            let ws: Vec<&Array> = parts.iter().map(|p| match p { Weight::Dense(w) => w, _ => unreachable!() }).collect();
+            return Ok(Some(Weight::Dense(ops::concatenate(&ws, 0)?)));
+        }
+        let qs: Option<Vec<&Quantized>> = parts.iter().map(|p| match p { Weight::Quantized(q) => Some(q), _ => None }).collect();
+        let Some(qs) = qs else { return Ok(None) };
+        let first = qs[0];
+        if qs.iter().any(|q| q.bits != first.bits || q.group_size != first.group_size) {
+            return Ok(None);
+        }
+        let cat = |f: fn(&Quantized) -> &Array| -> Result<Array> {
+            Ok(ops::concatenate(&qs.iter().map(|q| f(q)).collect::<Vec<_>>(), 0)?)
+        };
+        Ok(Some(Weight::Quantized(Quantized {
+            weight: cat(|q| &q.weight)?,
+            scales: cat(|q| &q.scales)?,
+            biases: cat(|q| &q.biases)?,
+            group_size: first.group_size,
+            bits: first.bits,
+        })))
+    }
+
+    pub fn nbytes(&self) -> usize {
+        match self {
+            Weight::Dense(w) => w.nbytes(),
+            Weight::Quantized(q) => q.weight.nbytes() + q.scales.nbytes() + q.biases.nbytes(),
+        }
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Weight::Dense(w) => vec![w],
+            Weight::Quantized(q) => vec![&q.weight, &q.scales, &q.biases],
+        }
+    }
+}
+
+/// A linear layer: weight plus optional bias (qwen2 has q/k/v biases).
+#[derive(Clone)]
+pub struct Linear {
+    pub weight: Weight,
+    pub bias: Option<Array>,
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let y = self.weight.apply(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.add(b)?,
+            None => y,
+        })
+    }
+
+    /// See [`Weight::concat_rows`]; biases must be all present or all absent.
+    pub fn concat_rows(parts: Vec<Linear>) -> Result<Result<Linear, Vec<Linear>>> {
+        let weights: Vec<Weight> = parts.iter().map(|p| p.weight.clone()).collect();
+        let Some(weight) = Weight::concat_rows(&weights)? else { return Ok(Err(parts)) };
+        let bias = match parts.iter().map(|p| p.bias.as_ref()).collect::<Option<Vec<_>>>() {
+            Some(bs) => Some(ops::concatenate(&bs, 0)?),
+            None if parts.iter().all(|p| p.bias.is_none()) => None,
+            None => return Ok(Err(parts)),
+        };
+        Ok(Ok(Linear { weight, bias }))
+    }
+}
+
+/// The token embedding table `[vocab, hidden]`; also the output head when tied.
+#[derive(Clone)]
+pub struct Embedding(pub Weight);
+
+impl Embedding {
+    /// Rows for `ids` (`[L]` -> `[L, hidden]`).
+    pub fn lookup(&self, ids: &Array) -> Result<Array> {
+        Ok(match &self.0 {
+            Weight::Dense(w) => w.take_axis(ids, 0)?,
+            Weight::Quantized(q) => {
+                let rows = |a: &Array| a.take_axis(ids, 0);
+                ops::dequantize(&rows(&q.weight)?, &rows(&q.scales)?, &rows(&q.biases)?, q.group_size, q.bits)?
+            }
+        })
+    }
+
+    pub fn vocab_size(&self) -> i32 {
+        self.0.out_features()
+    }
+}
+
+/// Checks a weight's shape against what the config says.
+pub fn expect_shape(name: &str, w: &Weight, out_features: i32) -> Result<()> {
+    ensure!(
+        w.out_features() == out_features,
+        "{name}: {} output rows, config says {out_features}",
+        w.out_features()
+    );
+    Ok(())
+}

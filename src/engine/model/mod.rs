@@ -1,0 +1,290 @@
+//! A llama-family transformer in MLX: llama (SmolLM2, Llama 3.x), mistral, qwen2
+//! (q/k/v biases) and qwen3 (q/k norms); GQA, tied or untied embeddings.
+//!
+//! Loaders ([`gguf`], [`hf`]) turn a file or folder into canonical [`TensorMap`] names;
+//! [`Model::assemble`] applies the weight format and fuses projections.
+pub mod config;
+pub mod gguf;
+pub mod hf;
+pub mod linear;
+pub mod rope;
+
+use std::collections::HashMap;
+
+use anyhow::{anyhow, Context, Result};
+use mlx_rs::{fast, nn, ops, Array, Dtype};
+
+use super::kv_cache::KvCache;
+use config::ModelConfig;
+use linear::{expect_shape, Embedding, Linear, Weight};
+
+/// How weights are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightFormat {
+    /// float32 on the CPU device, native on the GPU.
+    Auto,
+    /// Dequantize everything to float32 at load: on x86 MLX's quantized matmul is naive and
+    /// single-threaded and float16 is emulated, while float32 matmuls go to OpenBLAS.
+    Float32,
+    /// Keep what the file has (quantized stays quantized): the right choice on Metal.
+    Native,
+}
+
+impl WeightFormat {
+    pub fn resolve(self, on_gpu: bool) -> WeightFormat {
+        match self {
+            WeightFormat::Auto if on_gpu => WeightFormat::Native,
+            WeightFormat::Auto => WeightFormat::Float32,
+            other => other,
+        }
+    }
+}
+
+/// Tensors by canonical name: `embed`, `norm`, `lm_head`, `rope_periods`, and per layer
+/// `layers.{i}.{attn_norm,mlp_norm,q,k,v,o,q_norm,k_norm,gate,up,down}`. Projections carry
+/// their bias under `{name}.bias`.
+#[derive(Default)]
+pub struct TensorMap {
+    pub weights: HashMap<String, Weight>,
+    pub vectors: HashMap<String, Array>,
+}
+
+impl TensorMap {
+    fn take_weight(&mut self, name: &str) -> Result<Weight> {
+        self.weights.remove(name).ok_or_else(|| anyhow!("missing weight '{name}'"))
+    }
+    fn take_vector(&mut self, name: &str) -> Result<Array> {
+        self.vectors.remove(name).ok_or_else(|| anyhow!("missing tensor '{name}'"))
+    }
+}
+
+/// q|k|v or gate|up: one fused matmul when the formats allow, else separate ones.
+enum Projections {
+    Fused { linear: Linear, split_at: Vec<i32> },
+    Separate(Vec<Linear>),
+}
+
+impl Projections {
+    fn new(parts: Vec<Linear>) -> Result<Self> {
+        let sizes: Vec<i32> = parts.iter().map(|p| p.weight.out_features()).collect();
+        Ok(match Linear::concat_rows(parts)? {
+            Ok(linear) => {
+                let split_at = sizes.iter().scan(0, |acc, s| { *acc += s; Some(*acc) }).take(sizes.len() - 1).collect();
+                Projections::Fused { linear, split_at }
+            }
+            Err(parts) => Projections::Separate(parts),
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            Projections::Fused { linear, split_at } => Ok(ops::split_at_indices(&linear.forward(x)?, split_at, -1)?),
+            Projections::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        let linears: Vec<&Linear> = match self {
+            Projections::Fused { linear, .. } => vec![linear],
+            Projections::Separate(parts) => parts.iter().collect(),
+        };
+        linears.iter().map(|l| l.weight.nbytes() + l.bias.as_ref().map_or(0, |b| b.nbytes())).sum()
+    }
+}
+
+struct Block {
+    attn_norm: Array,
+    mlp_norm: Array,
+    qkv: Projections,
+    q_norm: Option<Array>,
+    k_norm: Option<Array>,
+    o: Linear,
+    gate_up: Projections,
+    down: Linear,
+}
+
+pub struct Model {
+    pub config: ModelConfig,
+    pub dtype: Dtype,
+    pub format: WeightFormat,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: Array,
+    /// None when tied to the embedding.
+    lm_head: Option<Weight>,
+    rope_periods: Option<Array>,
+}
+
+impl Model {
+    /// Builds the model from loaded tensors, converting them to `format` (Auto resolved).
+    pub fn assemble(config: ModelConfig, mut t: TensorMap, format: WeightFormat) -> Result<Model> {
+        config.validate()?;
+        let c = &config;
+        let embed_w = t.take_weight("embed")?;
+        let dtype = match (format, &embed_w) {
+            (WeightFormat::Float32, _) | (WeightFormat::Auto, _) => Dtype::Float32,
+            (WeightFormat::Native, Weight::Quantized(q)) => q.scales.dtype(),
+            (WeightFormat::Native, Weight::Dense(w)) => w.dtype(),
+        };
+        let weight = |w: Weight| -> Result<Weight> {
+            match format {
+                WeightFormat::Native => w.cast_floats(dtype),
+                _ => w.into_dense(dtype),
+            }
+        };
+        let vector = |a: Array| -> Result<Array> { Ok(if a.dtype() == dtype { a } else { a.as_dtype(dtype)? }) };
+        let linear = |t: &mut TensorMap, name: &str, out: i32| -> Result<Linear> {
+            let w = weight(t.take_weight(name)?)?;
+            expect_shape(name, &w, out)?;
+            let bias = t.vectors.remove(&format!("{name}.bias")).map(vector).transpose()?;
+            Ok(Linear { weight: w, bias })
+        };
+
+        let embed = Embedding(weight(embed_w)?);
+        expect_shape("embed", &embed.0, c.vocab_size)?;
+        let (q_out, kv_out) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let mut blocks = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let p = |s: &str| format!("layers.{i}.{s}");
+            let qkv = vec![linear(&mut t, &p("q"), q_out)?, linear(&mut t, &p("k"), kv_out)?, linear(&mut t, &p("v"), kv_out)?];
+            let gate_up = vec![linear(&mut t, &p("gate"), c.intermediate_size)?, linear(&mut t, &p("up"), c.intermediate_size)?];
+            blocks.push(Block {
+                attn_norm: vector(t.take_vector(&p("attn_norm"))?)?,
+                mlp_norm: vector(t.take_vector(&p("mlp_norm"))?)?,
+                qkv: Projections::new(qkv)?,
+                q_norm: t.vectors.remove(&p("q_norm")).map(vector).transpose()?,
+                k_norm: t.vectors.remove(&p("k_norm")).map(vector).transpose()?,
+                o: linear(&mut t, &p("o"), c.hidden_size)?,
+                gate_up: Projections::new(gate_up)?,
+                down: linear(&mut t, &p("down"), c.hidden_size)?,
+            });
+        }
+        let lm_head = match t.weights.remove("lm_head") {
+            Some(w) if !c.tie_word_embeddings => {
+                let w = weight(w)?;
+                expect_shape("lm_head", &w, c.vocab_size)?;
+                Some(w)
+            }
+            _ => None,
+        };
+        let rope_periods = match (t.vectors.remove("rope_periods"), &c.rope.llama3_scaling) {
+            (Some(p), _) => Some(p.as_dtype(Dtype::Float32)?),
+            (None, Some(s)) => {
+                let p = rope::llama3_periods(c.head_dim, c.rope.theta, s);
+                Some(Array::from_slice(&p, &[p.len() as i32]))
+            }
+            (None, None) => None,
+        };
+        let norm = vector(t.take_vector("norm")?)?;
+        let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods };
+        model.eval_weights()?;
+        Ok(model)
+    }
+
+    /// Materializes every weight now, so load time is paid at load and not by the first request.
+    fn eval_weights(&self) -> Result<()> {
+        let mut all: Vec<&Array> = self.embed.0.arrays();
+        all.push(&self.norm);
+        if let Some(h) = &self.lm_head {
+            all.extend(h.arrays());
+        }
+        for b in &self.blocks {
+            all.extend([&b.attn_norm, &b.mlp_norm]);
+            all.extend(b.q_norm.iter().chain(b.k_norm.iter()));
+            for proj in [&b.qkv, &b.gate_up] {
+                match proj {
+                    Projections::Fused { linear, .. } => all.extend(linear.weight.arrays()),
+                    Projections::Separate(ps) => ps.iter().for_each(|l| all.extend(l.weight.arrays())),
+                }
+            }
+            all.extend(b.o.weight.arrays());
+            all.extend(b.down.weight.arrays());
+        }
+        mlx_rs::transforms::eval(all).context("materializing weights")?;
+        Ok(())
+    }
+
+    /// Bytes of all weights as held in memory.
+    pub fn nbytes(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                b.attn_norm.nbytes() + b.mlp_norm.nbytes() + b.qkv.nbytes() + b.gate_up.nbytes()
+                    + b.o.weight.nbytes() + b.down.weight.nbytes()
+            })
+            .sum();
+        blocks + self.embed.0.nbytes() + self.norm.nbytes() + self.lm_head.as_ref().map_or(0, |h| h.nbytes())
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.config.num_layers)
+    }
+
+    /// Runs `tokens` through the model after what `cache` holds and returns the logits of
+    /// the last position (`[vocab]`, float32), evaluated.
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Array> {
+        let c = &self.config;
+        let len = tokens.len() as i32;
+        let ids = Array::from_slice(tokens, &[len]);
+        let mut h = self.embed.lookup(&ids)?.reshape(&[1, len, c.hidden_size])?;
+        let offset = cache.offset();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let a = self.attention(b, &fast::rms_norm(&h, Some(&b.attn_norm), c.rms_norm_eps)?, cache, i, offset)?;
+            h = h.add(&a)?;
+            let x = fast::rms_norm(&h, Some(&b.mlp_norm), c.rms_norm_eps)?;
+            let gu = b.gate_up.forward(&x)?;
+            let m = b.down.forward(&nn::silu(&gu[0])?.multiply(&gu[1])?)?;
+            h = h.add(&m)?;
+        }
+        cache.advance(len);
+        // Only the last position's logits are needed.
+        let last = h.reshape(&[len, c.hidden_size])?.take_axis(Array::from_int(len - 1), 0)?;
+        let last = fast::rms_norm(&last, Some(&self.norm), c.rms_norm_eps)?;
+        let logits = match &self.lm_head {
+            Some(head) => head.apply(&last)?,
+            None => self.embed.0.apply(&last)?,
+        };
+        let logits = logits.as_dtype(Dtype::Float32)?;
+        logits.eval()?;
+        Ok(logits)
+    }
+
+    fn attention(&self, b: &Block, x: &Array, cache: &mut KvCache, layer: usize, offset: i32) -> Result<Array> {
+        let c = &self.config;
+        let len = x.shape()[1];
+        let qkv = b.qkv.forward(x)?;
+        let heads = |a: &Array, n: i32, norm: Option<&Array>| -> Result<Array> {
+            let a = a.reshape(&[1, len, n, c.head_dim])?;
+            let a = match norm {
+                Some(w) => fast::rms_norm(&a, Some(w), c.rms_norm_eps)?,
+                None => a,
+            };
+            let a = a.transpose_axes(&[0, 2, 1, 3])?;
+            Ok(self.rope(&a, offset)?)
+        };
+        let q = heads(&qkv[0], c.num_heads, b.q_norm.as_ref())?;
+        let k = heads(&qkv[1], c.num_kv_heads, b.k_norm.as_ref())?;
+        let v = qkv[2].reshape(&[1, len, c.num_kv_heads, c.head_dim])?.transpose_axes(&[0, 2, 1, 3])?;
+        let (keys, values) = cache.update(layer, &k, &v)?;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let o = if len > 1 {
+            // Causal mask aligned to the end of the keys, so cached prefixes are visible.
+            fast::scaled_dot_product_attention(&q, &keys, &values, scale, fast::ScaledDotProductAttentionMask::Causal, None)?
+        } else {
+            fast::scaled_dot_product_attention(&q, &keys, &values, scale, None, None)?
+        };
+        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, len, c.num_heads * c.head_dim])?;
+        b.o.forward(&o)
+    }
+
+    fn rope(&self, x: &Array, offset: i32) -> Result<Array> {
+        let r = &self.config.rope;
+        let dims = self.config.head_dim;
+        Ok(match &self.rope_periods {
+            Some(p) => fast::rope(x, dims, r.traditional, None, r.position_scale, offset, p)?,
+            None => fast::rope(x, dims, r.traditional, r.theta, r.position_scale, offset, None)?,
+        })
+    }
+}

@@ -1,0 +1,185 @@
+//! Text <-> token ids with the `tokenizers` crate, built from a GGUF's `tokenizer.ggml.*`
+//! metadata or read from an HF `tokenizer.json`; plus the chat template and end tokens.
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use mlx_rs::io::GgufFile;
+use tokenizers::{
+    decoders::byte_level::ByteLevel as ByteLevelDecoder,
+    models::bpe::BPE,
+    pre_tokenizers::{byte_level::ByteLevel, digits::Digits, sequence::Sequence, split::Split, PreTokenizerWrapper},
+    processors::byte_level::ByteLevel as ByteLevelProcessor,
+    AddedToken, SplitDelimiterBehavior, Tokenizer,
+};
+
+use super::chat_template::ChatTemplate;
+
+/// Everything text-side of a model. `Send + Sync`: the HTTP side renders and counts prompts
+/// before they reach the engine thread.
+pub struct TextCodec {
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// Tokens that end generation: the model's EOS plus the template's end-of-turn tokens.
+    pub stop_ids: BTreeSet<u32>,
+    pub bos: Option<(u32, String)>,
+    /// Prepend BOS to prompts (GGUF `add_bos_token`, HF `add_bos_token`).
+    pub add_bos: bool,
+}
+
+impl TextCodec {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.tokenizer.encode_fast(text, false).map_err(|e| anyhow!("tokenizer: {e}"))?;
+        let mut ids = enc.get_ids().to_vec();
+        if let Some((bos, bos_text)) = &self.bos {
+            if self.add_bos && !text.starts_with(bos_text.as_str()) {
+                ids.insert(0, *bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer.decode(ids, true).map_err(|e| anyhow!("tokenizer: {e}"))
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    fn finish(mut self, eos_tokens: &[&str]) -> Self {
+        for t in eos_tokens {
+            if let Some(id) = self.tokenizer.token_to_id(t) {
+                self.stop_ids.insert(id);
+            }
+        }
+        if let Some(tpl) = &self.template {
+            for t in tpl.end_of_turn_tokens() {
+                if let Some(id) = self.tokenizer.token_to_id(t) {
+                    self.stop_ids.insert(id);
+                }
+            }
+        }
+        self
+    }
+}
+
+/// GGUF token types (llama.cpp's `llama_token_type`).
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// Llama 3's and Qwen 2's pre-tokenizer split (the same regex in both).
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
+    let model = g.get_metadata_string("tokenizer.ggml.model")?.unwrap_or_default();
+    if model != "gpt2" {
+        bail!("GGUF tokenizer '{model}' is not supported (only byte-level BPE, 'gpt2'); use a model folder with tokenizer.json instead");
+    }
+    let tokens = g.get_metadata_strings("tokenizer.ggml.tokens")?.context("no tokenizer.ggml.tokens")?;
+    let merges = g.get_metadata_strings("tokenizer.ggml.merges")?.context("no tokenizer.ggml.merges")?;
+    let types: Vec<i32> = match g.get_metadata_array("tokenizer.ggml.token_type")? {
+        Some(a) => {
+            let a = a.as_dtype(mlx_rs::Dtype::Int32)?;
+            a.eval()?;
+            a.as_slice::<i32>().to_vec()
+        }
+        None => vec![],
+    };
+    let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let merges: Vec<(String, String)> = merges
+        .iter()
+        .map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| anyhow!("bad merge '{m}'")))
+        .collect::<Result<_>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| anyhow!("building BPE: {e}"))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+
+    let pre = g.get_metadata_string("tokenizer.ggml.pre")?.unwrap_or_else(|| "default".into());
+    let byte_level = |use_regex| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, use_regex));
+    let pre_tokenizer: PreTokenizerWrapper = match pre.as_str() {
+        // llama.cpp's "smollm": digits one by one, then GPT-2's byte-level split.
+        "smollm" => Sequence::new(vec![PreTokenizerWrapper::Digits(Digits::new(true)), byte_level(true)]).into(),
+        "llama-bpe" | "llama3" | "qwen2" | "smaug-bpe" => Sequence::new(vec![
+            PreTokenizerWrapper::Split(Split::new(
+                tokenizers::pre_tokenizers::split::SplitPattern::Regex(LLAMA3_SPLIT.into()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            ).map_err(|e| anyhow!("{e}"))?),
+            byte_level(false),
+        ])
+        .into(),
+        "default" | "gpt2" | "gpt-2" => byte_level(true),
+        other => {
+            tracing::warn!("GGUF pre-tokenizer '{other}' is not known; using GPT-2 byte-level splitting");
+            byte_level(true)
+        }
+    };
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    tokenizer.with_post_processor(Some(ByteLevelProcessor::new(true, false, true)));
+
+    let added: Vec<AddedToken> = types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t == TOKEN_TYPE_CONTROL || **t == TOKEN_TYPE_USER_DEFINED)
+        .map(|(i, t)| AddedToken::from(tokens[i].clone(), *t == TOKEN_TYPE_CONTROL).normalized(false))
+        .collect();
+    tokenizer.add_special_tokens(&added);
+
+    let id = |k: &str| -> Result<Option<u32>> { Ok(super::model::gguf::meta_f32(g, k)?.map(|v| v as u32)) };
+    let mut stop_ids = BTreeSet::new();
+    stop_ids.extend(id("tokenizer.ggml.eos_token_id")?);
+    stop_ids.extend(id("tokenizer.ggml.eot_token_id")?);
+    let bos = id("tokenizer.ggml.bos_token_id")?.and_then(|b| tokens.get(b as usize).map(|t| (b, t.clone())));
+    let add_bos = super::model::gguf::meta_bool(g, "tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    let template = g.get_metadata_string("tokenizer.chat_template")?.map(|src| {
+        let eos = stop_ids.iter().next().and_then(|i| tokens.get(*i as usize)).cloned();
+        ChatTemplate::new(src, bos.as_ref().map(|b| b.1.clone()), eos)
+    }).transpose()?;
+    Ok(TextCodec { tokenizer, template, stop_ids, bos, add_bos }.finish(&[]))
+}
+
+/// An HF folder: `tokenizer.json`, `tokenizer_config.json` (template, bos/eos), and the
+/// EOS ids of `generation_config.json` / `config.json`.
+pub fn from_hf_dir(dir: &Path) -> Result<TextCodec> {
+    let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| anyhow!("{}/tokenizer.json: {e}", dir.display()))?;
+    let read_json = |name: &str| -> Result<serde_json::Value> {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(s) => serde_json::from_str(&s).with_context(|| format!("{}/{name}", dir.display())),
+            Err(_) => Ok(serde_json::Value::Null),
+        }
+    };
+    let tc = read_json("tokenizer_config.json")?;
+    // A token may be a string or {"content": "..."}.
+    let token_str = |v: &serde_json::Value| -> Option<String> {
+        v.as_str().map(str::to_string).or_else(|| v.get("content").and_then(|c| c.as_str()).map(str::to_string))
+    };
+    let bos_text = tc.get("bos_token").and_then(token_str);
+    let eos_text = tc.get("eos_token").and_then(token_str);
+    let mut stop_ids = BTreeSet::new();
+    for cfg in [read_json("generation_config.json")?, read_json("config.json")?] {
+        match cfg.get("eos_token_id") {
+            Some(serde_json::Value::Number(n)) => stop_ids.extend(n.as_u64().map(|n| n as u32)),
+            Some(serde_json::Value::Array(a)) => stop_ids.extend(a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32)),
+            _ => {}
+        }
+    }
+    let template_src = match tc.get("chat_template") {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        // A list of named templates: take "default".
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .or(list.first())
+            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+        _ => std::fs::read_to_string(dir.join("chat_template.jinja")).ok(),
+    };
+    let template = template_src.map(|src| ChatTemplate::new(src, bos_text.clone(), eos_text.clone())).transpose()?;
+    let bos = bos_text.as_ref().and_then(|t| tokenizer.token_to_id(t).map(|id| (id, t.clone())));
+    let add_bos = tc.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
+    let eos: Vec<&str> = eos_text.as_deref().into_iter().collect();
+    Ok(TextCodec { tokenizer, template, stop_ids, bos, add_bos }.finish(&eos))
+}

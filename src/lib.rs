@@ -1,0 +1,12 @@
+//! mlxbar: an OpenAI-compatible MLX inference server with telemetry, usable headless
+//! (`mlxbar serve`) or inside the menu-bar app.
+pub mod api;
+pub mod bench;
+pub mod config;
+pub mod doctor;
+pub mod engine;
+pub mod model_store;
+pub mod server;
+
+pub use config::Config;
+pub use server::Server;

@@ -1,0 +1,78 @@
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use mlxbar::config::{Config, ServeArgs};
+use mlxbar::{bench, doctor, model_store, Server};
+
+#[derive(Parser)]
+#[command(name = "mlxbar", version, about = "Run and watch local LLMs with MLX: an OpenAI-compatible server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-compatible API (default model unless --model)
+    Serve(ServeArgs),
+    /// Measure TTFT and decode tok/s, beside peer servers measured in the same run
+    Bench(bench::BenchArgs),
+    /// Show the MLX build, device, BLAS and model cache in use
+    Doctor,
+    /// Download and verify the default model into the cache
+    FetchModel,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("MLXBAR_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => serve(Config::load(&args)?).await,
+        Command::Bench(args) => bench::run(args).await,
+        Command::Doctor => {
+            print!("{}", doctor::report());
+            Ok(())
+        }
+        Command::FetchModel => {
+            let path = tokio::task::spawn_blocking(model_store::ensure_default_model).await??;
+            println!("{}", path.display());
+            Ok(())
+        }
+    }
+}
+
+async fn serve(config: Config) -> Result<()> {
+    let server = Server::start(config).await?;
+    let addr = server.local_addr();
+    tracing::info!("listening on http://{addr} (loading the model)");
+    tokio::select! {
+        ready = server.wait_ready() => ready?,
+        _ = tokio::signal::ctrl_c() => { server.shutdown().await; return Ok(()); }
+    }
+    let model = server.engine().model().map(|m| m.id.clone()).unwrap_or_default();
+    tracing::info!("ready: model {model} on {}; try:", server.engine().device().as_str());
+    eprintln!(
+        "  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'"
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}

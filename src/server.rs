@@ -1,0 +1,83 @@
+//! [`Server`]: the engine plus the HTTP API on a socket, startable from any tokio runtime
+//! (the CLI's, or the menu-bar app's) and stoppable cleanly.
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, AppState};
+use crate::config::Config;
+use crate::engine::{Engine, EngineOptions};
+use crate::model_store;
+
+pub struct Server {
+    addr: SocketAddr,
+    engine: Arc<Engine>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds the socket and starts loading the model; answers right away (`/health` says
+    /// "loading" until [`Server::wait_ready`]). Fetches the default model first if needed.
+    pub async fn start(config: Config) -> Result<Server> {
+        config.validate()?;
+        let model_path = match &config.model {
+            Some(p) => p.clone(),
+            None => tokio::task::spawn_blocking(model_store::ensure_default_model).await??,
+        };
+        let listener = tokio::net::TcpListener::bind(config.addr())
+            .await
+            .with_context(|| format!("binding {}", config.addr()))?;
+        let addr = listener.local_addr()?;
+        let engine = Arc::new(Engine::start(EngineOptions {
+            model_path,
+            weight_format: config.weight_format,
+            queue_capacity: config.queue_capacity,
+            test_fail_marker: config.test_fail_marker.clone(),
+        })?);
+        let state = AppState {
+            engine: engine.clone(),
+            config: Arc::new(config),
+            started: Instant::now(),
+            started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        };
+        let app = api::router(state);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let served = axum::serve(listener, app).with_graceful_shutdown(async {
+                let _ = stopped.await;
+            });
+            if let Err(e) = served.await {
+                tracing::error!("server error: {e}");
+            }
+        });
+        Ok(Server { addr, engine, stop: Some(stop), task })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    pub async fn wait_ready(&self) -> Result<()> {
+        self.engine.wait_ready().await
+    }
+
+    /// Stops the engine (running requests end with an error within one step), then lets
+    /// open connections finish and closes the socket.
+    pub async fn shutdown(mut self) {
+        let engine = self.engine.clone();
+        let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
