@@ -10,6 +10,8 @@ fn main() {
     if let Ok(dir) = std::env::var("DEP_MLX_LIBDIR") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
     }
+    // The batch-1 gemv forwarding shim (src/engine/gemv_forward.rs) must be visible to libmlx.so.
+    println!("cargo:rustc-link-arg=-Wl,--export-dynamic-symbol=cblas_sgemm");
     if let Some(openblas) = OPENBLAS.iter().find(|p| std::path::Path::new(p).exists()) {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,{openblas},--as-needed");
     } else {

@@ -2,6 +2,8 @@
 //! generation loop, on a thread of its own. [`Engine`] is the `Send + Sync` handle the
 //! HTTP side uses: it renders and counts prompts, and queues requests with back-pressure.
 pub mod chat_template;
+#[cfg(target_os = "linux")]
+pub mod gemv_forward;
 pub mod kv_cache;
 pub mod loader;
 pub mod model;
@@ -208,6 +210,8 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         *shared.state.write().unwrap() = s;
         shared.ready.notify_waiters();
     };
+    #[cfg(target_os = "linux")]
+    gemv_forward::install();
     mlx_rs::Device::set_default(&match device {
         DeviceKind::Gpu => mlx_rs::Device::gpu(),
         DeviceKind::Cpu => mlx_rs::Device::cpu(),

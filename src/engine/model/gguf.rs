@@ -88,7 +88,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
             let bits = w.shape()[w.ndim() - 1] * 32 / in_features;
             t.weights.insert(name, Weight::Quantized(Quantized { weight: w, scales, biases, group_size, bits }));
         } else if is_matrix(&name) {
-            t.weights.insert(name, Weight::Dense(w));
+            t.weights.insert(name, Weight::dense(w)?);
         } else if name == "rope_periods" {
             w.eval()?;
             let factors = w.as_dtype(Dtype::Float32)?;

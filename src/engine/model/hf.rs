@@ -41,7 +41,7 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
         } else if name.ends_with("norm") {
             t.vectors.insert(name.clone(), w);
         } else {
-            t.weights.insert(name.clone(), Weight::Dense(w));
+            t.weights.insert(name.clone(), Weight::dense(w)?);
         }
         if let Some(b) = raw.remove(&format!("{module}.bias")) {
             t.vectors.insert(format!("{name}.bias"), b);
