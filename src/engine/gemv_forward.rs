@@ -54,5 +54,5 @@ pub unsafe extern "C" fn cblas_sgemm(
 
 /// Keeps the symbol in the link (an rlib's unused items can be dropped).
 pub fn install() {
-    std::hint::black_box(cblas_sgemm as usize);
+    std::hint::black_box(cblas_sgemm as *const () as usize);
 }

@@ -51,7 +51,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
     loop {
         if shared.stopping.load(Ordering::Relaxed) {
             for seq in &running {
-                let _ = seq.req.events.send(Event::Error("the server is shutting down".into()));
+                retire(&shared, || drop(seq.req.events.send(Event::Error("the server is shutting down".into()))));
             }
             return;
         }
@@ -61,34 +61,40 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             match job {
                 Some(Job::Generate(req)) => {
                     shared.waiting.fetch_sub(1, Ordering::Relaxed);
-                    if let Some(seq) = guarded(&req.events.clone(), || start(&model, req)) {
-                        running.push(seq);
+                    shared.running.fetch_add(1, Ordering::Relaxed);
+                    let events = req.events.clone();
+                    match guarded(|| start(&model, req)) {
+                        Ok(seq) => running.push(seq),
+                        Err(msg) => {
+                            retire(&shared, || drop(events.send(Event::Error(msg))));
+                        }
                     }
                 }
                 Some(Job::Shutdown) | None if running.is_empty() => return,
                 Some(Job::Shutdown) | None => break,
             }
         }
-        shared.running.store(running.len(), Ordering::Relaxed);
-        running.retain_mut(|seq| {
-            let events = seq.req.events.clone();
-            match guarded(&events, || step(&model, &codec, &codec.stop_ids, seq)) {
-                Some(Outcome::Running) => true,
-                Some(Outcome::Finished(reason)) => {
-                    finish(seq, reason);
-                    false
-                }
-                Some(Outcome::Cancelled) | None => false,
-            }
+        running.retain_mut(|seq| match guarded(|| step(&model, &codec, &codec.stop_ids, seq)) {
+            Ok(Outcome::Running) => true,
+            Ok(Outcome::Finished(reason)) => retire(&shared, || finish(seq, reason)),
+            Ok(Outcome::Cancelled) => retire(&shared, || ()),
+            Err(msg) => retire(&shared, || drop(seq.req.events.send(Event::Error(msg)))),
         });
-        shared.running.store(running.len(), Ordering::Relaxed);
     }
 }
 
-/// Runs `f`, turning an error or a panic into an `Error` event for this request only.
-fn guarded<T>(events: &tokio::sync::mpsc::UnboundedSender<Event>, f: impl FnOnce() -> Result<T>) -> Option<T> {
+/// Counts a sequence out *before* its last event goes out, so a client that has its
+/// answer never sees it still counted as running.
+fn retire(shared: &Shared, last_words: impl FnOnce()) -> bool {
+    shared.running.fetch_sub(1, Ordering::Relaxed);
+    last_words();
+    false
+}
+
+/// Runs `f`, turning an error or a panic into a message for this request only.
+fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T, String> {
     let msg = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => return Some(v),
+        Ok(Ok(v)) => return Ok(v),
         Ok(Err(e)) => format!("{e:#}"),
         Err(panic) => panic
             .downcast_ref::<String>()
@@ -97,8 +103,7 @@ fn guarded<T>(events: &tokio::sync::mpsc::UnboundedSender<Event>, f: impl FnOnce
             .unwrap_or_else(|| "engine panicked".into()),
     };
     tracing::error!("generation failed: {msg}");
-    let _ = events.send(Event::Error(msg));
-    None
+    Err(msg)
 }
 
 /// Prefill: runs the prompt through the model in chunks.

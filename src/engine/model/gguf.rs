@@ -3,8 +3,11 @@
 //! (`.weight` packed u32, `.scales`, `.biases`; group 32).
 //!
 //! llama.cpp's converter permutes the rows of attn_q/attn_k of llama-arch models for GGML's
-//! interleaved RoPE; keeping the rows and running *traditional* RoPE is equivalent and
-//! avoids touching packed quantized rows. qwen2/qwen3 GGUFs are not permuted (NeoX RoPE).
+//! interleaved RoPE. Those rows are put back in HF order here and the model runs NeoX
+//! (rotate-half) RoPE like every other format: MLX's traditional RoPE is equivalent in
+//! float32 but loses the argmax in float16 (measured on this model). Rows are output
+//! features, so permuting them leaves quantized packing intact. qwen2/qwen3 GGUFs are not
+//! permuted.
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -58,7 +61,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
         rms_norm_eps: m("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
         rope: RopeConfig {
             theta: m("rope.freq_base")?.unwrap_or(10000.0),
-            traditional: matches!(arch, Arch::Llama | Arch::Mistral),
+            traditional: false,
             llama3_scaling: None,
             position_scale: 1.0 / m("rope.scaling.factor")?.filter(|f| *f > 0.0).unwrap_or(1.0),
         },
@@ -108,7 +111,35 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
         config.tie_word_embeddings = true;
     }
     config.validate()?;
+    if matches!(arch, Arch::Llama | Arch::Mistral) {
+        for i in 0..config.num_layers {
+            for (part, heads) in [("q", config.num_heads), ("k", config.num_kv_heads)] {
+                let name = format!("layers.{i}.{part}");
+                if let Some(w) = t.weights.remove(&name) {
+                    let perm = hf_row_order(w.out_features(), heads);
+                    let perm = Array::from_slice(&perm, &[perm.len() as i32]);
+                    t.weights.insert(name.clone(), w.take_outputs(&perm)?);
+                    if let Some(b) = t.vectors.remove(&format!("{name}.bias")) {
+                        t.vectors.insert(format!("{name}.bias"), b.take_axis(&perm, 0)?);
+                    }
+                }
+            }
+        }
+    }
     Ok(LoadedGguf { file: g, config, tensors: t })
+}
+
+/// For each HF row, the GGUF row holding it: llama.cpp stores head h's row (half, i) at
+/// (i, half), i.e. HF row h*d + half*d/2 + i sits at GGUF row h*d + 2i + half.
+pub fn hf_row_order(rows: i32, heads: i32) -> Vec<i32> {
+    let d = rows / heads;
+    (0..rows)
+        .map(|r| {
+            let (h, within) = (r / d, r % d);
+            let (half, i) = (within / (d / 2), within % (d / 2));
+            h * d + 2 * i + half
+        })
+        .collect()
 }
 
 fn is_matrix(name: &str) -> bool {
@@ -148,6 +179,17 @@ fn canonical_name(base: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hf_row_order_inverts_the_ggml_interleave() {
+        // one head of 4 rows: GGUF rows are [x0, y0, x1, y1] for HF [x0, x1, y0, y1]
+        assert_eq!(super::hf_row_order(4, 1), vec![0, 2, 1, 3]);
+        let p = super::hf_row_order(128, 2);
+        let mut sorted = p.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..128).collect::<Vec<_>>(), "a permutation");
+        assert_eq!(&p[64..68], &[64, 66, 68, 70], "second head starts at its own rows");
+    }
+
     #[test]
     fn maps_ggml_names() {
         use super::canonical_name as c;

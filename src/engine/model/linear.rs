@@ -57,8 +57,12 @@ impl Weight {
         Ok(Weight::Dense(match self {
             Weight::Dense(wt) if wt.dtype() == dtype => wt,
             Weight::Dense(wt) => wt.as_dtype(dtype)?,
-            // Cast before the transposing copy: float16 arithmetic is emulated on x86.
-            Weight::Quantized(q) => q.dequantize()?.as_dtype(dtype)?.t().contiguous()?,
+            // Scales to the target type first: dequantizing with float16 scales would round
+            // every weight to float16 (and float16 arithmetic is emulated on x86).
+            Weight::Quantized(q) => {
+                let q = Quantized { scales: q.scales.as_dtype(dtype)?, biases: q.biases.as_dtype(dtype)?, ..q };
+                q.dequantize()?.t().contiguous()?
+            }
         }))
     }
 
@@ -94,6 +98,19 @@ impl Weight {
             group_size: first.group_size,
             bits: first.bits,
         })))
+    }
+
+    /// Reorders the output features by `perm` (indices into the current order).
+    pub fn take_outputs(self, perm: &Array) -> Result<Weight> {
+        Ok(match self {
+            Weight::Dense(wt) => Weight::Dense(wt.take_axis(perm, 1)?),
+            Weight::Quantized(q) => Weight::Quantized(Quantized {
+                weight: q.weight.take_axis(perm, 0)?,
+                scales: q.scales.take_axis(perm, 0)?,
+                biases: q.biases.take_axis(perm, 0)?,
+                ..q
+            }),
+        })
     }
 
     pub fn nbytes(&self) -> usize {

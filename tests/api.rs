@@ -1,0 +1,321 @@
+//! The OpenAI-compatible API through a real socket, on the real engine and default model.
+mod common;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+}
+
+async fn post(path: &str, body: Value) -> (u16, Value) {
+    let resp = client().post(format!("{}{path}", common::server())).json(&body).send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap())
+}
+
+fn chat(content: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": content}], "temperature": 0})
+}
+
+/// Reads an SSE body into its `data:` payloads.
+async fn sse_events(resp: reqwest::Response) -> Vec<String> {
+    let text = resp.text().await.unwrap();
+    text.split("\n\n").filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string)).collect()
+}
+
+/// Sends only the head of a POST that declares `length` bytes, and reads the answer.
+async fn raw_post_declaring(url: &str, length: usize) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let u = reqwest::Url::parse(url).unwrap();
+    let mut sock = tokio::net::TcpStream::connect((u.host_str().unwrap(), u.port().unwrap())).await.unwrap();
+    let head = format!("POST {} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n{{", u.path());
+    sock.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    sock.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let status = text[9..12].parse().unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn assert_error(body: &Value, kind: &str) {
+    let e = &body["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert_eq!(e["type"], kind, "{body}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{body}");
+}
+
+#[tokio::test]
+async fn chat_completion_answers_in_openai_shape() {
+    let (status, body) = post("/v1/chat/completions", chat("What is the capital of France?")).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "SmolLM2-135M-Instruct.Q4_1");
+    assert!(body["created"].as_u64().unwrap() > 1_700_000_000);
+    let choice = &body["choices"][0];
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["message"]["content"], "The capital of France is Paris.");
+    assert_eq!(choice["finish_reason"], "stop");
+    let u = &body["usage"];
+    assert_eq!(u["prompt_tokens"], 37);
+    assert_eq!(u["completion_tokens"], 7);
+    assert_eq!(u["total_tokens"], 44);
+}
+
+#[tokio::test]
+async fn greedy_is_deterministic_and_max_tokens_cuts_with_length() {
+    let mut body = chat("Write a poem about the sea.");
+    body["max_tokens"] = json!(12);
+    let (_, a) = post("/v1/chat/completions", body.clone()).await;
+    let (_, b) = post("/v1/chat/completions", body.clone()).await;
+    assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+    assert_eq!(a["choices"][0]["finish_reason"], "length");
+    assert_eq!(a["usage"]["completion_tokens"], 12);
+    // max_completion_tokens is the newer name for the same limit
+    body.as_object_mut().unwrap().remove("max_tokens");
+    body["max_completion_tokens"] = json!(5);
+    let (_, c) = post("/v1/chat/completions", body).await;
+    assert_eq!(c["usage"]["completion_tokens"], 5);
+}
+
+#[tokio::test]
+async fn seeded_sampling_repeats_and_different_seeds_differ() {
+    let mut body = json!({"messages": [{"role": "user", "content": "Tell me a story."}], "temperature": 1.2, "top_k": 40, "top_p": 0.95, "max_tokens": 24});
+    let mut texts = vec![];
+    for seed in [1, 1, 2] {
+        body["seed"] = json!(seed);
+        let (status, out) = post("/v1/chat/completions", body.clone()).await;
+        assert_eq!(status, 200);
+        texts.push(out["choices"][0]["message"]["content"].as_str().unwrap().to_string());
+    }
+    assert_eq!(texts[0], texts[1]);
+    assert_ne!(texts[0], texts[2]);
+}
+
+#[tokio::test]
+async fn stop_strings_end_the_answer_before_them() {
+    let mut body = chat("What is the capital of France?");
+    body["stop"] = json!([" is"]);
+    let (_, out) = post("/v1/chat/completions", body.clone()).await;
+    assert_eq!(out["choices"][0]["message"]["content"], "The capital of France");
+    assert_eq!(out["choices"][0]["finish_reason"], "stop");
+    body["stop"] = json!("Paris");
+    let (_, out) = post("/v1/chat/completions", body).await;
+    assert_eq!(out["choices"][0]["message"]["content"], "The capital of France is ");
+}
+
+#[tokio::test]
+async fn chat_stream_has_openai_chunks_usage_and_done() {
+    let mut body = chat("What is the capital of France?");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let resp = client().post(format!("{}/v1/chat/completions", common::server())).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let events = sse_events(resp).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let id = chunks[0]["id"].as_str().unwrap();
+    assert!(chunks.iter().all(|c| c["id"] == id && c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, "The capital of France is Paris.");
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+    assert_eq!(finish["choices"][0]["delta"], json!({}));
+    assert!(finish["usage"].is_null());
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 7);
+    assert_eq!(usage["usage"]["prompt_tokens"], 37);
+}
+
+#[tokio::test]
+async fn text_completions_stream_and_not() {
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+    let (status, out) = post("/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{out}");
+    assert!(out["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(out["object"], "text_completion");
+    let text = out["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(!text.is_empty());
+    assert_eq!(out["usage"]["completion_tokens"], 4);
+    assert_eq!(out["choices"][0]["finish_reason"], "length");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let resp = client().post(format!("{}/v1/completions", common::server())).json(&streamed).send().await.unwrap();
+    let events = sse_events(resp).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
+    let joined: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(joined, text);
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+
+    // token ids as the prompt
+    let (status, out) = post("/v1/completions", json!({"prompt": [504, 3575], "max_tokens": 2})).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["usage"]["prompt_tokens"], 2);
+}
+
+#[tokio::test]
+async fn models_and_health_describe_the_engine() {
+    let c = client();
+    let models: Value = c.get(format!("{}/v1/models", common::server())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!(models["data"][0]["object"], "model");
+    let resp = c.get(format!("{}/health", common::server())).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let health: Value = resp.json().await.unwrap();
+    assert_eq!(health["state"], "ready");
+    assert_eq!(health["device"], if cfg!(target_os = "macos") { "gpu" } else { "cpu" });
+    assert_eq!(health["model"]["architecture"], "llama");
+    assert_eq!(health["model"]["context_length"], 8192);
+    // "default" and the listed id both name the loaded model
+    for model in ["default", "SmolLM2-135M-Instruct.Q4_1"] {
+        let mut body = chat("Hi");
+        body["model"] = json!(model);
+        body["max_tokens"] = json!(1);
+        assert_eq!(post("/v1/chat/completions", body).await.0, 200);
+    }
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_errors_with_fitting_statuses() {
+    let c = client();
+    let url = format!("{}/v1/chat/completions", common::server());
+    // malformed JSON
+    let resp = c.post(&url).header("content-type", "application/json").body("{\"messages\": [").send().await.unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_error(&resp.json().await.unwrap(), "invalid_request_error");
+    // wrong field type names the field
+    let (status, body) = post("/v1/chat/completions", json!({"messages": "hi"})).await;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap().contains("messages"), "{body}");
+    // unknown model
+    let mut b = chat("hi");
+    b["model"] = json!("gpt-9");
+    let (status, body) = post("/v1/chat/completions", b).await;
+    assert_eq!(status, 404);
+    assert_error(&body, "invalid_request_error");
+    assert_eq!(body["error"]["code"], "model_not_found");
+    // prompt + max_tokens beyond the context: 400 with the numbers
+    let mut b = chat("hi");
+    b["max_tokens"] = json!(9000);
+    let (status, body) = post("/v1/chat/completions", b).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("8192") && msg.contains("9000") && msg.contains("9031"), "{msg}");
+    // a prompt alone longer than the context
+    let long = "word ".repeat(9000);
+    let (status, body) = post("/v1/completions", json!({"prompt": long, "max_tokens": 1})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
+    // out-of-range sampling parameters, empty messages, n > 1
+    for bad in [json!({"temperature": 3.0}), json!({"top_p": 0.0}), json!({"n": 2}), json!({"max_tokens": 0})] {
+        let mut b = chat("hi");
+        b.as_object_mut().unwrap().extend(bad.as_object().unwrap().clone());
+        let (status, body) = post("/v1/chat/completions", b).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert_error(&body, "invalid_request_error");
+    }
+    assert_eq!(post("/v1/chat/completions", json!({"messages": []})).await.0, 400);
+    assert_eq!(post("/v1/completions", json!({"prompt": [999999]})).await.0, 400);
+    // body over the limit (4 MiB): refused on its Content-Length, before the body is read
+    let (status, body) = raw_post_declaring(&url, 5 << 20).await;
+    assert_eq!(status, 413);
+    assert_error(&body, "invalid_request_error");
+    // unknown route and wrong method, in the same error shape
+    let resp = c.get(format!("{}/v1/nothing", common::server())).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    assert_error(&resp.json().await.unwrap(), "invalid_request_error");
+    let resp = c.get(&url).send().await.unwrap();
+    assert_eq!(resp.status(), 405);
+}
+
+#[tokio::test]
+async fn foreign_host_headers_are_refused() {
+    let c = client();
+    let resp = c.get(format!("{}/v1/models", common::server())).header("host", "evil.example:8080").send().await.unwrap();
+    assert_eq!(resp.status(), 403);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "host_not_allowed");
+    let resp = c.get(format!("{}/v1/models", common::server())).header("host", "localhost:8080").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    // no CORS headers for a foreign origin
+    let resp = c.get(format!("{}/v1/models", common::server())).header("origin", "http://evil.example").send().await.unwrap();
+    assert!(resp.headers().get("access-control-allow-origin").is_none());
+}
+
+#[tokio::test]
+async fn engine_failure_is_a_500_and_the_server_keeps_serving() {
+    let (status, body) = post("/v1/chat/completions", chat(&format!("please {}", common::FAIL_MARKER))).await;
+    assert_eq!(status, 500, "{body}");
+    assert_error(&body, "server_error");
+    assert!(body["error"]["message"].as_str().unwrap().contains("injected engine failure"));
+    let (status, body) = post("/v1/chat/completions", chat("What is the capital of France?")).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["choices"][0]["message"]["content"], "The capital of France is Paris.");
+}
+
+#[tokio::test]
+async fn a_disconnected_stream_stops_its_generation() {
+    // A server of its own, so no other test's requests interleave.
+    let base = common::start_server(common::test_config());
+    let c = client();
+    let mut body = chat("Write a very long story about the ocean.");
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(4000); // minutes of work if it were not cancelled
+    body["temperature"] = json!(0.8);
+    let resp = c.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+    let mut stream = resp.bytes_stream();
+    let mut seen = String::new();
+    while seen.matches("\"content\":\"").count() < 3 {
+        seen.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
+    }
+    let health: Value = c.get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(health["queue"]["running"], 1);
+    drop(stream);
+    // The engine serves one request at a time: this one can only finish once the
+    // abandoned one stopped (it would otherwise run for minutes past the client timeout).
+    let quick = client().post(format!("{base}/v1/chat/completions")).timeout(Duration::from_secs(30));
+    let resp = quick.json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let health: Value = c.get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(health["queue"]["running"], 0);
+    assert_eq!(health["queue"]["waiting"], 0);
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let base = common::start_server(mlxbar::Config { queue_capacity: 1, ..common::test_config() });
+    let c = client();
+    let mut long = chat("Write a very long story about the ocean.");
+    long["stream"] = json!(true);
+    long["max_tokens"] = json!(4000);
+    long["temperature"] = json!(0.8);
+    // 1: running (its first chunk has arrived)
+    let running = c.post(format!("{base}/v1/chat/completions")).json(&long).send().await.unwrap();
+    let mut running = running.bytes_stream();
+    running.next().await.unwrap().unwrap();
+    // 2: waits in the queue (capacity 1)
+    let waiting = c.post(format!("{base}/v1/chat/completions")).json(&long).send().await.unwrap();
+    assert_eq!(waiting.status(), 200);
+    // 3: no room
+    let resp = c.post(format!("{base}/v1/chat/completions")).json(&chat("hi")).send().await.unwrap();
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body: Value = resp.json().await.unwrap();
+    assert_error(&body, "rate_limit_error");
+    assert_eq!(body["error"]["code"], "queue_full");
+    drop(running);
+    drop(waiting);
+}

@@ -1,0 +1,39 @@
+//! Linux: MLX's matmuls reach Debian's OpenBLAS (not the wheel's reference BLAS, ~18x
+//! slower), and single-row matmuls forwarded to gemv compute what sgemm does.
+#![cfg(target_os = "linux")]
+
+use mlx_rs::{ops, random, Array, Device};
+
+#[test]
+fn sgemm_comes_from_openblas() {
+    let provider = mlxbar::doctor::blas_provider().expect("cblas_sgemm is resolvable");
+    // The executable's own forwarder wins lookup; the sgemm behind it must be OpenBLAS's.
+    let next = unsafe { libc::dlsym(libc::RTLD_NEXT, c"cblas_sgemm".as_ptr()) };
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    assert!(unsafe { libc::dladdr(next, &mut info) } != 0);
+    let next_lib = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    assert!(next_lib.contains("openblas"), "sgemm behind the forwarder: {next_lib} (provider {provider})");
+}
+
+fn max_diff(a: &Array, b: &Array) -> f32 {
+    ops::abs(&a.subtract(b).unwrap()).unwrap().max(None).unwrap().item_exact::<f32>()
+}
+
+#[test]
+fn single_row_matmuls_match_batched_ones() {
+    Device::set_default(&Device::cpu());
+    mlxbar::engine::gemv_forward::install();
+    let r = |s: &[i32]| random::normal::<f32>(s, None, None, None).unwrap();
+    let (k, n) = (576, 960);
+    let w = r(&[k, n]);
+    let wt = r(&[n, k]);
+    let x2 = r(&[2, k]);
+    let x1 = x2.take_axis(Array::from_int(0), 0).unwrap().reshape(&[1, k]).unwrap();
+    let row0 = |a: Array| a.take_axis(Array::from_int(0), 0).unwrap().reshape(&[1, n]).unwrap();
+    // m == 1: x @ W and x @ W^T (gemv) against the same row of a 2-row sgemm
+    assert!(max_diff(&ops::matmul(&x1, &w).unwrap(), &row0(ops::matmul(&x2, &w).unwrap())) < 1e-3);
+    assert!(max_diff(&ops::matmul(&x1, wt.t()).unwrap(), &row0(ops::matmul(&x2, wt.t()).unwrap())) < 1e-3);
+    // n == 1: W^T @ x^T
+    let col = ops::matmul(&wt, x1.t()).unwrap().reshape(&[1, n]).unwrap();
+    assert!(max_diff(&col, &ops::matmul(&x1, wt.t()).unwrap()) < 1e-3);
+}

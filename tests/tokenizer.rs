@@ -1,0 +1,89 @@
+//! The GGUF-built tokenizer and chat template against the HF tokenizer mlx-lm used
+//! (ids recorded in tests/data/reference.json), and incremental decoding with stop strings.
+mod common;
+
+use mlxbar::engine::chat_template::ChatMessage;
+use mlxbar::engine::text_stream::{Step, TextStream};
+use mlxbar::engine::{loader, TextCodec, WeightFormat};
+
+fn codec() -> TextCodec {
+    // The codec comes with the model; the format does not matter for it.
+    let (_, codec, _) = loader::load(&common::model_path(), WeightFormat::Float32).unwrap();
+    codec
+}
+
+#[test]
+fn encodes_like_the_hf_tokenizer_and_round_trips() {
+    let codec = codec();
+    for s in common::reference()["tokenizer_samples"].as_array().unwrap() {
+        let text = s["text"].as_str().unwrap();
+        let want: Vec<u32> = serde_json::from_value(s["ids"].clone()).unwrap();
+        let ids = codec.encode(text).unwrap();
+        assert_eq!(ids, want, "ids of {text:?}");
+        // special tokens are dropped by decode, everything else comes back byte for byte
+        let back = codec.tokenizer.decode(&ids, false).unwrap();
+        assert_eq!(back, text);
+    }
+    // digits split one by one (pre-tokenizer "smollm")
+    let ids = codec.encode("2026").unwrap();
+    assert_eq!(ids.len(), 4);
+}
+
+#[test]
+fn chat_template_renders_like_transformers() {
+    let codec = codec();
+    let template = codec.template.as_ref().expect("the GGUF carries a chat template");
+    for case in common::reference()["prompts"].as_array().unwrap() {
+        let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+        let text = template.render(&messages, true).unwrap();
+        assert_eq!(text, case["rendered"].as_str().unwrap());
+        let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        assert_eq!(codec.encode(&text).unwrap(), ids);
+    }
+    // <|im_end|> (the template's end of turn) ends generation, as EOS id 2 does
+    let im_end = codec.tokenizer.token_to_id("<|im_end|>").unwrap();
+    assert!(codec.stop_ids.contains(&im_end));
+}
+
+fn stream_all(codec: &TextCodec, text: &str, stops: &[&str]) -> (String, bool) {
+    let mut s = TextStream::new(stops.iter().map(|s| s.to_string()).collect());
+    let mut out = String::new();
+    for id in codec.encode(text).unwrap() {
+        match s.push(codec, id).unwrap() {
+            Step::Text(t) => out.push_str(&t),
+            Step::Stopped(t) => {
+                out.push_str(&t);
+                return (out, true);
+            }
+        }
+    }
+    out.push_str(&s.flush());
+    (out, false)
+}
+
+#[test]
+fn text_stream_rebuilds_text_and_cuts_at_stop_strings() {
+    let codec = codec();
+    let text = "Unicode: café, 日本語 🚀 and the end.";
+    assert_eq!(stream_all(&codec, text, &[]), (text.to_string(), false));
+    // a stop string spanning several tokens cuts before it
+    assert_eq!(stream_all(&codec, "one two three four", &["three f"]), ("one two ".to_string(), true));
+    // a partial match that never completes is released at the end
+    assert_eq!(stream_all(&codec, "one two thr", &["three"]), ("one two thr".to_string(), false));
+    // multi-byte stop string
+    assert_eq!(stream_all(&codec, "a 日本語 b", &["本"]), ("a 日".to_string(), true));
+}
+
+#[test]
+fn text_stream_never_sends_a_held_back_prefix() {
+    let codec = codec();
+    let mut s = TextStream::new(vec!["END".into()]);
+    let mut sent = String::new();
+    for id in codec.encode("alpha EN").unwrap() {
+        if let Step::Text(t) = s.push(&codec, id).unwrap() {
+            sent.push_str(&t);
+        }
+    }
+    assert!(!sent.contains("EN"), "held back: {sent:?}");
+    assert_eq!(sent + &s.flush(), "alpha EN");
+}
