@@ -26,7 +26,7 @@ doctor: build
 # Everything CI runs: unit + integration tests on the real engine and default model, then a
 # type-check of the macOS code for Apple Silicon.
 test: setup
-	MLXBAR_TEST_TOOLS=1 bash scripts/test.sh
+	bash scripts/test.sh
 
 check-macos: setup
 	bash scripts/check-macos.sh

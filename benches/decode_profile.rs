@@ -5,6 +5,7 @@
 //! - the same matmuls alone, with float32 weights of the same shapes (what BLAS costs);
 //! - the head alone (vocab x hidden, the largest single matrix);
 //! - the memory traffic floor: weight bytes / measured copy bandwidth.
+//!
 //! The gap between the first two is MLX's per-op overhead and the non-matmul ops.
 use std::time::Instant;
 

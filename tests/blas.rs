@@ -16,7 +16,7 @@ fn sgemm_comes_from_openblas() {
 }
 
 fn max_diff(a: &Array, b: &Array) -> f32 {
-    ops::abs(&a.subtract(b).unwrap()).unwrap().max(None).unwrap().item_exact::<f32>()
+    ops::abs(a.subtract(b).unwrap()).unwrap().max(None).unwrap().item_exact::<f32>()
 }
 
 #[test]

@@ -3,6 +3,7 @@ pub mod chat;
 pub mod completions;
 pub mod error;
 pub mod generation;
+pub mod health;
 pub mod json;
 pub mod models;
 pub mod openai;
@@ -35,7 +36,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models::list_models))
-        .route("/health", get(models::health))
+        .route("/health", get(health::health))
         .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");

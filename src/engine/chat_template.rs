@@ -84,6 +84,6 @@ mod tests {
     fn strftime_now_formats_a_date() {
         let s = strftime_now("%d %B %Y");
         assert_eq!(s.split(' ').count(), 3);
-        assert!(s.split(' ').last().unwrap().parse::<i32>().unwrap() >= 2024);
+        assert!(s.split(' ').next_back().unwrap().parse::<i32>().unwrap() >= 2024);
     }
 }

@@ -268,7 +268,7 @@ impl Model {
                 None => a,
             };
             let a = a.transpose_axes(&[0, 2, 1, 3])?;
-            Ok(self.rope(&a, offset)?)
+            self.rope(&a, offset)
         };
         let q = heads(&qkv[0], c.num_heads, b.q_norm.as_ref())?;
         let k = heads(&qkv[1], c.num_kv_heads, b.k_norm.as_ref())?;

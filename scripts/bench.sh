@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: mlxbar (in process) against peer servers on the same machine and
+# default model, measured in one run, interleaved. Peers come from ../shared/peers (or
+# $PEERS_DIR): mlx_lm.server on the same MLX CPU build, and llama.cpp (llama-cpp-python).
+# Usage: scripts/bench.sh [PEER...]   PEER: mlx-lm | llama-cpp (default: both)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PEERS=${PEERS_DIR:-$ROOT/../shared/peers}
+DIR=${PEERS_WORKDIR:-/tmp/mlxbar-peers}
+WANT=${*:-mlx-lm llama-cpp}
+[ -x "$PEERS/setup.sh" ] || [ -f "$PEERS/setup.sh" ] || { echo "peer scripts not found at $PEERS (set PEERS_DIR)" >&2; exit 1; }
+bash "$PEERS/setup.sh" "$DIR" $WANT
+cd "$ROOT"
+cargo build --release --bin mlxbar
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+args=()
+port=8101
+for peer in $WANT; do
+  pids+=("$(bash "$PEERS/serve.sh" "$peer" "$port" "$DIR" | tail -1)")
+  case $peer in
+    mlx-lm) args+=(--compare "mlx_lm.server=http://127.0.0.1:$port#default_model");;
+    llama-cpp) args+=(--compare "llama.cpp=http://127.0.0.1:$port#smollm2");;
+    vllm-mlx) args+=(--compare "vllm-mlx=http://127.0.0.1:$port#smollm2");;
+  esac
+  port=$((port + 1))
+done
+./target/release/mlxbar bench --quick --runs "${RUNS:-3}" "${args[@]}"
