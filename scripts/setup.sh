@@ -68,7 +68,7 @@ if [ ! -f "$SYS/Cargo.toml" ] || ! grep -q "^version = \"$MLX_SYS_VERSION\"" "$S
   say "fetching mlx-sys $MLX_SYS_VERSION through cargo"
   FETCH="$ROOT/.mlx/fetch"
   mkdir -p "$FETCH/src"
-  printf '[package]\nname = "mlxbar-fetch"\nversion = "0.0.0"\nedition = "2021"\n\n[dependencies]\nmlx-sys = { version = "=%s", default-features = false }\n' \
+  printf '[workspace]\n\n[package]\nname = "mlxbar-fetch"\nversion = "0.0.0"\nedition = "2021"\n\n[dependencies]\nmlx-sys = { version = "=%s", default-features = false }\n' \
     "$MLX_SYS_VERSION" > "$FETCH/Cargo.toml"
   : > "$FETCH/src/lib.rs"
   (cd "$FETCH" && cargo fetch -q)
