@@ -9,6 +9,11 @@ PEERS=${PEERS_DIR:-$ROOT/../shared/peers}
 DIR=${PEERS_WORKDIR:-/tmp/mlxbar-peers}
 WANT=${*:-mlx-lm llama-cpp}
 [ -x "$PEERS/setup.sh" ] || [ -f "$PEERS/setup.sh" ] || { echo "peer scripts not found at $PEERS (set PEERS_DIR)" >&2; exit 1; }
+# llama.cpp built for the native CPU segfaults on its first decode on AMX-capable Xeons
+# (seen here): build it for AVX-512 without AMX instead.
+if grep -q amx /proc/cpuinfo 2>/dev/null; then
+  export CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON"}
+fi
 bash "$PEERS/setup.sh" "$DIR" $WANT
 cd "$ROOT"
 cargo build --release --bin mlxbar

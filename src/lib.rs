@@ -5,8 +5,10 @@ pub mod bench;
 pub mod config;
 pub mod doctor;
 pub mod engine;
+pub mod metrics;
 pub mod model_store;
 pub mod server;
+pub mod telemetry;
 
 pub use config::Config;
 pub use server::Server;

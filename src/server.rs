@@ -11,11 +11,14 @@ use tokio::task::JoinHandle;
 use crate::api::{self, AppState};
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions};
+use crate::metrics::Metrics;
 use crate::model_store;
+use crate::telemetry::Telemetry;
 
 pub struct Server {
     addr: SocketAddr,
     engine: Arc<Engine>,
+    telemetry: Arc<Telemetry>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -39,9 +42,12 @@ impl Server {
             queue_capacity: config.queue_capacity,
             test_fail_marker: config.test_fail_marker.clone(),
         })?);
+        let telemetry = Telemetry::start(std::time::Duration::from_secs(1));
         let state = AppState {
             engine: engine.clone(),
             config: Arc::new(config),
+            metrics: Arc::new(Metrics::new()),
+            telemetry: telemetry.clone(),
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         };
@@ -55,7 +61,7 @@ impl Server {
                 tracing::error!("server error: {e}");
             }
         });
-        Ok(Server { addr, engine, stop: Some(stop), task })
+        Ok(Server { addr, engine, telemetry, stop: Some(stop), task })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -73,6 +79,7 @@ impl Server {
     /// Stops the engine (running requests end with an error within one step), then lets
     /// open connections finish and closes the socket.
     pub async fn shutdown(mut self) {
+        self.telemetry.stop();
         let engine = self.engine.clone();
         let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
         if let Some(stop) = self.stop.take() {

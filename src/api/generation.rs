@@ -13,6 +13,7 @@ use super::error::ApiError;
 use super::openai::{CommonParams, Endpoint, ResponseMeta};
 use super::AppState;
 use crate::engine::{Completion, Event, ModelInfo, SamplingParams, TextCodec};
+use crate::metrics::inference::InferenceRecorder;
 
 /// Resolves the request's `model`: absent, "default" or the loaded model's id.
 pub fn resolve_model(state: &AppState, requested: Option<&str>) -> Result<(ModelInfo, Arc<TextCodec>), ApiError> {
@@ -95,38 +96,57 @@ pub async fn respond(state: &AppState, meta: ResponseMeta, p: Prepared) -> Resul
     let (mut req, rx) = state.engine.new_request(p.prompt_ids, p.max_tokens, p.sampling, p.stop);
     req.inject_panic = p.inject_panic;
     state.engine.submit(req)?;
+    let recorder = InferenceRecorder::new(state.metrics.clone(), &meta.model, meta.endpoint.name(), p.stream);
     if p.stream {
-        return Ok(sse(meta, rx, p.include_usage).into_response());
+        return Ok(sse(meta, rx, recorder, p.include_usage).into_response());
     }
-    let (text, done) = collect(rx).await?;
+    let (text, done) = collect(rx, recorder).await?;
     Ok(axum::Json(meta.full(&text, &done)).into_response())
 }
 
-async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<(String, Completion), ApiError> {
+async fn collect(mut rx: UnboundedReceiver<Event>, mut recorder: InferenceRecorder) -> Result<(String, Completion), ApiError> {
     let mut text = String::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Token { text: t } | Event::Text(t) => text.push_str(&t),
-            Event::Done(done) => return Ok((text, done)),
-            Event::Error(e) => return Err(ApiError::internal(format!("The engine failed on this request: {e}"))),
+            Event::Token { text: t } => {
+                recorder.token();
+                text.push_str(&t);
+            }
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(done) => {
+                recorder.done(&done);
+                return Ok((text, done));
+            }
+            Event::Error(e) => {
+                recorder.error();
+                return Err(ApiError::internal(format!("The engine failed on this request: {e}")));
+            }
         }
     }
+    recorder.error();
     Err(ApiError::internal("The engine stopped before finishing this request"))
 }
 
-fn sse(meta: ResponseMeta, rx: UnboundedReceiver<Event>, include_usage: bool) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+fn sse(meta: ResponseMeta, rx: UnboundedReceiver<Event>, recorder: InferenceRecorder, include_usage: bool) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
     // The chat stream opens with the assistant role; then one chunk per non-empty delta.
     let opening = (meta.endpoint == Endpoint::Chat).then(|| data(meta.chunk(Some(""), true, None, include_usage)));
     let meta = Arc::new(meta);
-    let body = stream::unfold((rx, false), move |(mut rx, ended)| {
+    let body = stream::unfold((rx, recorder, false), move |(mut rx, mut recorder, ended)| {
         let meta = meta.clone();
         async move {
             if ended {
                 return None;
             }
             let done_marker = || SseEvent::default().data("[DONE]");
-            let (events, ended): (Vec<SseEvent>, bool) = match rx.recv().await {
+            let ev = rx.recv().await;
+            match &ev {
+                Some(Event::Token { .. }) => recorder.token(),
+                Some(Event::Done(done)) => recorder.done(done),
+                Some(Event::Error(_)) | None => recorder.error(),
+                Some(Event::Text(_)) => {}
+            }
+            let (events, ended): (Vec<SseEvent>, bool) = match ev {
                 Some(Event::Token { text } | Event::Text(text)) if text.is_empty() => (vec![], false),
                 Some(Event::Token { text } | Event::Text(text)) => (vec![data(meta.chunk(Some(&text), false, None, include_usage))], false),
                 Some(Event::Done(done)) => {
@@ -142,7 +162,7 @@ fn sse(meta: ResponseMeta, rx: UnboundedReceiver<Event>, include_usage: bool) ->
                 }
                 None => (vec![data(ApiError::internal("The engine stopped before finishing this request").body()), done_marker()], true),
             };
-            Some((events, (rx, ended)))
+            Some((events, (rx, recorder, ended)))
         }
     });
     let body = stream::iter(opening).chain(body.flat_map(stream::iter)).map(Ok);

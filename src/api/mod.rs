@@ -5,6 +5,7 @@ pub mod error;
 pub mod generation;
 pub mod health;
 pub mod json;
+pub mod metrics;
 pub mod models;
 pub mod openai;
 pub mod security;
@@ -20,12 +21,16 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::metrics::Metrics;
+use crate::telemetry::Telemetry;
 use error::ApiError;
 
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Arc<Engine>,
     pub config: Arc<Config>,
+    pub metrics: Arc<Metrics>,
+    pub telemetry: Arc<Telemetry>,
     pub started: Instant,
     pub started_unix: u64,
 }
@@ -37,12 +42,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models::list_models))
         .route("/health", get(health::health))
+        .route("/metrics", get(metrics::prometheus))
         .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
             e
         })
+        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::http::track))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(Extension(json::BodyLimit(config.max_body_bytes)))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key))

@@ -1,0 +1,24 @@
+//! `GET /metrics`: Prometheus text format.
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use super::AppState;
+use crate::engine::LoadState;
+
+pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
+    let m = &state.metrics;
+    let e = &state.engine;
+    m.uptime_seconds.set(state.started.elapsed().as_secs_f64());
+    m.scheduler_waiting_requests.set(e.waiting() as i64);
+    m.scheduler_running_requests.set(e.running() as i64);
+    if let Some(model) = e.model() {
+        let id = [model.id.as_str()];
+        m.info.with_label_values(&[env!("CARGO_PKG_VERSION"), &model.id, e.device().as_str()]).set(1);
+        m.model_loaded.with_label_values(&id).set(i64::from(e.state() == LoadState::Ready));
+        m.model_load_duration_seconds.with_label_values(&id).set(model.load_seconds);
+        m.model_weight_bytes.with_label_values(&id).set(model.weight_bytes as i64);
+    }
+    m.observe_system(&state.telemetry.latest());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], m.encode())
+}

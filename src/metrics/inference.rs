@@ -1,0 +1,64 @@
+//! Per-request inference metrics, fed from the engine's event stream as the API relays it.
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Metrics;
+use crate::engine::{Completion, FinishReason};
+
+/// Records one request; dropped without a result (client gone) it counts as cancelled.
+pub struct InferenceRecorder {
+    metrics: Arc<Metrics>,
+    model: String,
+    endpoint: &'static str,
+    stream: &'static str,
+    last_token: Option<Instant>,
+    finished: bool,
+}
+
+impl InferenceRecorder {
+    pub fn new(metrics: Arc<Metrics>, model: &str, endpoint: &'static str, stream: bool) -> Self {
+        InferenceRecorder { metrics, model: model.to_owned(), endpoint, stream: if stream { "true" } else { "false" }, last_token: None, finished: false }
+    }
+
+    pub fn token(&mut self) {
+        let now = Instant::now();
+        if let Some(prev) = self.last_token {
+            self.metrics.inter_token_latency_seconds.with_label_values(&[&self.model]).observe((now - prev).as_secs_f64());
+        }
+        self.last_token = Some(now);
+    }
+
+    pub fn done(&mut self, c: &Completion) {
+        let m = &self.metrics;
+        let model = [self.model.as_str()];
+        let t = &c.timings;
+        m.queue_wait_seconds.with_label_values(&model).observe(t.queue.as_secs_f64());
+        m.prefill_duration_seconds.with_label_values(&model).observe(t.prefill.as_secs_f64());
+        m.time_to_first_token_seconds.with_label_values(&model).observe(t.time_to_first_token.as_secs_f64());
+        m.request_duration_seconds.with_label_values(&model).observe((t.time_to_first_token + t.decode).as_secs_f64());
+        m.prompt_tokens_total.with_label_values(&model).inc_by(c.prompt_tokens as u64);
+        m.generation_tokens_total.with_label_values(&model).inc_by(c.completion_tokens as u64);
+        let result = match c.finish_reason {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        };
+        self.finish(result);
+    }
+
+    pub fn error(&mut self) {
+        self.finish("error");
+    }
+
+    fn finish(&mut self, result: &str) {
+        if !self.finished {
+            self.finished = true;
+            self.metrics.requests_total.with_label_values(&[&self.model, self.endpoint, self.stream, result]).inc();
+        }
+    }
+}
+
+impl Drop for InferenceRecorder {
+    fn drop(&mut self) {
+        self.finish("cancelled");
+    }
+}

@@ -1,0 +1,168 @@
+//! Every Prometheus metric mlxbar exports, defined in this one file with its help text.
+//!
+//! Names: `mlxbar_` prefix, base units (`_seconds`, `_bytes`), `_total` counters. Labels are
+//! bounded: `route` is a route template (unknown paths are "unmatched"), `model` is the one
+//! loaded model, `kind`/`endpoint`/`result`/`stream` take fixed values. The mapping from
+//! MLX-Flash and vllm-mlx names is in dashboards/README.md.
+pub mod http;
+pub mod inference;
+
+use prometheus::{
+    exponential_buckets, Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::telemetry::SystemSample;
+
+pub struct Metrics {
+    registry: Registry,
+
+    pub info: IntGaugeVec,
+    pub uptime_seconds: Gauge,
+    // HTTP
+    pub http_requests_total: IntCounterVec,
+    pub http_request_duration_seconds: HistogramVec,
+    pub http_requests_in_flight: IntGaugeVec,
+    // inference
+    pub requests_total: IntCounterVec,
+    pub request_duration_seconds: HistogramVec,
+    pub time_to_first_token_seconds: HistogramVec,
+    pub inter_token_latency_seconds: HistogramVec,
+    pub queue_wait_seconds: HistogramVec,
+    pub prefill_duration_seconds: HistogramVec,
+    pub prompt_tokens_total: IntCounterVec,
+    pub generation_tokens_total: IntCounterVec,
+    pub scheduler_waiting_requests: IntGauge,
+    pub scheduler_running_requests: IntGauge,
+    // model
+    pub model_loaded: IntGaugeVec,
+    pub model_load_duration_seconds: GaugeVec,
+    pub model_weight_bytes: IntGaugeVec,
+    // caches (filled by batching / prefix caching)
+    pub kv_cache_tokens: IntGauge,
+    pub kv_cache_bytes: IntGauge,
+    pub prefix_cache_entries: IntGauge,
+    pub prefix_cache_hits_total: IntCounter,
+    pub prefix_cache_misses_total: IntCounter,
+    pub prefix_cache_evictions_total: IntCounter,
+    pub prefix_cache_tokens_saved_total: IntCounter,
+    // memory
+    pub mlx_memory_bytes: IntGaugeVec,
+    pub memory_bytes: IntGaugeVec,
+    pub memory_used_ratio: Gauge,
+    pub swap_used_bytes: IntGauge,
+    pub swap_total_bytes: IntGauge,
+    pub swap_in_pages_total: IntCounter,
+    pub swap_out_pages_total: IntCounter,
+    pub memory_pressure_level: IntGauge,
+    pub memory_pressure_raw: Gauge,
+    pub memory_pressure_info: IntGaugeVec,
+    // this process
+    pub process_resident_memory_bytes: IntGauge,
+    pub process_cpu_seconds_total: Counter,
+}
+
+/// Latency buckets from 1 ms to ~65 s (doubling).
+fn latency_buckets() -> Vec<f64> {
+    exponential_buckets(0.001, 2.0, 17).unwrap()
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let r = Registry::new_custom(Some("mlxbar".into()), None).unwrap();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m.unwrap();
+                r.register(Box::new(m.clone())).unwrap();
+                m
+            }};
+        }
+        let hist = |name: &str, help: &str, labels: &[&str]| reg!(HistogramVec::new(HistogramOpts::new(name, help).buckets(latency_buckets()), labels));
+        Metrics {
+            info: reg!(IntGaugeVec::new(Opts::new("info", "Always 1; labels say which mlxbar, model and device serve."), &["version", "model", "device"])),
+            uptime_seconds: reg!(Gauge::new("uptime_seconds", "Seconds since the server started.")),
+            http_requests_total: reg!(IntCounterVec::new(Opts::new("http_requests_total", "HTTP requests answered, by route template and status (the /metrics scrape is not counted)."), &["method", "route", "status"])),
+            http_request_duration_seconds: hist("http_request_duration_seconds", "Time to the HTTP response head (a stream's first bytes), by route template.", &["method", "route"]),
+            http_requests_in_flight: reg!(IntGaugeVec::new(Opts::new("http_requests_in_flight", "HTTP requests being handled now."), &["method", "route"])),
+            requests_total: reg!(IntCounterVec::new(Opts::new("requests_total", "Inference requests finished, by endpoint (chat|completions), stream (true|false) and result (stop|length|cancelled|error)."), &["model", "endpoint", "stream", "result"])),
+            request_duration_seconds: hist("request_duration_seconds", "End-to-end inference time: queued to last token.", &["model"]),
+            time_to_first_token_seconds: hist("time_to_first_token_seconds", "Queued to first generated token (includes queue wait and prefill).", &["model"]),
+            inter_token_latency_seconds: hist("inter_token_latency_seconds", "Time between consecutive generated tokens of one request.", &["model"]),
+            queue_wait_seconds: hist("queue_wait_seconds", "Time a request waited before the engine took it.", &["model"]),
+            prefill_duration_seconds: hist("prefill_duration_seconds", "Prompt processing time.", &["model"]),
+            prompt_tokens_total: reg!(IntCounterVec::new(Opts::new("prompt_tokens_total", "Prompt tokens processed."), &["model"])),
+            generation_tokens_total: reg!(IntCounterVec::new(Opts::new("generation_tokens_total", "Tokens generated."), &["model"])),
+            scheduler_waiting_requests: reg!(IntGauge::new("scheduler_waiting_requests", "Requests queued, not yet taken by the engine.")),
+            scheduler_running_requests: reg!(IntGauge::new("scheduler_running_requests", "Requests being generated.")),
+            model_loaded: reg!(IntGaugeVec::new(Opts::new("model_loaded", "1 when the model is loaded and serving."), &["model"])),
+            model_load_duration_seconds: reg!(GaugeVec::new(Opts::new("model_load_duration_seconds", "How long loading the model took."), &["model"])),
+            model_weight_bytes: reg!(IntGaugeVec::new(Opts::new("model_weight_bytes", "Bytes of model weights as held in memory."), &["model"])),
+            kv_cache_tokens: reg!(IntGauge::new("kv_cache_tokens", "Tokens held in KV caches of running requests.")),
+            kv_cache_bytes: reg!(IntGauge::new("kv_cache_bytes", "Bytes of KV cache buffers of running requests.")),
+            prefix_cache_entries: reg!(IntGauge::new("prefix_cache_entries", "Prefixes held by the prefix cache.")),
+            prefix_cache_hits_total: reg!(IntCounter::new("prefix_cache_hits_total", "Requests that reused a cached prefix.")),
+            prefix_cache_misses_total: reg!(IntCounter::new("prefix_cache_misses_total", "Requests that found no cached prefix.")),
+            prefix_cache_evictions_total: reg!(IntCounter::new("prefix_cache_evictions_total", "Prefixes evicted from the prefix cache.")),
+            prefix_cache_tokens_saved_total: reg!(IntCounter::new("prefix_cache_tokens_saved_total", "Prompt tokens not recomputed thanks to the prefix cache.")),
+            mlx_memory_bytes: reg!(IntGaugeVec::new(Opts::new("mlx_memory_bytes", "MLX allocator memory: active (live arrays), peak, cache (reusable buffers), limit."), &["kind"])),
+            memory_bytes: reg!(IntGaugeVec::new(Opts::new("memory_bytes", "System memory by kind: total, free, available, used, active, inactive, wired, compressed, app, cached_files (Activity Monitor's terms on macOS)."), &["kind"])),
+            memory_used_ratio: reg!(Gauge::new("memory_used_ratio", "Used system memory over total (0-1).")),
+            swap_used_bytes: reg!(IntGauge::new("swap_used_bytes", "Swap in use.")),
+            swap_total_bytes: reg!(IntGauge::new("swap_total_bytes", "Swap size.")),
+            swap_in_pages_total: reg!(IntCounter::new("swap_in_pages_total", "Pages swapped in (the kernel's count since boot).")),
+            swap_out_pages_total: reg!(IntCounter::new("swap_out_pages_total", "Pages swapped out (the kernel's count since boot).")),
+            memory_pressure_level: reg!(IntGauge::new("memory_pressure_level", "Memory pressure: 0 normal, 1 warn, 2 critical, -1 unknown (see mlxbar_memory_pressure_info)." )),
+            memory_pressure_raw: reg!(Gauge::new("memory_pressure_raw", "The raw pressure signal: macOS kern.memorystatus_vm_pressure_level (1, 2, 4) or Linux PSI some avg10 (percent).")),
+            memory_pressure_info: reg!(IntGaugeVec::new(Opts::new("memory_pressure_info", "Always 1; source says where the pressure level comes from (kernel, psi, unknown)."), &["source"])),
+            process_resident_memory_bytes: reg!(IntGauge::new("process_resident_memory_bytes", "Resident memory of the mlxbar process.")),
+            process_cpu_seconds_total: reg!(Counter::new("process_cpu_seconds_total", "CPU time used by the mlxbar process.")),
+            registry: r,
+
+        }
+    }
+
+    /// Copies the latest system sample into the gauges (done at scrape time).
+    pub fn observe_system(&self, s: &SystemSample) {
+        for (kind, v) in [("active", s.mlx.active), ("peak", s.mlx.peak), ("cache", s.mlx.cache), ("limit", s.mlx.limit)] {
+            self.mlx_memory_bytes.with_label_values(&[kind]).set(v as i64);
+        }
+        self.process_resident_memory_bytes.set(s.process.resident_bytes as i64);
+        // Counters follow cumulative readings: add what was counted since the last scrape.
+        let cpu = &self.process_cpu_seconds_total;
+        cpu.inc_by((s.process.cpu_seconds - cpu.get()).max(0.0));
+        let Some(m) = &s.memory else {
+            self.memory_pressure_level.set(-1);
+            self.memory_pressure_info.with_label_values(&["unknown"]).set(1);
+            return;
+        };
+        for (kind, v) in [
+            ("total", m.total), ("free", m.free), ("available", m.available), ("used", m.used), ("active", m.active),
+            ("inactive", m.inactive), ("wired", m.wired), ("compressed", m.compressed), ("app", m.app), ("cached_files", m.cached_files),
+        ] {
+            self.memory_bytes.with_label_values(&[kind]).set(v as i64);
+        }
+        self.memory_used_ratio.set(m.used_ratio());
+        self.swap_used_bytes.set(m.swap_used as i64);
+        self.swap_total_bytes.set(m.swap_total as i64);
+        for (counter, now) in [(&self.swap_in_pages_total, m.swap_ins), (&self.swap_out_pages_total, m.swap_outs)] {
+            counter.inc_by(now.saturating_sub(counter.get()));
+        }
+        self.memory_pressure_level.set(m.pressure.as_number().map_or(-1, i64::from));
+        self.memory_pressure_raw.set(m.pressure_raw.unwrap_or(f64::NAN));
+        for source in ["kernel", "psi", "unknown"] {
+            self.memory_pressure_info.with_label_values(&[source]).set(i64::from(source == m.pressure_source.as_str()));
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding");
+        String::from_utf8(buf).expect("utf-8 metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,238 @@
+//! Pure arithmetic from raw kernel counters to [`MemoryStats`].
+use super::{MemoryStats, PressureLevel, PressureSource};
+
+/// Raw macOS readings: `host_statistics64(HOST_VM_INFO64)` page counts, `hw.memsize`,
+/// `vm.swapusage` and `kern.memorystatus_vm_pressure_level`.
+#[derive(Debug, Clone, Default)]
+pub struct MacVmRaw {
+    pub page_size: u64,
+    pub memsize: u64,
+    pub free_count: u64,
+    pub active_count: u64,
+    pub inactive_count: u64,
+    pub speculative_count: u64,
+    pub wire_count: u64,
+    pub compressor_page_count: u64,
+    pub purgeable_count: u64,
+    pub external_page_count: u64,
+    pub swapins: u64,
+    pub swapouts: u64,
+    pub swap_total: u64,
+    pub swap_used: u64,
+    pub pressure_level: Option<i32>,
+}
+
+/// The kernel's level: 1 normal, 2 warn, 4 critical; anything else is unknown.
+pub fn mac_pressure(level: Option<i32>) -> PressureLevel {
+    match level {
+        Some(1) => PressureLevel::Normal,
+        Some(2) => PressureLevel::Warn,
+        Some(4) => PressureLevel::Critical,
+        _ => PressureLevel::Unknown,
+    }
+}
+
+/// Activity Monitor's arithmetic: used = active + inactive + speculative + wired +
+/// compressed − purgeable − external; app = used − wired − compressed; cached files =
+/// purgeable + external.
+pub fn from_mac(r: &MacVmRaw) -> MemoryStats {
+    let p = r.page_size;
+    let used_pages = (r.active_count + r.inactive_count + r.speculative_count + r.wire_count + r.compressor_page_count)
+        .saturating_sub(r.purgeable_count + r.external_page_count);
+    let used = used_pages * p;
+    let wired = r.wire_count * p;
+    let compressed = r.compressor_page_count * p;
+    MemoryStats {
+        total: r.memsize,
+        free: r.free_count * p,
+        available: r.memsize.saturating_sub(used),
+        used,
+        active: r.active_count * p,
+        inactive: r.inactive_count * p,
+        wired,
+        compressed,
+        app: used.saturating_sub(wired + compressed),
+        cached_files: (r.purgeable_count + r.external_page_count) * p,
+        swap_total: r.swap_total,
+        swap_used: r.swap_used,
+        swap_ins: r.swapins,
+        swap_outs: r.swapouts,
+        pressure: mac_pressure(r.pressure_level),
+        pressure_raw: r.pressure_level.map(f64::from),
+        pressure_source: if r.pressure_level.is_some() { PressureSource::Kernel } else { PressureSource::Unknown },
+    }
+}
+
+/// PSI thresholds (percent of the last 10 s in which some / all tasks stalled on memory).
+/// `some` >= 10 % means reclaim is slowing work down: warn. `full` >= 5 % means the whole
+/// machine stalls: critical. These mirror what systemd-oomd and Android's lmkd treat as
+/// pressure (their defaults sit at 10-60 %; the lower edge warns early on a laptop).
+pub const PSI_WARN_SOME_AVG10: f64 = 10.0;
+pub const PSI_CRITICAL_FULL_AVG10: f64 = 5.0;
+
+pub fn psi_pressure(some_avg10: f64, full_avg10: f64) -> PressureLevel {
+    if full_avg10 >= PSI_CRITICAL_FULL_AVG10 {
+        PressureLevel::Critical
+    } else if some_avg10 >= PSI_WARN_SOME_AVG10 {
+        PressureLevel::Warn
+    } else {
+        PressureLevel::Normal
+    }
+}
+
+/// Raw Linux readings (bytes), from /proc/meminfo, /proc/vmstat and /proc/pressure/memory.
+#[derive(Debug, Clone, Default)]
+pub struct LinuxRaw {
+    pub mem_total: u64,
+    pub mem_free: u64,
+    pub mem_available: u64,
+    pub active: u64,
+    pub inactive: u64,
+    pub cached: u64,
+    pub buffers: u64,
+    pub anon_pages: u64,
+    pub unevictable: u64,
+    pub swap_total: u64,
+    pub swap_free: u64,
+    pub pswpin: u64,
+    pub pswpout: u64,
+    /// (some avg10, full avg10) in percent; None without PSI.
+    pub psi: Option<(f64, f64)>,
+}
+
+pub fn from_linux(r: &LinuxRaw) -> MemoryStats {
+    let (pressure, pressure_raw, pressure_source) = match r.psi {
+        Some((some, full)) => (psi_pressure(some, full), Some(some), PressureSource::Psi),
+        None => (PressureLevel::Unknown, None, PressureSource::Unknown),
+    };
+    MemoryStats {
+        total: r.mem_total,
+        free: r.mem_free,
+        available: r.mem_available,
+        used: r.mem_total.saturating_sub(r.mem_available),
+        active: r.active,
+        inactive: r.inactive,
+        wired: r.unevictable,
+        compressed: 0,
+        app: r.anon_pages,
+        cached_files: r.cached + r.buffers,
+        swap_total: r.swap_total,
+        swap_used: r.swap_total.saturating_sub(r.swap_free),
+        swap_ins: r.pswpin,
+        swap_outs: r.pswpout,
+        pressure,
+        pressure_raw,
+        pressure_source,
+    }
+}
+
+/// Per-second rate of a cumulative counter between two readings (0 after a reset).
+pub fn rate(prev: u64, now: u64, seconds: f64) -> f64 {
+    if seconds <= 0.0 || now < prev {
+        0.0
+    } else {
+        (now - prev) as f64 / seconds
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Recorded on an Intel Mac (page size 4096), `vm_stat` as posted in wazuh/wazuh#22113
+    /// (macOS 14, 32 GiB: `hw.memsize` 34359738368); no swap in use, pressure normal.
+    fn intel_mac() -> MacVmRaw {
+        MacVmRaw {
+            page_size: 4096,
+            memsize: 34_359_738_368,
+            free_count: 6_127_229,
+            active_count: 485_320,
+            inactive_count: 628_646,
+            speculative_count: 430_715,
+            wire_count: 715_958,
+            compressor_page_count: 0,
+            purgeable_count: 11_820,
+            external_page_count: 1_080_348,
+            swapins: 0,
+            swapouts: 0,
+            swap_total: 0,
+            swap_used: 0,
+            pressure_level: Some(1),
+        }
+    }
+
+    #[test]
+    fn activity_monitor_arithmetic_on_a_recorded_mac() {
+        let m = from_mac(&intel_mac());
+        // used = (485320 + 628646 + 430715 + 715958 + 0 - 11820 - 1080348) pages
+        assert_eq!(m.used, 1_168_471 * 4096);
+        assert_eq!(m.wired, 715_958 * 4096);
+        assert_eq!(m.app, (1_168_471 - 715_958) * 4096);
+        assert_eq!(m.cached_files, (11_820 + 1_080_348) * 4096);
+        assert_eq!(m.free, 6_127_229 * 4096);
+        assert_eq!(m.available, 34_359_738_368 - 1_168_471 * 4096);
+        assert_eq!((m.pressure, m.pressure_source), (PressureLevel::Normal, PressureSource::Kernel));
+        assert!((m.used_ratio() - 0.1393).abs() < 1e-3);
+    }
+
+    #[test]
+    fn apple_silicon_pages_are_16k_and_compressed_memory_is_not_app_memory() {
+        // Apple Silicon reports pages of 16384 bytes; a machine under load with a big compressor.
+        let r = MacVmRaw { page_size: 16384, compressor_page_count: 400_000, memsize: 25_769_803_776, ..intel_mac() };
+        let m = from_mac(&r);
+        assert_eq!(m.compressed, 400_000 * 16384);
+        assert_eq!(m.app + m.wired + m.compressed, m.used);
+    }
+
+    #[test]
+    fn kernel_levels_map_and_unknown_values_never_crash() {
+        assert_eq!(mac_pressure(Some(2)), PressureLevel::Warn);
+        assert_eq!(mac_pressure(Some(4)), PressureLevel::Critical);
+        assert_eq!(mac_pressure(Some(3)), PressureLevel::Unknown);
+        assert_eq!(mac_pressure(None), PressureLevel::Unknown);
+        let m = from_mac(&MacVmRaw { pressure_level: None, ..intel_mac() });
+        assert_eq!(m.pressure_source, PressureSource::Unknown);
+    }
+
+    #[test]
+    fn psi_levels() {
+        assert_eq!(psi_pressure(0.0, 0.0), PressureLevel::Normal);
+        assert_eq!(psi_pressure(12.5, 1.0), PressureLevel::Warn);
+        assert_eq!(psi_pressure(30.0, 6.0), PressureLevel::Critical);
+    }
+
+    #[test]
+    fn linux_figures_from_recorded_meminfo() {
+        // /proc/meminfo of this project's build machine, read on 2026-11-30 (kB x 1024), PSI idle.
+        let r = LinuxRaw {
+            mem_total: 24_683_656 * 1024,
+            mem_free: 21_401_884 * 1024,
+            mem_available: 23_760_080 * 1024,
+            active: 1_224_416 * 1024,
+            inactive: 1_630_840 * 1024,
+            cached: 2_458_664 * 1024,
+            buffers: 15_052 * 1024,
+            anon_pages: 216_244 * 1024,
+            unevictable: 9_912 * 1024,
+            swap_total: 0,
+            swap_free: 0,
+            pswpin: 0,
+            pswpout: 0,
+            psi: Some((0.0, 0.0)),
+        };
+        let m = from_linux(&r);
+        assert_eq!(m.used, (24_683_656 - 23_760_080) * 1024);
+        assert_eq!(m.cached_files, (2_458_664 + 15_052) * 1024);
+        assert_eq!(m.wired, 9_912 * 1024);
+        assert_eq!((m.pressure, m.pressure_source), (PressureLevel::Normal, PressureSource::Psi));
+        let none = from_linux(&LinuxRaw { psi: None, ..r });
+        assert_eq!((none.pressure, none.pressure_source), (PressureLevel::Unknown, PressureSource::Unknown));
+    }
+
+    #[test]
+    fn counter_rates() {
+        assert_eq!(rate(100, 160, 2.0), 30.0);
+        assert_eq!(rate(160, 100, 2.0), 0.0);
+        assert_eq!(rate(1, 2, 0.0), 0.0);
+    }
+}

@@ -1,0 +1,44 @@
+//! macOS reader: thin FFI, no arithmetic (that is in `derive`).
+use std::ffi::CStr;
+use std::mem::size_of;
+
+use anyhow::{bail, Result};
+
+use super::derive::{from_mac, MacVmRaw};
+use super::MemoryStats;
+
+fn sysctl<T: Copy>(name: &CStr) -> Option<T> {
+    // SAFETY: only plain-old-data types are read (integers, xsw_usage).
+    let mut value: T = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<T>();
+    let rc = unsafe { libc::sysctlbyname(name.as_ptr(), &mut value as *mut T as *mut libc::c_void, &mut len, std::ptr::null_mut(), 0) };
+    (rc == 0 && len == size_of::<T>()).then_some(value)
+}
+
+pub fn read() -> Result<MemoryStats> {
+    let mut vm: libc::vm_statistics64 = unsafe { std::mem::zeroed() };
+    let mut count = (size_of::<libc::vm_statistics64>() / size_of::<libc::integer_t>()) as libc::mach_msg_type_number_t;
+    let host = unsafe { mach2::mach_init::mach_host_self() };
+    let rc = unsafe { libc::host_statistics64(host, libc::HOST_VM_INFO64, &mut vm as *mut _ as libc::host_info64_t, &mut count) };
+    if rc != 0 {
+        bail!("host_statistics64 failed ({rc})");
+    }
+    let swap: libc::xsw_usage = sysctl(c"vm.swapusage").unwrap_or(unsafe { std::mem::zeroed() });
+    Ok(from_mac(&MacVmRaw {
+        page_size: unsafe { libc::vm_page_size } as u64,
+        memsize: sysctl::<u64>(c"hw.memsize").unwrap_or(0),
+        free_count: vm.free_count as u64,
+        active_count: vm.active_count as u64,
+        inactive_count: vm.inactive_count as u64,
+        speculative_count: vm.speculative_count as u64,
+        wire_count: vm.wire_count as u64,
+        compressor_page_count: vm.compressor_page_count as u64,
+        purgeable_count: vm.purgeable_count as u64,
+        external_page_count: vm.external_page_count as u64,
+        swapins: vm.swapins,
+        swapouts: vm.swapouts,
+        swap_total: swap.xsu_total,
+        swap_used: swap.xsu_used,
+        pressure_level: sysctl::<i32>(c"kern.memorystatus_vm_pressure_level"),
+    }))
+}

@@ -1,0 +1,92 @@
+//! What the machine and this process are doing: memory (OS and MLX), swap activity and
+//! pressure, resident size and CPU. A sampler thread reads everything once a second and
+//! publishes the latest [`SystemSample`] behind a short lock.
+pub mod memory;
+pub mod mlx_memory;
+pub mod process;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use memory::MemoryStats;
+use mlx_memory::MlxMemory;
+use process::ProcessStats;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SystemSample {
+    /// None when the OS reader failed (logged once).
+    pub memory: Option<MemoryStats>,
+    pub mlx: MlxMemory,
+    pub process: ProcessStats,
+    /// Pages per second over the last sampling interval.
+    pub swap_in_rate: f64,
+    pub swap_out_rate: f64,
+    /// This process's CPU use over the last interval, in cores (1.0 = one core busy).
+    pub cpu_cores: f64,
+}
+
+pub struct Telemetry {
+    latest: RwLock<Arc<SystemSample>>,
+    stop: AtomicBool,
+}
+
+impl Telemetry {
+    /// Starts sampling every `interval` on a thread of its own.
+    pub fn start(interval: Duration) -> Arc<Telemetry> {
+        let t = Arc::new(Telemetry { latest: RwLock::new(Arc::new(sample(None, Duration::ZERO))), stop: AtomicBool::new(false) });
+        let weak = Arc::downgrade(&t);
+        std::thread::Builder::new()
+            .name("mlxbar-telemetry".into())
+            .spawn(move || {
+                let mut last = Instant::now();
+                loop {
+                    std::thread::sleep(interval);
+                    let Some(t) = weak.upgrade() else { return };
+                    if t.stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let prev = t.latest();
+                    let now = Instant::now();
+                    let s = sample(Some(&prev), now - last);
+                    last = now;
+                    *t.latest.write().unwrap() = Arc::new(s);
+                }
+            })
+            .expect("telemetry thread");
+        t
+    }
+
+    pub fn latest(&self) -> Arc<SystemSample> {
+        self.latest.read().unwrap().clone()
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn sample(prev: Option<&SystemSample>, elapsed: Duration) -> SystemSample {
+    let memory = match memory::read() {
+        Ok(m) => Some(m),
+        Err(e) => {
+            if prev.is_none_or(|p| p.memory.is_some()) {
+                tracing::warn!("memory sampler: {e:#}");
+            }
+            None
+        }
+    };
+    let process = process::read().unwrap_or_default();
+    let secs = elapsed.as_secs_f64();
+    let (swap_in_rate, swap_out_rate) = match (prev.and_then(|p| p.memory.as_ref()), &memory) {
+        (Some(a), Some(b)) => (memory::derive::rate(a.swap_ins, b.swap_ins, secs), memory::derive::rate(a.swap_outs, b.swap_outs, secs)),
+        _ => (0.0, 0.0),
+    };
+    let cpu_cores = match prev {
+        Some(p) if secs > 0.0 => ((process.cpu_seconds - p.process.cpu_seconds) / secs).max(0.0),
+        _ => 0.0,
+    };
+    SystemSample { memory, mlx: mlx_memory::read(), process, swap_in_rate, swap_out_rate, cpu_cores }
+}
