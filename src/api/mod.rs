@@ -5,6 +5,7 @@ pub mod error;
 pub mod generation;
 pub mod health;
 pub mod json;
+pub mod live;
 pub mod metrics;
 pub mod models;
 pub mod openai;
@@ -43,7 +44,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(models::list_models))
         .route("/health", get(health::health))
         .route("/metrics", get(metrics::prometheus))
-        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health") })
+        .route("/api/metrics/snapshot", get(live::get_snapshot))
+        .route("/api/metrics/stream", get(live::stream))
+        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/metrics/snapshot") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;

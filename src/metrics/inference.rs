@@ -22,9 +22,11 @@ impl InferenceRecorder {
 
     pub fn token(&mut self) {
         let now = Instant::now();
-        if let Some(prev) = self.last_token {
-            self.metrics.inter_token_latency_seconds.with_label_values(&[&self.model]).observe((now - prev).as_secs_f64());
+        let gap = self.last_token.map(|prev| now - prev);
+        if let Some(gap) = gap {
+            self.metrics.inter_token_latency_seconds.with_label_values(&[&self.model]).observe(gap.as_secs_f64());
         }
+        self.metrics.live.token(gap);
         self.last_token = Some(now);
     }
 
@@ -36,6 +38,7 @@ impl InferenceRecorder {
         m.prefill_duration_seconds.with_label_values(&model).observe(t.prefill.as_secs_f64());
         m.time_to_first_token_seconds.with_label_values(&model).observe(t.time_to_first_token.as_secs_f64());
         m.request_duration_seconds.with_label_values(&model).observe((t.time_to_first_token + t.decode).as_secs_f64());
+        m.live.request(t.time_to_first_token, t.time_to_first_token + t.decode);
         m.prompt_tokens_total.with_label_values(&model).inc_by(c.prompt_tokens as u64);
         m.generation_tokens_total.with_label_values(&model).inc_by(c.completion_tokens as u64);
         let result = match c.finish_reason {

@@ -6,6 +6,7 @@
 //! MLX-Flash and vllm-mlx names is in dashboards/README.md.
 pub mod http;
 pub mod inference;
+pub mod live;
 
 use prometheus::{
     exponential_buckets, Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -15,6 +16,8 @@ use crate::telemetry::SystemSample;
 
 pub struct Metrics {
     registry: Registry,
+    /// Rolling windows for the live views.
+    pub live: live::LiveStats,
 
     pub info: IntGaugeVec,
     pub uptime_seconds: Gauge,
@@ -116,6 +119,7 @@ impl Metrics {
             process_resident_memory_bytes: reg!(IntGauge::new("process_resident_memory_bytes", "Resident memory of the mlxbar process.")),
             process_cpu_seconds_total: reg!(Counter::new("process_cpu_seconds_total", "CPU time used by the mlxbar process.")),
             registry: r,
+            live: Default::default(),
 
         }
     }

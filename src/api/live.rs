@@ -1,0 +1,97 @@
+//! Live views for the popover and other dashboards: `GET /api/metrics/snapshot` (JSON)
+//! and `GET /api/metrics/stream` (SSE: a `snapshot` event on connect, then one whenever
+//! something changed, at most twice a second, and a heartbeat comment while idle).
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::response::sse::{Event, Sse};
+use axum::Json;
+use futures::Stream;
+use serde_json::{json, Value};
+
+use super::AppState;
+
+/// Minimum gap between two stream events.
+const MIN_INTERVAL: Duration = Duration::from_millis(500);
+/// A comment line keeps idle connections (and proxies) alive.
+const HEARTBEAT: Duration = Duration::from_secs(15);
+
+pub fn snapshot(state: &AppState) -> Value {
+    let e = &state.engine;
+    let m = &state.metrics;
+    let sys = state.telemetry.latest();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_seconds": state.started.elapsed().as_secs_f64(),
+        "device": e.device().as_str(),
+        "models": e.model().map(|info| vec![json!({"info": info, "state": e.state()})]).unwrap_or_default(),
+        "state": e.state(),
+        "scheduler": {"waiting": e.waiting(), "running": e.running(), "queue_capacity": e.options().queue_capacity},
+        "caches": {
+            "kv_tokens": m.kv_cache_tokens.get(), "kv_bytes": m.kv_cache_bytes.get(),
+            "prefix_entries": m.prefix_cache_entries.get(), "prefix_hits": m.prefix_cache_hits_total.get(),
+            "prefix_misses": m.prefix_cache_misses_total.get(), "prefix_evictions": m.prefix_cache_evictions_total.get(),
+            "prefix_tokens_saved": m.prefix_cache_tokens_saved_total.get(),
+        },
+        "memory": {
+            "system": sys.memory,
+            "mlx": sys.mlx,
+            "process": sys.process,
+            "swap_in_pages_per_second": sys.swap_in_rate,
+            "swap_out_pages_per_second": sys.swap_out_rate,
+            "process_cpu_cores": sys.cpu_cores,
+        },
+        "timings": m.live.distributions(),
+        "throughput": m.live.throughput(),
+    })
+}
+
+pub async fn get_snapshot(State(state): State<AppState>) -> Json<Value> {
+    Json(snapshot(&state))
+}
+
+/// What makes a new event worth sending: requests moved, the queue or load state changed,
+/// the pressure level changed, swap or MLX memory moved by a visible step. Memory byte
+/// counts jitter every second; that alone is not news.
+type Fingerprint = (u64, usize, usize, String, Option<u8>, u64, u64);
+
+fn fingerprint(state: &AppState) -> Fingerprint {
+    const SWAP_STEP: u64 = 64 << 20;
+    const MLX_STEP: u64 = 16 << 20;
+    let sys = state.telemetry.latest();
+    let mem = sys.memory.as_ref();
+    (
+        state.metrics.live.version(),
+        state.engine.waiting(),
+        state.engine.running(),
+        format!("{:?}", state.engine.state()),
+        mem.and_then(|m| m.pressure.as_number()),
+        mem.map_or(0, |m| m.swap_used / SWAP_STEP),
+        sys.mlx.active / MLX_STEP,
+    )
+}
+
+pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let first = Event::default().event("snapshot").data(snapshot(&state).to_string());
+    let seen = Some(fingerprint(&state));
+    let s = futures::stream::unfold((state, seen, Instant::now()), |(state, mut seen, mut last_any)| async move {
+        let mut tick = tokio::time::interval(MIN_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let fp = fingerprint(&state);
+            if seen.as_ref() != Some(&fp) {
+                seen = Some(fp);
+                last_any = Instant::now();
+                let ev = Event::default().event("snapshot").data(snapshot(&state).to_string());
+                return Some((Ok(ev), (state, seen, last_any)));
+            }
+            if last_any.elapsed() >= HEARTBEAT {
+                last_any = Instant::now();
+                return Some((Ok(Event::default().comment("heartbeat")), (state, seen, last_any)));
+            }
+        }
+    });
+    Sse::new(futures::stream::StreamExt::chain(futures::stream::once(async move { Ok(first) }), s))
+}
