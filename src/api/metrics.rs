@@ -14,6 +14,7 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     m.scheduler_running_requests.set(e.running() as i64);
     if let Some(model) = e.model() {
         let id = [model.id.as_str()];
+        m.init_model(&model.id);
         m.info.with_label_values(&[env!("CARGO_PKG_VERSION"), &model.id, e.device().as_str()]).set(1);
         m.model_loaded.with_label_values(&id).set(i64::from(e.state() == LoadState::Ready));
         m.model_load_duration_seconds.with_label_values(&id).set(model.load_seconds);

@@ -124,6 +124,26 @@ impl Metrics {
         }
     }
 
+    /// Creates every model-labelled series at zero, so queries see 0 rather than nothing
+    /// before the first request. Idempotent; the label sets are fixed and small.
+    pub fn init_model(&self, model: &str) {
+        for endpoint in ["chat", "completions"] {
+            for stream in ["true", "false"] {
+                for result in ["stop", "length", "cancelled", "error"] {
+                    self.requests_total.with_label_values(&[model, endpoint, stream, result]);
+                }
+            }
+        }
+        for h in [
+            &self.request_duration_seconds, &self.time_to_first_token_seconds, &self.inter_token_latency_seconds,
+            &self.queue_wait_seconds, &self.prefill_duration_seconds,
+        ] {
+            h.with_label_values(&[model]);
+        }
+        self.prompt_tokens_total.with_label_values(&[model]);
+        self.generation_tokens_total.with_label_values(&[model]);
+    }
+
     /// Copies the latest system sample into the gauges (done at scrape time).
     pub fn observe_system(&self, s: &SystemSample) {
         for (kind, v) in [("active", s.mlx.active), ("peak", s.mlx.peak), ("cache", s.mlx.cache), ("limit", s.mlx.limit)] {

@@ -1,0 +1,57 @@
+//! dashboards/: the Prometheus config and alert rules pass promtool (including the rule
+//! unit tests), and every metric the Grafana dashboard queries exists in a live scrape.
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+fn dashboards() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards")
+}
+
+fn promtool(args: &[&str]) {
+    let out = Command::new("promtool").args(args).current_dir(dashboards().join("prometheus")).output().expect("promtool");
+    assert!(out.status.success(), "promtool {args:?}:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn prometheus_config_and_alert_rules_pass_promtool() {
+    promtool(&["check", "config", "prometheus.yml"]);
+    promtool(&["check", "rules", "alerts.yml"]);
+    promtool(&["test", "rules", "alerts_test.yml"]);
+}
+
+/// `mlxbar_…` names in a PromQL expression, histogram suffixes stripped.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut rest = expr;
+    while let Some(i) = rest.find("mlxbar_") {
+        let tail = &rest[i..];
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        let name = &tail[..end];
+        out.push(name.trim_end_matches("_bucket").to_string());
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_dashboard_query_names_an_exported_metric() {
+    let text = std::fs::read_to_string(dashboards().join("grafana/mlxbar.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut wanted = BTreeSet::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            wanted.extend(metric_names(t["expr"].as_str().unwrap()));
+        }
+    }
+    assert!(wanted.len() > 20, "{wanted:?}");
+    // HTTP series exist once a request was answered; model series from the start.
+    reqwest::get(format!("{}/v1/models", common::server())).await.unwrap();
+    let scrape = reqwest::get(format!("{}/metrics", common::server())).await.unwrap().text().await.unwrap();
+    let exported: BTreeSet<String> = scrape.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap().to_string()).collect();
+    let missing: Vec<_> = wanted.difference(&exported).collect();
+    assert!(missing.is_empty(), "queried but not exported: {missing:?}");
+    // the dashboard covers many Macs through its instance variable
+    assert!(text.contains("label_values(mlxbar_info, instance)"));
+}
