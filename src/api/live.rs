@@ -75,21 +75,23 @@ fn fingerprint(state: &AppState) -> Fingerprint {
 pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let first = Event::default().event("snapshot").data(snapshot(&state).to_string());
     let seen = Some(fingerprint(&state));
-    let s = futures::stream::unfold((state, seen, Instant::now()), |(state, mut seen, mut last_any)| async move {
-        let mut tick = tokio::time::interval(MIN_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let now = tokio::time::Instant::now();
+    // A check at most every MIN_INTERVAL, kept across events: two snapshots are never
+    // closer than that.
+    let s = futures::stream::unfold((state, seen, now + MIN_INTERVAL, Instant::now()), |(state, mut seen, mut next_check, mut last_any)| async move {
         loop {
-            tick.tick().await;
+            tokio::time::sleep_until(next_check).await;
+            next_check = tokio::time::Instant::now() + MIN_INTERVAL;
             let fp = fingerprint(&state);
             if seen.as_ref() != Some(&fp) {
                 seen = Some(fp);
                 last_any = Instant::now();
                 let ev = Event::default().event("snapshot").data(snapshot(&state).to_string());
-                return Some((Ok(ev), (state, seen, last_any)));
+                return Some((Ok(ev), (state, seen, next_check, last_any)));
             }
             if last_any.elapsed() >= HEARTBEAT {
                 last_any = Instant::now();
-                return Some((Ok(Event::default().comment("heartbeat")), (state, seen, last_any)));
+                return Some((Ok(Event::default().comment("heartbeat")), (state, seen, next_check, last_any)));
             }
         }
     });

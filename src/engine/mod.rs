@@ -80,6 +80,8 @@ pub struct Shared {
     pub waiting: AtomicUsize,
     /// Sequences being generated.
     pub running: AtomicUsize,
+    /// Engine steps (prefills and decode steps) run since start.
+    pub steps: std::sync::atomic::AtomicU64,
     /// Set by [`Engine::shutdown`]: running requests end at their next step.
     stopping: std::sync::atomic::AtomicBool,
     ready: tokio::sync::Notify,
@@ -112,6 +114,7 @@ impl Engine {
             loaded: OnceLock::new(),
             waiting: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
+            steps: Default::default(),
             stopping: Default::default(),
             ready: tokio::sync::Notify::new(),
         });
@@ -158,6 +161,10 @@ impl Engine {
 
     pub fn running(&self) -> usize {
         self.shared.running.load(Ordering::Relaxed)
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.shared.steps.load(Ordering::Relaxed)
     }
 
     pub fn options(&self) -> &EngineOptions {
