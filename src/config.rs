@@ -14,6 +14,7 @@
 //! api_key = "..."                 # required when host is not loopback
 //! default_temperature = 0.7
 //! default_top_p = 0.95
+//! metrics_enabled = true          # per-request instrumentation
 //! ```
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -38,6 +39,9 @@ pub struct Config {
     /// Used when a request sets no temperature. OpenAI's default of 1.0 makes small models ramble.
     pub default_temperature: f32,
     pub default_top_p: f32,
+    /// Per-request instrumentation (histograms, token counters, live views). /metrics still
+    /// serves memory and scheduler gauges when off.
+    pub metrics_enabled: bool,
     /// Test hook, see `EngineOptions::test_fail_marker`.
     #[serde(skip)]
     pub test_fail_marker: Option<String>,
@@ -57,6 +61,7 @@ impl Default for Config {
             api_key: None,
             default_temperature: 0.7,
             default_top_p: 0.95,
+            metrics_enabled: true,
             test_fail_marker: None,
         }
     }

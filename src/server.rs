@@ -43,10 +43,11 @@ impl Server {
             test_fail_marker: config.test_fail_marker.clone(),
         })?);
         let telemetry = Telemetry::start(std::time::Duration::from_secs(1));
+        let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
         let state = AppState {
             engine: engine.clone(),
             config: Arc::new(config),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             telemetry: telemetry.clone(),
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),

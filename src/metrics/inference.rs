@@ -21,6 +21,9 @@ impl InferenceRecorder {
     }
 
     pub fn token(&mut self) {
+        if !self.metrics.per_request {
+            return;
+        }
         let now = Instant::now();
         let gap = self.last_token.map(|prev| now - prev);
         if let Some(gap) = gap {
@@ -31,6 +34,10 @@ impl InferenceRecorder {
     }
 
     pub fn done(&mut self, c: &Completion) {
+        if !self.metrics.per_request {
+            self.finished = true;
+            return;
+        }
         let m = &self.metrics;
         let model = [self.model.as_str()];
         let t = &c.timings;
@@ -53,7 +60,7 @@ impl InferenceRecorder {
     }
 
     fn finish(&mut self, result: &str) {
-        if !self.finished {
+        if !self.finished && self.metrics.per_request {
             self.finished = true;
             self.metrics.requests_total.with_label_values(&[&self.model, self.endpoint, self.stream, result]).inc();
         }

@@ -16,6 +16,8 @@ use crate::telemetry::SystemSample;
 
 pub struct Metrics {
     registry: Registry,
+    /// Per-request recording on (the default) or off.
+    pub per_request: bool,
     /// Rolling windows for the live views.
     pub live: live::LiveStats,
 
@@ -74,6 +76,10 @@ fn latency_buckets() -> Vec<f64> {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        Self::with_per_request(true)
+    }
+
+    pub fn with_per_request(per_request: bool) -> Metrics {
         let r = Registry::new_custom(Some("mlxbar".into()), None).unwrap();
         macro_rules! reg {
             ($m:expr) => {{
@@ -125,6 +131,7 @@ impl Metrics {
             process_resident_memory_bytes: reg!(IntGauge::new("process_resident_memory_bytes", "Resident memory of the mlxbar process.")),
             process_cpu_seconds_total: reg!(Counter::new("process_cpu_seconds_total", "CPU time used by the mlxbar process.")),
             registry: r,
+            per_request,
             live: Default::default(),
 
         }

@@ -68,7 +68,8 @@ impl Telemetry {
     }
 }
 
-fn sample(prev: Option<&SystemSample>, elapsed: Duration) -> SystemSample {
+/// One full reading (what the sampler thread does each second); public for the cost benchmark.
+pub fn sample(prev: Option<&SystemSample>, elapsed: Duration) -> SystemSample {
     let memory = match memory::read() {
         Ok(m) => Some(m),
         Err(e) => {

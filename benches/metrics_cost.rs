@@ -1,0 +1,92 @@
+//! What observability costs: `cargo bench --bench metrics_cost`.
+//!
+//! - /metrics scrape time (p50/p99) while 8 streams are queued and generating; with
+//!   `MLXBAR_PEER_METRICS=URL` a peer's /metrics is scraped in the same run for a ratio
+//!   (e.g. vllm-mlx started by ../shared/peers/serve.sh);
+//! - decode tok/s of one stream with per-request instrumentation on vs off;
+//! - the 1 Hz sampler's CPU cost as a share of one core.
+use std::time::{Duration, Instant};
+
+use mlxbar::bench::client::{timed_chat, Target};
+use mlxbar::{Config, Server};
+use serde_json::json;
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+async fn scrape_times(client: &reqwest::Client, url: &str, n: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let body = client.get(url).send().await.unwrap().text().await.unwrap();
+        assert!(!body.is_empty());
+        out.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    out
+}
+
+async fn median_decode(client: &reqwest::Client, t: &Target, runs: usize) -> f64 {
+    let messages = json!([{"role": "user", "content": "Write a long story about a lighthouse keeper."}]);
+    timed_chat(client, t, &messages, 8).await.unwrap();
+    let mut v: Vec<f64> = vec![];
+    for _ in 0..runs {
+        v.push(timed_chat(client, t, &messages, 96).await.unwrap().decode_tok_s);
+    }
+    pct(&mut v, 0.5)
+}
+
+#[tokio::main]
+async fn main() {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(600)).build().unwrap();
+    let start = |metrics_enabled| async move {
+        let s = Server::start(Config { port: 0, metrics_enabled, ..Config::default() }).await.unwrap();
+        s.wait_ready().await.unwrap();
+        s
+    };
+
+    // 1. scrapes under load
+    let on = start(true).await;
+    let base = format!("http://{}", on.local_addr());
+    let mut streams = vec![];
+    for i in 0..8 {
+        let (client, base) = (client.clone(), base.clone());
+        streams.push(tokio::spawn(async move {
+            let body = json!({"messages": [{"role": "user", "content": format!("Story number {i}, please.")}], "max_tokens": 32, "stream": true});
+            client.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap().text().await.unwrap()
+        }));
+    }
+    let mut ours = scrape_times(&client, &format!("{base}/metrics"), 200).await;
+    let lines = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap().lines().count();
+    for s in streams {
+        s.await.unwrap();
+    }
+    let (p50, p99) = (pct(&mut ours, 0.5), pct(&mut ours, 0.99));
+    println!("/metrics under 8 streams: {lines} lines, p50 {p50:.3} ms, p99 {p99:.3} ms (200 scrapes)");
+    if let Ok(peer) = std::env::var("MLXBAR_PEER_METRICS") {
+        let mut theirs = scrape_times(&client, &peer, 200).await;
+        let (q50, q99) = (pct(&mut theirs, 0.5), pct(&mut theirs, 0.99));
+        println!("peer {peer}: p50 {q50:.3} ms, p99 {q99:.3} ms -> mlxbar's scrape is {:.1}x faster at p50, {:.1}x at p99", q50 / p50, q99 / p99);
+    }
+
+    // 2. per-token instrumentation: the same server build with recording on and off
+    let target_on = Target { label: "on".into(), base_url: base.clone(), model: "default".into() };
+    let tok_on = median_decode(&client, &target_on, 3).await;
+    on.shutdown().await;
+    let off = start(false).await;
+    let target_off = Target { label: "off".into(), base_url: format!("http://{}", off.local_addr()), model: "default".into() };
+    let tok_off = median_decode(&client, &target_off, 3).await;
+    off.shutdown().await;
+    println!("decode, one stream: metrics on {tok_on:.2} tok/s, off {tok_off:.2} tok/s -> on/off = {:.3}", tok_on / tok_off);
+
+    // 3. the sampler
+    let mut prev = mlxbar::telemetry::sample(None, Duration::ZERO);
+    let n = 200;
+    let t = Instant::now();
+    for _ in 0..n {
+        prev = mlxbar::telemetry::sample(Some(&prev), Duration::from_secs(1));
+    }
+    let per = t.elapsed().as_secs_f64() / n as f64;
+    println!("sampler: {:.1} us a reading -> {:.4}% of one core at 1 Hz (target < 0.1%)", per * 1e6, per * 100.0);
+}
