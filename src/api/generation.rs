@@ -106,24 +106,16 @@ pub async fn respond(state: &AppState, meta: ResponseMeta, p: Prepared) -> Resul
 
 async fn collect(mut rx: UnboundedReceiver<Event>, mut recorder: InferenceRecorder) -> Result<(String, Completion), ApiError> {
     let mut text = String::new();
-    while let Some(ev) = rx.recv().await {
+    loop {
+        let ev = rx.recv().await;
+        recorder.observe(ev.as_ref());
         match ev {
-            Event::Token { text: t } => {
-                recorder.token();
-                text.push_str(&t);
-            }
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(done) => {
-                recorder.done(&done);
-                return Ok((text, done));
-            }
-            Event::Error(e) => {
-                recorder.error();
-                return Err(ApiError::internal(format!("The engine failed on this request: {e}")));
-            }
+            Some(Event::Token { text: t } | Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done(done)) => return Ok((text, done)),
+            Some(Event::Error(e)) => return Err(ApiError::internal(format!("The engine failed on this request: {e}"))),
+            None => break,
         }
     }
-    recorder.error();
     Err(ApiError::internal("The engine stopped before finishing this request"))
 }
 
@@ -140,12 +132,7 @@ fn sse(meta: ResponseMeta, rx: UnboundedReceiver<Event>, recorder: InferenceReco
             }
             let done_marker = || SseEvent::default().data("[DONE]");
             let ev = rx.recv().await;
-            match &ev {
-                Some(Event::Token { .. }) => recorder.token(),
-                Some(Event::Done(done)) => recorder.done(done),
-                Some(Event::Error(_)) | None => recorder.error(),
-                Some(Event::Text(_)) => {}
-            }
+            recorder.observe(ev.as_ref());
             let (events, ended): (Vec<SseEvent>, bool) = match ev {
                 Some(Event::Token { text } | Event::Text(text)) if text.is_empty() => (vec![], false),
                 Some(Event::Token { text } | Event::Text(text)) => (vec![data(meta.chunk(Some(&text), false, None, include_usage))], false),

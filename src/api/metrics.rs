@@ -12,7 +12,7 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     m.uptime_seconds.set(state.started.elapsed().as_secs_f64());
     m.scheduler_waiting_requests.set(e.waiting() as i64);
     m.scheduler_running_requests.set(e.running() as i64);
-    m.engine_steps_total.inc_by(e.steps().saturating_sub(m.engine_steps_total.get()));
+    crate::metrics::advance_to(&m.engine_steps_total, e.steps());
     if let Some(model) = e.model() {
         let id = [model.id.as_str()];
         m.init_model(&model.id);

@@ -74,7 +74,9 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 Some(Job::Shutdown) | None => break,
             }
         }
-        shared.steps.fetch_add(1, Ordering::Relaxed);
+        if !running.is_empty() {
+            shared.steps.fetch_add(1, Ordering::Relaxed);
+        }
         running.retain_mut(|seq| match guarded(|| step(&model, &codec, &codec.stop_ids, seq)) {
             Ok(Outcome::Running) => true,
             Ok(Outcome::Finished(reason)) => retire(&shared, || finish(seq, reason)),

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Metrics;
-use crate::engine::{Completion, FinishReason};
+use crate::engine::{Completion, Event, FinishReason};
 
 /// Records one request; dropped without a result (client gone) it counts as cancelled.
 pub struct InferenceRecorder {
@@ -20,7 +20,17 @@ impl InferenceRecorder {
         InferenceRecorder { metrics, model: model.to_owned(), endpoint, stream: if stream { "true" } else { "false" }, last_token: None, finished: false }
     }
 
-    pub fn token(&mut self) {
+    /// Takes note of the next engine event (None: the engine dropped the request).
+    pub fn observe(&mut self, ev: Option<&Event>) {
+        match ev {
+            Some(Event::Token { .. }) => self.token(),
+            Some(Event::Done(done)) => self.done(done),
+            Some(Event::Error(_)) | None => self.error(),
+            Some(Event::Text(_)) => {}
+        }
+    }
+
+    fn token(&mut self) {
         if !self.metrics.per_request {
             return;
         }
@@ -33,7 +43,7 @@ impl InferenceRecorder {
         self.last_token = Some(now);
     }
 
-    pub fn done(&mut self, c: &Completion) {
+    fn done(&mut self, c: &Completion) {
         if !self.metrics.per_request {
             self.finished = true;
             return;
@@ -55,7 +65,7 @@ impl InferenceRecorder {
         self.finish(result);
     }
 
-    pub fn error(&mut self) {
+    fn error(&mut self) {
         self.finish("error");
     }
 

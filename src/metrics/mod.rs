@@ -166,9 +166,12 @@ impl Metrics {
         // Counters follow cumulative readings: add what was counted since the last scrape.
         let cpu = &self.process_cpu_seconds_total;
         cpu.inc_by((s.process.cpu_seconds - cpu.get()).max(0.0));
+        let source = s.memory.as_ref().map_or("unknown", |m| m.pressure_source.as_str());
+        for src in ["kernel", "psi", "unknown"] {
+            self.memory_pressure_info.with_label_values(&[src]).set(i64::from(src == source));
+        }
         let Some(m) = &s.memory else {
             self.memory_pressure_level.set(-1);
-            self.memory_pressure_info.with_label_values(&["unknown"]).set(1);
             return;
         };
         for (kind, v) in [
@@ -180,14 +183,10 @@ impl Metrics {
         self.memory_used_ratio.set(m.used_ratio());
         self.swap_used_bytes.set(m.swap_used as i64);
         self.swap_total_bytes.set(m.swap_total as i64);
-        for (counter, now) in [(&self.swap_in_pages_total, m.swap_ins), (&self.swap_out_pages_total, m.swap_outs)] {
-            counter.inc_by(now.saturating_sub(counter.get()));
-        }
+        advance_to(&self.swap_in_pages_total, m.swap_ins);
+        advance_to(&self.swap_out_pages_total, m.swap_outs);
         self.memory_pressure_level.set(m.pressure.as_number().map_or(-1, i64::from));
         self.memory_pressure_raw.set(m.pressure_raw.unwrap_or(f64::NAN));
-        for source in ["kernel", "psi", "unknown"] {
-            self.memory_pressure_info.with_label_values(&[source]).set(i64::from(source == m.pressure_source.as_str()));
-        }
     }
 
     /// The text exposition format.
@@ -196,6 +195,11 @@ impl Metrics {
         TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("text encoding");
         String::from_utf8(buf).expect("utf-8 metrics")
     }
+}
+
+/// Moves a counter up to a cumulative reading kept elsewhere (the kernel's, the engine's).
+pub fn advance_to(counter: &IntCounter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
 }
 
 impl Default for Metrics {

@@ -54,16 +54,16 @@ impl Weight {
 
     /// Converts to a dense matrix of `dtype`; quantized weights are dequantized first.
     pub fn into_dense(self, dtype: Dtype) -> Result<Weight> {
-        Ok(Weight::Dense(match self {
-            Weight::Dense(wt) if wt.dtype() == dtype => wt,
-            Weight::Dense(wt) => wt.as_dtype(dtype)?,
+        match self {
+            Weight::Dense(wt) if wt.dtype() == dtype => Ok(Weight::Dense(wt)),
+            Weight::Dense(wt) => Ok(Weight::Dense(wt.as_dtype(dtype)?)),
             // Scales to the target type first: dequantizing with float16 scales would round
             // every weight to float16 (and float16 arithmetic is emulated on x86).
             Weight::Quantized(q) => {
                 let q = Quantized { scales: q.scales.as_dtype(dtype)?, biases: q.biases.as_dtype(dtype)?, ..q };
-                q.dequantize()?.t().contiguous()?
+                Weight::dense(q.dequantize()?)
             }
-        }))
+        }
     }
 
     /// Casts the float parts (dense matrix, or scales and biases) to `dtype`.
