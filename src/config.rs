@@ -15,13 +15,19 @@
 //! default_temperature = 0.7
 //! default_top_p = 0.95
 //! metrics_enabled = true          # per-request instrumentation
+//!
+//! [alerts.queue_backlog]          # override a built-in alert rule (see src/alerts/rules.rs)
+//! threshold = 4
+//! for_seconds = 10
 //! ```
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use crate::alerts::RuleOverride;
 use crate::engine::WeightFormat;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -42,6 +48,8 @@ pub struct Config {
     /// Per-request instrumentation (histograms, token counters, live views). /metrics still
     /// serves memory and scheduler gauges when off.
     pub metrics_enabled: bool,
+    /// Alert rule overrides by rule id, applied over the built-in defaults.
+    pub alerts: BTreeMap<String, RuleOverride>,
     /// Test hook, see `EngineOptions::test_fail_marker`.
     #[serde(skip)]
     pub test_fail_marker: Option<String>,
@@ -62,6 +70,7 @@ impl Default for Config {
             default_temperature: 0.7,
             default_top_p: 0.95,
             metrics_enabled: true,
+            alerts: BTreeMap::new(),
             test_fail_marker: None,
         }
     }
@@ -149,6 +158,7 @@ impl Config {
         if self.cors_origins.iter().any(|o| o.trim() == "*") {
             bail!("a wildcard CORS origin is not allowed; list the origins");
         }
+        crate::alerts::rules::resolve(&self.alerts).context("alert rules")?;
         if self.queue_capacity == 0 {
             bail!("queue_capacity must be at least 1");
         }

@@ -1,5 +1,6 @@
 //! mlxbar: an OpenAI-compatible MLX inference server with telemetry, usable headless
 //! (`mlxbar serve`) or inside the menu-bar app.
+pub mod alerts;
 pub mod api;
 pub mod bench;
 pub mod config;

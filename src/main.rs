@@ -22,6 +22,19 @@ enum Command {
     Doctor,
     /// Download and verify the default model into the cache
     FetchModel,
+    /// The alert rules in force
+    #[command(subcommand)]
+    Alerts(AlertsCommand),
+}
+
+#[derive(Subcommand)]
+enum AlertsCommand {
+    /// Print them as a Prometheus rules file (dashboards/prometheus/alerts.yml is this with the defaults)
+    PrometheusRules {
+        /// Apply this config file's [alerts.*] overrides
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -35,6 +48,14 @@ async fn main() -> Result<()> {
         Command::Bench(args) => bench::run(args).await,
         Command::Doctor => {
             print!("{}", doctor::report());
+            Ok(())
+        }
+        Command::Alerts(AlertsCommand::PrometheusRules { config }) => {
+            let config = match config {
+                Some(path) => Config::from_file(&path)?,
+                None => Config::default(),
+            };
+            print!("{}", mlxbar::alerts::rules::prometheus_rules(&mlxbar::alerts::rules::resolve(&config.alerts)?));
             Ok(())
         }
         Command::FetchModel => {

@@ -1,6 +1,7 @@
 //! [`Server`]: the engine plus the HTTP API on a socket, startable from any tokio runtime
 //! (the CLI's, or the menu-bar app's) and stoppable cleanly.
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -8,6 +9,7 @@ use anyhow::{Context, Result};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::alerts::{self, Alerts};
 use crate::api::{self, AppState};
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions};
@@ -19,6 +21,9 @@ pub struct Server {
     addr: SocketAddr,
     engine: Arc<Engine>,
     telemetry: Arc<Telemetry>,
+    alerts: Arc<Alerts>,
+    paused: Arc<AtomicBool>,
+    monitor: JoinHandle<()>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -44,11 +49,16 @@ impl Server {
         })?);
         let telemetry = Telemetry::start(std::time::Duration::from_secs(1));
         let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
+        let alerts = Alerts::new(alerts::rules::resolve(&config.alerts)?);
+        let monitor = alerts::monitor::spawn(alerts.clone(), engine.clone(), telemetry.clone(), metrics.clone());
+        let paused = Arc::new(AtomicBool::new(false));
         let state = AppState {
             engine: engine.clone(),
             config: Arc::new(config),
             metrics,
             telemetry: telemetry.clone(),
+            alerts: alerts.clone(),
+            paused: paused.clone(),
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         };
@@ -62,7 +72,7 @@ impl Server {
                 tracing::error!("server error: {e}");
             }
         });
-        Ok(Server { addr, engine, telemetry, stop: Some(stop), task })
+        Ok(Server { addr, engine, telemetry, alerts, paused, monitor, stop: Some(stop), task })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -73,6 +83,19 @@ impl Server {
         &self.engine
     }
 
+    pub fn alerts(&self) -> &Arc<Alerts> {
+        &self.alerts
+    }
+
+    /// While paused, generation requests get 503 with Retry-After; running ones finish.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
     pub async fn wait_ready(&self) -> Result<()> {
         self.engine.wait_ready().await
     }
@@ -81,6 +104,7 @@ impl Server {
     /// open connections finish and closes the socket.
     pub async fn shutdown(mut self) {
         self.telemetry.stop();
+        self.monitor.abort();
         let engine = self.engine.clone();
         let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
         if let Some(stop) = self.stop.take() {

@@ -55,3 +55,10 @@ async fn every_dashboard_query_names_an_exported_metric() {
     // the dashboard covers many Macs through its instance variable
     assert!(text.contains("label_values(mlxbar_info, instance)"));
 }
+
+#[test]
+fn prometheus_alert_rules_are_the_built_in_defaults() {
+    let committed = std::fs::read_to_string(dashboards().join("prometheus/alerts.yml")).unwrap();
+    let generated = mlxbar::alerts::rules::prometheus_rules(&mlxbar::alerts::rules::defaults());
+    assert!(committed == generated, "dashboards/prometheus/alerts.yml is stale: run `mlxbar alerts prometheus-rules > dashboards/prometheus/alerts.yml`");
+}

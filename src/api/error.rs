@@ -54,6 +54,12 @@ impl ApiError {
         e
     }
 
+    pub fn paused() -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "Serving is paused (menu bar: Resume serving). Retry later.").code("serving_paused");
+        e.retry_after_secs = Some(30);
+        e
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "Missing or incorrect API key: send 'Authorization: Bearer <key>'")
             .code("invalid_api_key")

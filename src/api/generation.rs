@@ -17,6 +17,9 @@ use crate::metrics::inference::InferenceRecorder;
 
 /// Resolves the request's `model`: absent, "default" or the loaded model's id.
 pub fn resolve_model(state: &AppState, requested: Option<&str>) -> Result<(ModelInfo, Arc<TextCodec>), ApiError> {
+    if state.paused.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(ApiError::paused());
+    }
     let engine = &state.engine;
     let loaded = engine.model().zip(engine.codec());
     match (requested, loaded) {

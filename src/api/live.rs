@@ -42,6 +42,8 @@ pub fn snapshot(state: &AppState) -> Value {
             "swap_out_pages_per_second": sys.swap_out_rate,
             "process_cpu_cores": sys.cpu_cores,
         },
+        "alerts": state.alerts.view(),
+        "paused": state.paused.load(std::sync::atomic::Ordering::Relaxed),
         "timings": m.live.distributions(),
         "throughput": m.live.throughput(),
     })
@@ -54,7 +56,7 @@ pub async fn get_snapshot(State(state): State<AppState>) -> Json<Value> {
 /// What makes a new event worth sending: requests moved, the queue or load state changed,
 /// the pressure level changed, swap or MLX memory moved by a visible step. Memory byte
 /// counts jitter every second; that alone is not news.
-type Fingerprint = (u64, usize, usize, String, Option<u8>, u64, u64);
+type Fingerprint = (u64, usize, usize, String, Option<u8>, u64, u64, Vec<(crate::alerts::Phase, bool)>, bool);
 
 fn fingerprint(state: &AppState) -> Fingerprint {
     const SWAP_STEP: u64 = 64 << 20;
@@ -69,6 +71,8 @@ fn fingerprint(state: &AppState) -> Fingerprint {
         mem.and_then(|m| m.pressure.as_number()),
         mem.map_or(0, |m| m.swap_used / SWAP_STEP),
         sys.mlx.active / MLX_STEP,
+        state.alerts.view().iter().map(|a| (a.state, a.snoozed)).collect(),
+        state.paused.load(std::sync::atomic::Ordering::Relaxed),
     )
 }
 

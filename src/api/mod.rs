@@ -1,4 +1,5 @@
 //! The HTTP API: OpenAI-compatible routes plus health, with the security layers.
+pub mod alerts;
 pub mod chat;
 pub mod completions;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod models;
 pub mod openai;
 pub mod security;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,6 +22,7 @@ use axum::routing::{get, post};
 use axum::{middleware, Extension, Router};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+use crate::alerts::Alerts;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
@@ -32,6 +35,9 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub metrics: Arc<Metrics>,
     pub telemetry: Arc<Telemetry>,
+    pub alerts: Arc<Alerts>,
+    /// Set from the menu bar: generation requests get 503 until resumed.
+    pub paused: Arc<AtomicBool>,
     pub started: Instant,
     pub started_unix: u64,
 }
@@ -46,7 +52,9 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::prometheus))
         .route("/api/metrics/snapshot", get(live::get_snapshot))
         .route("/api/metrics/stream", get(live::stream))
-        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/metrics/snapshot") })
+        .route("/api/alerts", get(alerts::list))
+        .route("/api/alerts/{id}/snooze", post(alerts::snooze).delete(alerts::unsnooze))
+        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/metrics/snapshot, /api/alerts") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;

@@ -66,6 +66,9 @@ impl InferenceRecorder {
     }
 
     fn error(&mut self) {
+        if !self.finished {
+            self.metrics.live.error();
+        }
         self.finish("error");
     }
 

@@ -62,11 +62,12 @@ pub struct LiveStats {
     start: Instant,
     inner: Mutex<Inner>,
     version: AtomicU64,
+    errors: AtomicU64,
 }
 
 impl Default for LiveStats {
     fn default() -> Self {
-        LiveStats { start: Instant::now(), inner: Mutex::new(Inner { minutes: vec![], seconds: vec![] }), version: AtomicU64::new(0) }
+        LiveStats { start: Instant::now(), inner: Mutex::new(Inner { minutes: vec![], seconds: vec![] }), version: AtomicU64::new(0), errors: AtomicU64::new(0) }
     }
 }
 
@@ -107,6 +108,16 @@ impl LiveStats {
             inner.minutes.retain(|h| h.minute + WINDOW_MINUTES as u64 > m);
         }
         inner.minutes.last_mut().unwrap()
+    }
+
+    /// A request that ended in an error (the alert engine watches these).
+    pub fn error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.version.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn errors_total(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
     }
 
     /// A generated token, and the gap since the request's previous one.

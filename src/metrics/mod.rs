@@ -67,6 +67,8 @@ pub struct Metrics {
     // this process
     pub process_resident_memory_bytes: IntGauge,
     pub process_cpu_seconds_total: Counter,
+    // alert engine
+    pub alerts_firing: IntGaugeVec,
 }
 
 /// Latency buckets from 1 ms to ~65 s (doubling).
@@ -130,6 +132,7 @@ impl Metrics {
             memory_pressure_info: reg!(IntGaugeVec::new(Opts::new("memory_pressure_info", "Always 1; source says where the pressure level comes from (kernel, psi, unknown)."), &["source"])),
             process_resident_memory_bytes: reg!(IntGauge::new("process_resident_memory_bytes", "Resident memory of the mlxbar process.")),
             process_cpu_seconds_total: reg!(Counter::new("process_cpu_seconds_total", "CPU time used by the mlxbar process.")),
+            alerts_firing: reg!(IntGaugeVec::new(Opts::new("alerts_firing", "1 while the alert (a rule id of the alert engine, see /api/alerts) is firing."), &["alert"])),
             registry: r,
             per_request,
             live: Default::default(),

@@ -1,0 +1,188 @@
+//! The alert engine: rules from the config (with good defaults) evaluated once a second
+//! against the server's telemetry, with `for` durations, hysteresis, cooldowns and snoozes.
+//! Notices go to subscribers (the menu-bar app turns them into native notifications; the
+//! headless server logs them); state shows in `/metrics`, the live snapshot and
+//! `/api/alerts`.
+pub mod monitor;
+pub mod rules;
+pub mod signals;
+pub mod state;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+pub use rules::{Rule, RuleOverride, Severity, Signal};
+use signals::{History, Reading};
+pub use state::{NoticeKind, Phase};
+use state::RuleState;
+
+/// A notification to show: an alert started firing or resolved.
+#[derive(Debug, Clone, Serialize)]
+pub struct Notice {
+    pub alert: String,
+    pub kind: NoticeKind,
+    pub severity: Severity,
+    pub title: String,
+    pub body: String,
+}
+
+/// One alert as the API and UI show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AlertView {
+    pub id: String,
+    pub summary: String,
+    pub severity: Severity,
+    pub signal: Signal,
+    pub enabled: bool,
+    pub state: Phase,
+    pub firing: bool,
+    pub value: Option<f64>,
+    /// The value in words ("warn", "+600 MiB", "3.20 s").
+    pub value_text: Option<String>,
+    pub threshold: f64,
+    pub recover_below: f64,
+    pub for_seconds: f64,
+    /// Seconds in the current state.
+    pub state_seconds: f64,
+    pub snoozed: bool,
+    pub snoozed_until_unix: Option<u64>,
+}
+
+/// Longest snooze accepted from the API.
+pub const MAX_SNOOZE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+pub struct Alerts {
+    rules: Vec<Rule>,
+    inner: Mutex<Inner>,
+    notices: broadcast::Sender<Notice>,
+}
+
+struct Inner {
+    states: Vec<RuleState>,
+    history: History,
+}
+
+impl Alerts {
+    pub fn new(rules: Vec<Rule>) -> Arc<Alerts> {
+        let now = Instant::now();
+        let states = rules.iter().map(|_| RuleState::new(now)).collect();
+        Arc::new(Alerts { rules, inner: Mutex::new(Inner { states, history: History::default() }), notices: broadcast::channel(64).0 })
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Notices from now on. A slow subscriber misses old notices rather than blocking.
+    pub fn subscribe(&self) -> broadcast::Receiver<Notice> {
+        self.notices.subscribe()
+    }
+
+    /// Steps every rule with one reading; returns (and publishes) the notices to send.
+    pub fn evaluate(&self, reading: &Reading, now: Instant) -> Vec<Notice> {
+        let mut out = vec![];
+        {
+            let mut guard = self.inner.lock().unwrap();
+            let inner = &mut *guard;
+            inner.history.push(now, reading);
+            for (rule, st) in self.rules.iter().zip(inner.states.iter_mut()) {
+                let value = inner.history.value(rule, reading, now);
+                if let Some(kind) = st.step(rule, value, now) {
+                    out.push(notice(rule, kind, value));
+                }
+            }
+        }
+        for n in &out {
+            let _ = self.notices.send(n.clone());
+        }
+        out
+    }
+
+    pub fn view(&self) -> Vec<AlertView> {
+        let now = Instant::now();
+        let inner = self.inner.lock().unwrap();
+        self.rules.iter().zip(&inner.states).map(|(r, s)| view(r, s, now)).collect()
+    }
+
+    /// (id, firing) for every rule, for `mlxbar_alerts_firing`.
+    pub fn firing(&self) -> Vec<(String, bool)> {
+        let inner = self.inner.lock().unwrap();
+        self.rules.iter().zip(&inner.states).map(|(r, s)| (r.id.clone(), s.phase.is_firing())).collect()
+    }
+
+    /// Silences an alert's notifications for `length` (None: lifts the snooze). None if
+    /// there is no such alert.
+    pub fn snooze(&self, id: &str, length: Option<Duration>) -> Option<AlertView> {
+        let now = Instant::now();
+        let i = self.rules.iter().position(|r| r.id == id)?;
+        let mut inner = self.inner.lock().unwrap();
+        let st = &mut inner.states[i];
+        match length {
+            Some(d) => st.snooze(now, d.min(MAX_SNOOZE)),
+            None => st.unsnooze(),
+        }
+        Some(view(&self.rules[i], st, now))
+    }
+}
+
+fn notice(rule: &Rule, kind: NoticeKind, value: Option<f64>) -> Notice {
+    let now_text = value.map(|v| signals::describe(rule.signal, v)).unwrap_or_else(|| "no data".into());
+    let (title, body) = match kind {
+        NoticeKind::Firing => (rule.summary.clone(), format!("Now {now_text} (alert at {}).", signals::describe(rule.signal, rule.threshold))),
+        NoticeKind::Resolved => (format!("Resolved: {}", rule.summary), format!("Back to {now_text}.")),
+    };
+    Notice { alert: rule.id.clone(), kind, severity: rule.severity, title, body }
+}
+
+fn view(rule: &Rule, st: &RuleState, now: Instant) -> AlertView {
+    let snoozed = st.is_snoozed(now);
+    let unix_now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    AlertView {
+        id: rule.id.clone(),
+        summary: rule.summary.clone(),
+        severity: rule.severity,
+        signal: rule.signal,
+        enabled: rule.enabled,
+        state: st.phase,
+        firing: st.phase.is_firing(),
+        value: st.value,
+        value_text: st.value.map(|v| signals::describe(rule.signal, v)),
+        threshold: rule.threshold,
+        recover_below: rule.recover_below,
+        for_seconds: rule.for_seconds,
+        state_seconds: now.saturating_duration_since(st.since).as_secs_f64(),
+        snoozed,
+        snoozed_until_unix: st.snoozed_until.filter(|_| snoozed).map(|t| (unix_now + t.saturating_duration_since(now)).as_secs()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn notices_reach_subscribers_and_snoozes_show_in_the_view() {
+        let mut rules = rules::defaults();
+        let q = rules.iter_mut().find(|r| r.id == "queue_backlog").unwrap();
+        q.for_seconds = 0.0;
+        let alerts = Alerts::new(rules);
+        let mut rx = alerts.subscribe();
+        let t0 = Instant::now();
+        let busy = Reading { waiting_requests: 20.0, ..Default::default() };
+        let sent = alerts.evaluate(&busy, t0);
+        assert_eq!(sent.len(), 1);
+        let got = rx.recv().await.unwrap();
+        assert_eq!((got.alert.as_str(), got.kind), ("queue_backlog", NoticeKind::Firing));
+        assert_eq!(got.body, "Now 20 waiting (alert at 8 waiting).");
+        assert!(alerts.firing().contains(&("queue_backlog".to_string(), true)));
+
+        let v = alerts.snooze("queue_backlog", Some(Duration::from_secs(600))).unwrap();
+        assert!(v.snoozed && v.firing);
+        assert!(v.snoozed_until_unix.unwrap() > SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 590);
+        assert!(alerts.snooze("nope", None).is_none());
+        assert!(!alerts.snooze("queue_backlog", None).unwrap().snoozed);
+    }
+}

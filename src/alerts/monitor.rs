@@ -1,0 +1,54 @@
+//! The loop that feeds the alert engine once a second from the server's live state and
+//! mirrors the result into `mlxbar_alerts_firing`.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use super::signals::Reading;
+use super::{Alerts, NoticeKind};
+use crate::engine::{Engine, LoadState};
+use crate::metrics::Metrics;
+use crate::telemetry::Telemetry;
+
+pub const INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the alert rules read, taken from the engine, telemetry and live metrics.
+pub fn reading(engine: &Engine, telemetry: &Telemetry, metrics: &Metrics) -> Reading {
+    let sys = telemetry.latest();
+    let mem = sys.memory.as_ref();
+    let ttft = metrics.live.distributions().ttft_seconds;
+    Reading {
+        pressure: mem.and_then(|m| m.pressure.as_number()).map(f64::from),
+        swap_used_bytes: mem.map(|m| m.swap_used as f64),
+        swap_in_pages_per_second: mem.map(|_| sys.swap_in_rate),
+        model_failed: matches!(engine.state(), LoadState::Failed(_)),
+        errors_total: metrics.live.errors_total(),
+        ttft_p90_seconds: (ttft.count > 0).then_some(ttft.p90),
+        waiting_requests: engine.waiting() as f64,
+    }
+}
+
+/// Evaluates the rules every [`INTERVAL`] until the returned task is aborted.
+pub fn spawn(alerts: Arc<Alerts>, engine: Arc<Engine>, telemetry: Arc<Telemetry>, metrics: Arc<Metrics>) -> JoinHandle<()> {
+    for rule in alerts.rules() {
+        metrics.alerts_firing.with_label_values(&[&rule.id]).set(0);
+    }
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+            let r = reading(&engine, &telemetry, &metrics);
+            for n in alerts.evaluate(&r, Instant::now()) {
+                match n.kind {
+                    NoticeKind::Firing => tracing::warn!(alert = %n.alert, "{}: {}", n.title, n.body),
+                    NoticeKind::Resolved => tracing::info!(alert = %n.alert, "{}: {}", n.title, n.body),
+                }
+            }
+            for (id, firing) in alerts.firing() {
+                metrics.alerts_firing.with_label_values(&[&id]).set(firing as i64);
+            }
+        }
+    })
+}

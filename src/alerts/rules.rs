@@ -1,0 +1,224 @@
+//! Alert rules: what each watches, its thresholds and timings, the built-in defaults, and
+//! how a config file overrides them. The same defaults are exported as a Prometheus rules
+//! file (`mlxbar alerts prometheus-rules`) so Grafana users get the same alerts.
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+/// The signal a rule watches; each maps to one number per evaluation (see `signals.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Signal {
+    /// 0 normal, 1 warn, 2 critical (the kernel's level on macOS, PSI on Linux).
+    MemoryPressure,
+    /// Growth of swap used over the rule's window, bytes.
+    SwapGrowth,
+    /// Pages swapped in per second.
+    SwapInRate,
+    /// 1 when the model failed to load, else inference errors within the rule's window.
+    EngineErrors,
+    /// p90 time to first token over the live window, seconds (no value without requests).
+    TtftP90,
+    /// Requests waiting for the engine.
+    QueueBacklog,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Warning,
+    Critical,
+}
+
+/// One rule. It fires once the signal stays at or above `threshold` for `for_seconds`, and
+/// resolves once it stays below `recover_below` for `recover_seconds` (hysteresis).
+/// Notifications for one rule are at least `cooldown_seconds` apart.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rule {
+    pub id: String,
+    pub summary: String,
+    pub signal: Signal,
+    pub severity: Severity,
+    pub enabled: bool,
+    pub threshold: f64,
+    pub recover_below: f64,
+    pub for_seconds: f64,
+    pub recover_seconds: f64,
+    pub cooldown_seconds: f64,
+    /// Look-back for windowed signals (swap growth, engine errors).
+    pub window_seconds: f64,
+}
+
+/// A config file's `[alerts.<id>]` table: every key optional, overriding the default rule
+/// of that id (or, with `signal`, defining a new one).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuleOverride {
+    pub summary: Option<String>,
+    pub signal: Option<Signal>,
+    pub severity: Option<Severity>,
+    pub enabled: Option<bool>,
+    pub threshold: Option<f64>,
+    pub recover_below: Option<f64>,
+    pub for_seconds: Option<f64>,
+    pub recover_seconds: Option<f64>,
+    pub cooldown_seconds: Option<f64>,
+    pub window_seconds: Option<f64>,
+}
+
+/// At most this many rules: each is a label value of `mlxbar_alerts_firing`.
+pub const MAX_RULES: usize = 32;
+
+#[allow(clippy::too_many_arguments)]
+fn rule(id: &str, summary: &str, signal: Signal, severity: Severity, threshold: f64, recover_below: f64, for_seconds: f64, window_seconds: f64) -> Rule {
+    Rule {
+        id: id.into(),
+        summary: summary.into(),
+        signal,
+        severity,
+        enabled: true,
+        threshold,
+        recover_below,
+        for_seconds,
+        recover_seconds: 30.0,
+        cooldown_seconds: 600.0,
+        window_seconds,
+    }
+}
+
+pub fn defaults() -> Vec<Rule> {
+    use Severity::*;
+    use Signal::*;
+    vec![
+        rule("memory_pressure_warn", "Memory pressure is at warn or above", MemoryPressure, Warning, 1.0, 1.0, 60.0, 0.0),
+        rule("memory_pressure_critical", "Memory pressure is critical", MemoryPressure, Critical, 2.0, 2.0, 10.0, 0.0),
+        rule("swap_growing", "Swap grew by 512 MiB or more in 5 minutes", SwapGrowth, Warning, 512.0 * 1048576.0, 128.0 * 1048576.0, 0.0, 300.0),
+        rule("swap_in_high", "Swapping in 1000 pages a second or more", SwapInRate, Warning, 1000.0, 100.0, 30.0, 0.0),
+        rule("engine_error", "The model failed to load or requests failed", EngineErrors, Critical, 1.0, 1.0, 0.0, 60.0),
+        rule("ttft_p90_high", "Time to first token p90 is 5 s or more", TtftP90, Warning, 5.0, 3.0, 60.0, 0.0),
+        rule("queue_backlog", "8 or more requests are waiting", QueueBacklog, Warning, 8.0, 2.0, 30.0, 0.0),
+    ]
+}
+
+/// The defaults with a config file's overrides applied, checked.
+pub fn resolve(overrides: &BTreeMap<String, RuleOverride>) -> Result<Vec<Rule>> {
+    let mut rules = defaults();
+    for (id, o) in overrides {
+        let r = match rules.iter_mut().find(|r| &r.id == id) {
+            Some(r) => r,
+            None => {
+                let Some(signal) = o.signal else { bail!("alert rule {id:?} is not a built-in one: give it a `signal`") };
+                let valid = !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !valid {
+                    bail!("alert rule id {id:?}: use letters, digits and _");
+                }
+                rules.push(rule(id, id, signal, Severity::Warning, f64::INFINITY, f64::INFINITY, 0.0, 60.0));
+                rules.last_mut().unwrap()
+            }
+        };
+        let threshold_given = o.threshold.is_some();
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = o.$f.clone() { r.$f = v; } )* };
+        }
+        set!(summary, signal, severity, enabled, threshold, recover_below, for_seconds, recover_seconds, cooldown_seconds, window_seconds);
+        if threshold_given && o.recover_below.is_none() && r.recover_below > r.threshold {
+            r.recover_below = r.threshold;
+        }
+        if !r.threshold.is_finite() {
+            bail!("alert rule {id:?} needs a threshold");
+        }
+        if r.recover_below > r.threshold {
+            bail!("alert rule {id:?}: recover_below ({}) must not exceed threshold ({})", r.recover_below, r.threshold);
+        }
+        for (name, v) in [("for_seconds", r.for_seconds), ("recover_seconds", r.recover_seconds), ("cooldown_seconds", r.cooldown_seconds), ("window_seconds", r.window_seconds)] {
+            if !(v >= 0.0 && v.is_finite()) {
+                bail!("alert rule {id:?}: {name} must be a non-negative number of seconds");
+            }
+        }
+    }
+    if rules.len() > MAX_RULES {
+        bail!("at most {MAX_RULES} alert rules");
+    }
+    Ok(rules)
+}
+
+/// The PromQL expression that watches the same signal from `/metrics`.
+fn promql(r: &Rule, above: f64) -> String {
+    let window = format!("{}s", r.window_seconds.max(60.0) as u64);
+    match r.signal {
+        Signal::MemoryPressure => format!("mlxbar_memory_pressure_level >= {above}"),
+        Signal::SwapGrowth => format!("delta(mlxbar_swap_used_bytes[{window}]) >= {above}"),
+        Signal::SwapInRate => format!("rate(mlxbar_swap_in_pages_total[1m]) >= {above}"),
+        Signal::EngineErrors => format!("sum by (instance) (increase(mlxbar_requests_total{{result=\"error\"}}[{window}])) >= {above} or on(instance) (sum by (instance) (mlxbar_model_loaded) == 0)"),
+        Signal::TtftP90 => format!("histogram_quantile(0.9, sum by (instance, le) (rate(mlxbar_time_to_first_token_seconds_bucket[5m]))) >= {above}"),
+        Signal::QueueBacklog => format!("mlxbar_scheduler_waiting_requests >= {above}"),
+    }
+}
+
+fn camel(id: &str) -> String {
+    id.split('_').map(|w| {
+        let mut c = w.chars();
+        c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+    }).collect()
+}
+
+/// A Prometheus rules file with the given rules, plus "mlxbar is down" (which only an
+/// outside observer can see). Hysteresis and cooldown have no Prometheus equivalent:
+/// Alertmanager's grouping and repeat interval play that part.
+pub fn prometheus_rules(rules: &[Rule]) -> String {
+    let mut out = String::from(
+        "# Generated by `mlxbar alerts prometheus-rules` from the built-in alert defaults\n\
+         # (src/alerts/rules.rs): the same alerts the menu-bar app raises, for Prometheus/Grafana.\n\
+         groups:\n  - name: mlxbar\n    rules:\n",
+    );
+    for r in rules.iter().filter(|r| r.enabled) {
+        let expr = promql(r, r.threshold);
+        let severity = match r.severity {
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        };
+        out += &format!(
+            "      - alert: Mlxbar{}\n        expr: {}\n        for: {}s\n        labels: {{severity: {}, mlxbar_alert: {}}}\n        annotations:\n          summary: \"{} on {{{{ $labels.instance }}}}\"\n          description: \"Now {{{{ $value }}}} (alert at {}).\"\n",
+            camel(&r.id),
+            expr,
+            r.for_seconds as u64,
+            severity,
+            r.id,
+            r.summary.replace('"', "'"),
+            r.threshold
+        );
+    }
+    out += "      - alert: MlxbarDown\n        expr: up{job=\"mlxbar\"} == 0\n        for: 60s\n        labels: {severity: critical, mlxbar_alert: down}\n        annotations:\n          summary: \"mlxbar on {{ $labels.instance }} does not answer scrapes\"\n";
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml_text: &str) -> Result<Vec<Rule>> {
+        let o: BTreeMap<String, RuleOverride> = toml::from_str(toml_text)?;
+        resolve(&o)
+    }
+
+    #[test]
+    fn overrides_change_one_rule_and_keep_the_rest() {
+        let rules = parse("[queue_backlog]\nthreshold = 1\nfor_seconds = 0\n").unwrap();
+        let q = rules.iter().find(|r| r.id == "queue_backlog").unwrap();
+        assert_eq!((q.threshold, q.recover_below, q.for_seconds), (1.0, 1.0, 0.0), "recover_below follows a lowered threshold");
+        assert_eq!(rules.len(), defaults().len());
+        assert_eq!(rules.iter().find(|r| r.id == "memory_pressure_warn"), defaults().iter().find(|r| r.id == "memory_pressure_warn"));
+    }
+
+    #[test]
+    fn bad_overrides_are_refused_with_a_reason() {
+        assert!(parse("[nope]\nthreshold = 1\n").unwrap_err().to_string().contains("signal"));
+        assert!(parse("[queue_backlog]\nrecover_below = 50\n").unwrap_err().to_string().contains("recover_below"));
+        assert!(parse("[queue_backlog]\nfor_seconds = -1\n").unwrap_err().to_string().contains("for_seconds"));
+        assert!(parse("[queue_backlog]\nthreshhold = 1\n").is_err(), "unknown keys are errors");
+        assert!(parse("[\"bad id\"]\nsignal = \"queue_backlog\"\nthreshold = 1\n").is_err());
+        let custom = parse("[tiny_queue]\nsignal = \"queue_backlog\"\nthreshold = 2\n").unwrap();
+        assert_eq!(custom.last().unwrap().id, "tiny_queue");
+    }
+}

@@ -1,0 +1,136 @@
+//! Turns one reading of the server's state into each rule's signal value; windowed signals
+//! (swap growth, recent errors) look back over a short history of readings.
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::rules::{Rule, Signal};
+
+/// What the monitor reads each tick.
+#[derive(Debug, Clone, Default)]
+pub struct Reading {
+    /// 0 normal, 1 warn, 2 critical; None when the platform cannot tell.
+    pub pressure: Option<f64>,
+    pub swap_used_bytes: Option<f64>,
+    pub swap_in_pages_per_second: Option<f64>,
+    pub model_failed: bool,
+    /// Failed inference requests since start.
+    pub errors_total: u64,
+    /// None until a request finished within the live window.
+    pub ttft_p90_seconds: Option<f64>,
+    pub waiting_requests: f64,
+}
+
+/// Readings kept for windowed signals.
+const MAX_LOOKBACK: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, Default)]
+pub struct History {
+    points: VecDeque<(Instant, Option<f64>, u64)>,
+}
+
+impl History {
+    pub fn push(&mut self, now: Instant, r: &Reading) {
+        self.points.push_back((now, r.swap_used_bytes, r.errors_total));
+        while self.points.front().is_some_and(|(t, ..)| now.saturating_duration_since(*t) > MAX_LOOKBACK) {
+            self.points.pop_front();
+        }
+    }
+
+    fn within(&self, now: Instant, window: f64) -> impl Iterator<Item = &(Instant, Option<f64>, u64)> {
+        let window = Duration::from_secs_f64(window);
+        self.points.iter().filter(move |(t, ..)| now.saturating_duration_since(*t) <= window)
+    }
+
+    /// The rule's signal now (None: no data). Call after [`History::push`] of `r`.
+    pub fn value(&self, rule: &Rule, r: &Reading, now: Instant) -> Option<f64> {
+        match rule.signal {
+            Signal::MemoryPressure => r.pressure,
+            Signal::SwapGrowth => {
+                // Rise above the lowest point in the window: a slow climb counts too.
+                let low = self.within(now, rule.window_seconds).filter_map(|p| p.1).fold(f64::INFINITY, f64::min);
+                r.swap_used_bytes.filter(|_| low.is_finite()).map(|cur| (cur - low).max(0.0))
+            }
+            Signal::SwapInRate => r.swap_in_pages_per_second,
+            Signal::EngineErrors => {
+                let first = self.within(now, rule.window_seconds).map(|p| p.2).min().unwrap_or(r.errors_total);
+                let recent = r.errors_total.saturating_sub(first) as f64;
+                Some(if r.model_failed { recent.max(1.0) } else { recent })
+            }
+            Signal::TtftP90 => r.ttft_p90_seconds,
+            Signal::QueueBacklog => Some(r.waiting_requests),
+        }
+    }
+}
+
+/// A signal value in words, for notices and the UI.
+pub fn describe(signal: Signal, v: f64) -> String {
+    match signal {
+        Signal::MemoryPressure => match v as i64 {
+            0 => "normal".into(),
+            1 => "warn".into(),
+            _ => "critical".into(),
+        },
+        Signal::SwapGrowth => format!("+{:.0} MiB", v / 1048576.0),
+        Signal::SwapInRate => format!("{v:.0} pages/s"),
+        Signal::EngineErrors => format!("{v:.0} error(s)"),
+        Signal::TtftP90 => format!("{v:.2} s"),
+        Signal::QueueBacklog => format!("{v:.0} waiting"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alerts::rules::defaults;
+
+    fn rule(id: &str) -> Rule {
+        defaults().into_iter().find(|r| r.id == id).unwrap()
+    }
+
+    #[test]
+    fn swap_growth_is_the_rise_over_the_window() {
+        let (r, t0) = (rule("swap_growing"), Instant::now());
+        let mut h = History::default();
+        let mut last = None;
+        // 100 MiB, dipping to 50 MiB, then climbing 10 MiB a second for 60 s
+        for (i, mib) in [100.0, 50.0].into_iter().chain((1..=60).map(|i| 50.0 + 10.0 * i as f64)).enumerate() {
+            let now = t0 + Duration::from_secs(i as u64);
+            let reading = Reading { swap_used_bytes: Some(mib * 1048576.0), ..Default::default() };
+            h.push(now, &reading);
+            last = h.value(&r, &reading, now);
+        }
+        assert_eq!(last, Some(600.0 * 1048576.0));
+        // 10 minutes later at the same level: the old low is out of the window
+        let now = t0 + Duration::from_secs(62 + 600);
+        let reading = Reading { swap_used_bytes: Some(650.0 * 1048576.0), ..Default::default() };
+        h.push(now, &reading);
+        assert_eq!(h.value(&r, &reading, now), Some(0.0));
+    }
+
+    #[test]
+    fn engine_errors_count_recent_failures_and_a_failed_model() {
+        let (r, t0) = (rule("engine_error"), Instant::now());
+        let mut h = History::default();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let read = |errors_total, model_failed| Reading { errors_total, model_failed, ..Default::default() };
+        h.push(at(0), &read(5, false));
+        assert_eq!(h.value(&r, &read(5, false), at(0)), Some(0.0), "errors before the window started do not count");
+        h.push(at(10), &read(7, false));
+        assert_eq!(h.value(&r, &read(7, false), at(10)), Some(2.0));
+        h.push(at(100), &read(7, false));
+        assert_eq!(h.value(&r, &read(7, false), at(100)), Some(0.0), "older than the 60 s window");
+        h.push(at(101), &read(7, true));
+        assert_eq!(h.value(&r, &read(7, true), at(101)), Some(1.0));
+    }
+
+    #[test]
+    fn no_data_stays_no_data() {
+        let t0 = Instant::now();
+        let h = History::default();
+        let r = Reading::default();
+        assert_eq!(h.value(&rule("memory_pressure_warn"), &r, t0), None);
+        assert_eq!(h.value(&rule("ttft_p90_high"), &r, t0), None);
+        assert_eq!(h.value(&rule("swap_growing"), &r, t0), None);
+        assert_eq!(describe(Signal::MemoryPressure, 2.0), "critical");
+    }
+}
