@@ -15,6 +15,7 @@
 //! default_temperature = 0.7
 //! default_top_p = 0.95
 //! metrics_enabled = true          # per-request instrumentation
+//! grafana_url = "http://localhost:3000/d/mlxbar"   # linked from the popover
 //!
 //! [alerts.queue_backlog]          # override a built-in alert rule (see src/alerts/rules.rs)
 //! threshold = 4
@@ -48,6 +49,8 @@ pub struct Config {
     /// Per-request instrumentation (histograms, token counters, live views). /metrics still
     /// serves memory and scheduler gauges when off.
     pub metrics_enabled: bool,
+    /// Where the user's Grafana dashboard lives; the popover links to it.
+    pub grafana_url: Option<String>,
     /// Alert rule overrides by rule id, applied over the built-in defaults.
     pub alerts: BTreeMap<String, RuleOverride>,
     /// Test hook, see `EngineOptions::test_fail_marker`.
@@ -70,6 +73,7 @@ impl Default for Config {
             default_temperature: 0.7,
             default_top_p: 0.95,
             metrics_enabled: true,
+            grafana_url: None,
             alerts: BTreeMap::new(),
             test_fail_marker: None,
         }

@@ -24,6 +24,7 @@ pub struct Server {
     alerts: Arc<Alerts>,
     paused: Arc<AtomicBool>,
     monitor: JoinHandle<()>,
+    stopping: tokio::sync::watch::Sender<bool>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -52,6 +53,7 @@ impl Server {
         let alerts = Alerts::new(alerts::rules::resolve(&config.alerts)?);
         let monitor = alerts::monitor::spawn(alerts.clone(), engine.clone(), telemetry.clone(), metrics.clone());
         let paused = Arc::new(AtomicBool::new(false));
+        let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
         let state = AppState {
             engine: engine.clone(),
             config: Arc::new(config),
@@ -59,6 +61,7 @@ impl Server {
             telemetry: telemetry.clone(),
             alerts: alerts.clone(),
             paused: paused.clone(),
+            stopping: stopping_rx,
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         };
@@ -72,7 +75,7 @@ impl Server {
                 tracing::error!("server error: {e}");
             }
         });
-        Ok(Server { addr, engine, telemetry, alerts, paused, monitor, stop: Some(stop), task })
+        Ok(Server { addr, engine, telemetry, alerts, paused, monitor, stopping, stop: Some(stop), task })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -105,6 +108,7 @@ impl Server {
     pub async fn shutdown(mut self) {
         self.telemetry.stop();
         self.monitor.abort();
+        let _ = self.stopping.send(true);
         let engine = self.engine.clone();
         let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
         if let Some(stop) = self.stop.take() {

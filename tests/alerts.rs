@@ -19,7 +19,7 @@ fn alert<'a>(list: &'a Value, id: &str) -> &'a Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_alert_fires_snoozes_and_pausing_refuses_work() {
     let mut config = common::test_config();
-    config.alerts = toml::from_str("[ttft_p90_high]\nthreshold = 0.000001\nfor_seconds = 0\n").unwrap();
+    config.alerts = toml::from_str("[ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n").unwrap();
     let server = Server::start(config).await.unwrap();
     server.wait_ready().await.unwrap();
     let base = format!("http://{}", server.local_addr());

@@ -71,10 +71,10 @@ pub struct RuleOverride {
 pub const MAX_RULES: usize = 32;
 
 #[allow(clippy::too_many_arguments)]
-fn rule(id: &str, summary: &str, signal: Signal, severity: Severity, threshold: f64, recover_below: f64, for_seconds: f64, window_seconds: f64) -> Rule {
+fn rule(id: &str, signal: Signal, severity: Severity, threshold: f64, recover_below: f64, for_seconds: f64, window_seconds: f64) -> Rule {
     Rule {
         id: id.into(),
-        summary: summary.into(),
+        summary: summary(signal, threshold, window_seconds),
         signal,
         severity,
         enabled: true,
@@ -87,17 +87,39 @@ fn rule(id: &str, summary: &str, signal: Signal, severity: Severity, threshold: 
     }
 }
 
+/// A rule's one-line description, written from its signal and threshold.
+fn summary(signal: Signal, threshold: f64, window_seconds: f64) -> String {
+    let t = super::signals::describe(signal, threshold);
+    match signal {
+        Signal::MemoryPressure if threshold >= 2.0 => "Memory pressure is critical".into(),
+        Signal::MemoryPressure => format!("Memory pressure is at {t} or above"),
+        Signal::SwapGrowth => format!("Swap grew by {} or more in {}", t.trim_start_matches('+'), minutes(window_seconds)),
+        Signal::SwapInRate => format!("Swapping in {t} or more"),
+        Signal::EngineErrors => "The model failed to load or requests failed".into(),
+        Signal::TtftP90 => format!("Time to first token p90 is {t} or more"),
+        Signal::QueueBacklog => format!("{threshold:.0} or more requests are waiting"),
+    }
+}
+
+fn minutes(secs: f64) -> String {
+    if secs >= 120.0 {
+        format!("{:.0} minutes", secs / 60.0)
+    } else {
+        format!("{secs:.0} seconds")
+    }
+}
+
 pub fn defaults() -> Vec<Rule> {
     use Severity::*;
     use Signal::*;
     vec![
-        rule("memory_pressure_warn", "Memory pressure is at warn or above", MemoryPressure, Warning, 1.0, 1.0, 60.0, 0.0),
-        rule("memory_pressure_critical", "Memory pressure is critical", MemoryPressure, Critical, 2.0, 2.0, 10.0, 0.0),
-        rule("swap_growing", "Swap grew by 512 MiB or more in 5 minutes", SwapGrowth, Warning, 512.0 * 1048576.0, 128.0 * 1048576.0, 0.0, 300.0),
-        rule("swap_in_high", "Swapping in 1000 pages a second or more", SwapInRate, Warning, 1000.0, 100.0, 30.0, 0.0),
-        rule("engine_error", "The model failed to load or requests failed", EngineErrors, Critical, 1.0, 1.0, 0.0, 60.0),
-        rule("ttft_p90_high", "Time to first token p90 is 5 s or more", TtftP90, Warning, 5.0, 3.0, 60.0, 0.0),
-        rule("queue_backlog", "8 or more requests are waiting", QueueBacklog, Warning, 8.0, 2.0, 30.0, 0.0),
+        rule("memory_pressure_warn", MemoryPressure, Warning, 1.0, 1.0, 60.0, 0.0),
+        rule("memory_pressure_critical", MemoryPressure, Critical, 2.0, 2.0, 10.0, 0.0),
+        rule("swap_growing", SwapGrowth, Warning, 512.0 * 1048576.0, 128.0 * 1048576.0, 0.0, 300.0),
+        rule("swap_in_high", SwapInRate, Warning, 1000.0, 100.0, 30.0, 0.0),
+        rule("engine_error", EngineErrors, Critical, 1.0, 1.0, 0.0, 60.0),
+        rule("ttft_p90_high", TtftP90, Warning, 5.0, 3.0, 60.0, 0.0),
+        rule("queue_backlog", QueueBacklog, Warning, 8.0, 2.0, 30.0, 0.0),
     ]
 }
 
@@ -113,7 +135,7 @@ pub fn resolve(overrides: &BTreeMap<String, RuleOverride>) -> Result<Vec<Rule>> 
                 if !valid {
                     bail!("alert rule id {id:?}: use letters, digits and _");
                 }
-                rules.push(rule(id, id, signal, Severity::Warning, f64::INFINITY, f64::INFINITY, 0.0, 60.0));
+                rules.push(rule(id, signal, Severity::Warning, f64::INFINITY, f64::INFINITY, 0.0, 60.0));
                 rules.last_mut().unwrap()
             }
         };
@@ -124,6 +146,9 @@ pub fn resolve(overrides: &BTreeMap<String, RuleOverride>) -> Result<Vec<Rule>> 
         set!(summary, signal, severity, enabled, threshold, recover_below, for_seconds, recover_seconds, cooldown_seconds, window_seconds);
         if threshold_given && o.recover_below.is_none() && r.recover_below > r.threshold {
             r.recover_below = r.threshold;
+        }
+        if o.summary.is_none() {
+            r.summary = summary(r.signal, r.threshold, r.window_seconds);
         }
         if !r.threshold.is_finite() {
             bail!("alert rule {id:?} needs a threshold");

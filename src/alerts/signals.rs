@@ -72,7 +72,10 @@ pub fn describe(signal: Signal, v: f64) -> String {
         },
         Signal::SwapGrowth => format!("+{:.0} MiB", v / 1048576.0),
         Signal::SwapInRate => format!("{v:.0} pages/s"),
+        Signal::TtftP90 if v < 0.01 => format!("{} ms", (v * 1000.0 * 100.0).round() / 100.0),
+        Signal::TtftP90 if v < 1.0 => format!("{:.0} ms", v * 1000.0),
         Signal::EngineErrors => format!("{v:.0} error(s)"),
+        Signal::TtftP90 if v.fract() == 0.0 => format!("{v:.0} s"),
         Signal::TtftP90 => format!("{v:.2} s"),
         Signal::QueueBacklog => format!("{v:.0} waiting"),
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::Json;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde_json::{json, Value};
 
 use super::AppState;
@@ -21,6 +21,7 @@ pub fn snapshot(state: &AppState) -> Value {
     let e = &state.engine;
     let m = &state.metrics;
     let sys = state.telemetry.latest();
+    let (requests, tokens) = m.live.totals();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
@@ -44,6 +45,8 @@ pub fn snapshot(state: &AppState) -> Value {
         },
         "alerts": state.alerts.view(),
         "paused": state.paused.load(std::sync::atomic::Ordering::Relaxed),
+        "totals": {"requests": requests, "completion_tokens": tokens, "errors": m.live.errors_total()},
+        "links": {"metrics": "/metrics", "grafana": state.config.grafana_url},
         "timings": m.live.distributions(),
         "throughput": m.live.throughput(),
     })
@@ -78,6 +81,7 @@ fn fingerprint(state: &AppState) -> Fingerprint {
 
 pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let first = Event::default().event("snapshot").data(snapshot(&state).to_string());
+    let state_stopping = state.stopping.clone();
     let seen = Some(fingerprint(&state));
     let now = tokio::time::Instant::now();
     // A check at most every MIN_INTERVAL, kept across events: two snapshots are never
@@ -99,5 +103,9 @@ pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Res
             }
         }
     });
-    Sse::new(futures::stream::StreamExt::chain(futures::stream::once(async move { Ok(first) }), s))
+    let mut stopping = state_stopping;
+    let stopped = async move {
+        let _ = stopping.wait_for(|s| *s).await;
+    };
+    Sse::new(futures::stream::once(async move { Ok(first) }).chain(s).take_until(stopped))
 }

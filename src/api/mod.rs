@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod models;
 pub mod openai;
 pub mod security;
+pub mod ui;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -38,6 +39,8 @@ pub struct AppState {
     pub alerts: Arc<Alerts>,
     /// Set from the menu bar: generation requests get 503 until resumed.
     pub paused: Arc<AtomicBool>,
+    /// Turns true when the server shuts down: long-lived streams end so shutdown can finish.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
     pub started: Instant,
     pub started_unix: u64,
 }
@@ -45,6 +48,8 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let config = state.config.clone();
     let mut app = Router::new()
+        .route("/", get(ui::index))
+        .route("/ui/{*path}", get(ui::asset))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models::list_models))

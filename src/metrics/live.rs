@@ -63,11 +63,13 @@ pub struct LiveStats {
     inner: Mutex<Inner>,
     version: AtomicU64,
     errors: AtomicU64,
+    requests: AtomicU64,
+    tokens: AtomicU64,
 }
 
 impl Default for LiveStats {
     fn default() -> Self {
-        LiveStats { start: Instant::now(), inner: Mutex::new(Inner { minutes: vec![], seconds: vec![] }), version: AtomicU64::new(0), errors: AtomicU64::new(0) }
+        LiveStats { start: Instant::now(), inner: Mutex::new(Inner { minutes: vec![], seconds: vec![] }), version: AtomicU64::new(0), errors: AtomicU64::new(0), requests: AtomicU64::new(0), tokens: AtomicU64::new(0) }
     }
 }
 
@@ -120,8 +122,14 @@ impl LiveStats {
         self.errors.load(Ordering::Relaxed)
     }
 
+    /// Requests finished and tokens generated since start (the popover's "served" line).
+    pub fn totals(&self) -> (u64, u64) {
+        (self.requests.load(Ordering::Relaxed), self.tokens.load(Ordering::Relaxed))
+    }
+
     /// A generated token, and the gap since the request's previous one.
     pub fn token(&self, gap: Option<Duration>) {
+        self.tokens.fetch_add(1, Ordering::Relaxed);
         self.with(|inner, now| {
             Self::second(inner, now).1 += 1;
             if let Some(g) = gap {
@@ -132,6 +140,7 @@ impl LiveStats {
 
     /// A finished request's time to first token and end-to-end time.
     pub fn request(&self, ttft: Duration, e2e: Duration) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
         self.with(|inner, now| {
             Self::second(inner, now).2 += 1;
             let h = Self::minute(inner, now);

@@ -1,0 +1,200 @@
+// The popover: one page fed by the server's live stream (/api/metrics/stream), served at
+// `/` by mlxbar itself and shown by the menu-bar app's webview.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const app = $("app");
+const SPARK_SECONDS = 300;
+
+const fmtBytes = (b) => {
+  if (b == null) return "–";
+  const u = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+  return `${b.toFixed(b >= 100 || i === 0 ? 0 : 1)} ${u[i]}`;
+};
+const fmtSecs = (s, count) => {
+  if (!count) return "–";
+  return s < 1 ? `${Math.round(s * 1000)} ms` : `${s.toFixed(2)} s`;
+};
+const fmtInt = (n) => Number(n || 0).toLocaleString("en-US");
+const text = (id, v) => { const el = $(id); if (el.textContent !== String(v)) el.textContent = v; };
+
+// ---- the throughput sparkline (uPlot) ----
+let spark = null;
+function sparkline(tp) {
+  // a fixed 5-minute axis: seconds before the server started count as idle
+  const pad = (a) => Array(Math.max(0, SPARK_SECONDS - a.length)).fill(0).concat(a.slice(-SPARK_SECONDS));
+  const tok = pad(tp.tokens_per_second);
+  const req = pad(tp.requests_per_second);
+  const now = Date.now() / 1000;
+  const xs = tok.map((_, i) => now - (SPARK_SECONDS - 1 - i));
+  const data = [xs, tok];
+  if (!spark) {
+    const el = $("spark");
+    const css = getComputedStyle(document.documentElement);
+    spark = new uPlot({
+      width: el.clientWidth || 330, height: 74,
+      cursor: { show: false }, legend: { show: false }, select: { show: false },
+      scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(5, max * 1.15)] } },
+      axes: [
+        { show: false },
+        { size: 30, gap: 2, space: 18, ticks: { show: false }, grid: { stroke: css.getPropertyValue("--line") }, stroke: css.getPropertyValue("--sub"), font: "10px sans-serif", values: (u, v) => v.map((x) => x >= 1000 ? `${x / 1000}k` : x) },
+      ],
+      series: [
+        {},
+        { label: "tok/s", stroke: css.getPropertyValue("--accent"), width: 1.5, fill: "rgba(10,132,255,.14)", points: { show: false } },
+      ],
+    }, data, el);
+  } else {
+    spark.setData(data);
+  }
+  // the last point is the current, still-filling second: average the five before it
+  const recent = tok.slice(-6, -1);
+  const tokNow = recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : 0;
+  const reqRecent = req.slice(-61, -1).reduce((a, b) => a + b, 0) / 60;
+  text("tok-now", tokNow >= 10 ? Math.round(tokNow) : tokNow.toFixed(1));
+  text("rps", `${reqRecent.toFixed(2)} req/s`);
+}
+
+// ---- memory ----
+const PRESSURE_ANGLE = { normal: 150, warn: 90, critical: 30, unknown: 90 };
+function memory(m) {
+  const sys = m.system;
+  const level = sys ? sys.pressure : "unknown";
+  app.dataset.pressure = level;
+  text("pressure", level);
+  const a = (PRESSURE_ANGLE[level] ?? 90) * Math.PI / 180;
+  const needle = $("needle");
+  needle.setAttribute("x2", (60 + 42 * Math.cos(a)).toFixed(1));
+  needle.setAttribute("y2", (60 - 42 * Math.sin(a)).toFixed(1));
+  if (!sys) {
+    text("pressure-raw", "memory readings unavailable");
+    return;
+  }
+  const raw = sys.pressure_raw;
+  text("pressure-raw", sys.pressure_source === "kernel" ? `kernel level ${raw ?? "?"}`
+    : sys.pressure_source === "psi" ? `PSI some ${raw == null ? "?" : raw.toFixed(1)} %` : "no pressure signal on this system");
+
+  const parts = [
+    ["app", "App", sys.app], ["wired", "Wired", sys.wired], ["compressed", "Compressed", sys.compressed],
+    ["cached", "Cached files", sys.cached_files], ["free", "Free", sys.free],
+  ].filter((p) => p[2] > 0);
+  const known = parts.reduce((s, p) => s + p[2], 0);
+  if (sys.total > known) parts.splice(parts.length - 1, 0, ["other", "Other", sys.total - known]);
+  const bar = $("membar"), legend = $("memlegend");
+  bar.replaceChildren(...parts.map(([k, label, v]) => {
+    const d = document.createElement("div");
+    d.style.width = `${(100 * v / sys.total).toFixed(2)}%`;
+    d.style.background = `var(--${k})`;
+    d.title = `${label}: ${fmtBytes(v)}`;
+    return d;
+  }));
+  legend.replaceChildren(...parts.map(([k, label, v]) => {
+    const s = document.createElement("span");
+    const i = document.createElement("i");
+    i.style.background = `var(--${k})`;
+    s.append(i, `${label} ${fmtBytes(v)}`);
+    return s;
+  }));
+  text("mem-used", `${fmtBytes(sys.used)} of ${fmtBytes(sys.total)}`);
+  text("swap", sys.swap_total ? `${fmtBytes(sys.swap_used)} of ${fmtBytes(sys.swap_total)}` : "off");
+  text("swap-rate", `${m.swap_in_pages_per_second.toFixed(0)} in · ${m.swap_out_pages_per_second.toFixed(0)} out pages/s`);
+  text("mlx-mem", `${fmtBytes(m.mlx.active)} active · ${fmtBytes(m.mlx.cache)} cache`);
+}
+
+// ---- alerts ----
+async function snooze(id, seconds) {
+  const opts = seconds ? { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ seconds }) } : { method: "DELETE" };
+  const r = await fetch(`/api/alerts/${encodeURIComponent(id)}/snooze`, opts);
+  if (!r.ok) showBanner(`Could not snooze: ${(await r.json()).error?.message ?? r.status}`);
+}
+function alerts(list) {
+  const firing = list.filter((a) => a.firing);
+  text("alert-count", firing.length ? `${firing.length} firing` : "none firing");
+  const ul = $("alerts");
+  if (!firing.length) {
+    const li = document.createElement("li");
+    li.className = "empty";
+    li.textContent = "All clear";
+    ul.replaceChildren(li);
+    return;
+  }
+  ul.replaceChildren(...firing.map((a) => {
+    const li = document.createElement("li");
+    li.className = `${a.severity}${a.snoozed ? " snoozed" : ""}`;
+    li.dataset.alert = a.id;
+    const sev = document.createElement("span");
+    sev.className = "sev";
+    const t = document.createElement("div");
+    t.className = "text";
+    const title = document.createElement("div");
+    title.textContent = a.summary;
+    const sub = document.createElement("div");
+    sub.className = "sub";
+    const until = a.snoozed_until_unix ? new Date(a.snoozed_until_unix * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) : "";
+    sub.textContent = `now ${a.value_text ?? "–"}` + (a.snoozed ? ` · snoozed until ${until}` : "");
+    t.append(title, sub);
+    const b = document.createElement("button");
+    b.textContent = a.snoozed ? "Unsnooze" : "Snooze 1 h";
+    b.dataset.testid = "snooze";
+    b.onclick = () => snooze(a.id, a.snoozed ? 0 : 3600);
+    li.append(sev, t, b);
+    return li;
+  }));
+}
+
+// ---- the whole snapshot ----
+function showBanner(msg, kind) {
+  const b = $("banner");
+  b.hidden = !msg;
+  b.className = `banner ${kind || ""}`;
+  b.textContent = msg || "";
+}
+function render(s) {
+  const model = s.models[0]?.info;
+  const st = s.state.state;
+  const mode = s.paused ? "paused" : st === "ready" ? "serving" : st === "loading" ? "loading" : "error";
+  app.dataset.state = mode;
+  text("model", model ? model.id : st === "loading" ? "Loading model…" : "No model");
+  $("model").title = model ? model.path : "";
+  text("status", { serving: "Serving", paused: "Paused", loading: "Loading", error: st === "failed" ? "Model failed" : "Stopped" }[mode]);
+  text("device", `${s.device.toUpperCase()}${model ? ` · ${model.weight_format} · ${fmtBytes(model.weight_bytes)}` : ""}`);
+  if (st === "failed") showBanner(`The model failed to load: ${s.state.detail}`);
+  else if (st === "loading") showBanner("Loading the model… requests wait until it is ready.", "info");
+  else if (s.paused) showBanner("Serving is paused: new requests get 503 until you resume from the menu.", "info");
+  else showBanner("");
+  memory(s.memory);
+  sparkline(s.throughput);
+  const t = s.timings;
+  text("ttft-p50", fmtSecs(t.ttft_seconds.p50, t.ttft_seconds.count));
+  text("ttft-p90", fmtSecs(t.ttft_seconds.p90, t.ttft_seconds.count));
+  text("itl-p50", fmtSecs(t.itl_seconds.p50, t.itl_seconds.count));
+  text("itl-p90", fmtSecs(t.itl_seconds.p90, t.itl_seconds.count));
+  text("running", s.scheduler.running);
+  text("waiting", s.scheduler.waiting);
+  text("requests", fmtInt(s.totals.requests));
+  text("requests-unit", s.totals.requests === 1 ? "request" : "requests");
+  text("tokens", fmtInt(s.totals.completion_tokens));
+  text("tokens-unit", s.totals.completion_tokens === 1 ? "token" : "tokens");
+  alerts(s.alerts);
+  const g = $("grafana-link");
+  g.hidden = !s.links.grafana;
+  if (s.links.grafana) g.href = s.links.grafana;
+  text("version", `mlxbar ${s.version}`);
+  app.dataset.updated = String(Date.now());
+}
+
+// ---- the live stream; EventSource reconnects by itself ----
+function connect() {
+  const es = new EventSource("/api/metrics/stream");
+  es.addEventListener("snapshot", (e) => render(JSON.parse(e.data)));
+  es.onopen = () => { if (app.dataset.state === "down") showBanner(""); };
+  es.onerror = () => {
+    app.dataset.state = "down";
+    text("status", "Server not reachable");
+    showBanner("The mlxbar server is not answering. Retrying…");
+  };
+}
+window.addEventListener("resize", () => spark && spark.setSize({ width: $("spark").clientWidth, height: 74 }));
+connect();

@@ -1,0 +1,133 @@
+// The popover in headless Chromium (Playwright) against a real mlxbar server with the
+// default model: live values match /metrics, the page follows the stream, an alert shows
+// and is snoozed, and a dead server shows as such. Screenshots go to test-artifacts/.
+//
+// Run: npm test (in ui/), after `cargo build --release`. MLXBAR_BIN overrides the binary.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { chromium } from "playwright-core";
+
+const ROOT = resolve(import.meta.dirname, "../..");
+const BIN = process.env.MLXBAR_BIN ?? join(ROOT, "target/release/mlxbar");
+const ARTIFACTS = join(ROOT, "test-artifacts");
+const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
+
+let server, base, browser, page, serverLog = "";
+
+const freePort = () => new Promise((ok) => {
+  const s = createServer().listen(0, "127.0.0.1", () => { const p = s.address().port; s.close(() => ok(p)); });
+});
+
+async function until(what, check, ms = 20000) {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await check().catch(() => undefined);
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n--- server log ---\n${serverLog.slice(-3000)}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** Sum of a metric's samples in Prometheus text, optionally filtered by a label test. */
+function metricSum(text, name, keep = () => true) {
+  let sum = 0;
+  for (const line of text.split("\n")) {
+    const m = line.match(/^([a-z_]+)(\{[^}]*\})? ([^ ]+)$/);
+    if (m && m[1] === name && keep(m[2] ?? "")) sum += Number(m[3]);
+  }
+  return sum;
+}
+const metrics = async () => (await fetch(`${base}/metrics`)).text();
+const testid = (id) => page.locator(`[data-testid="${id}"]`);
+const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
+
+async function chat(content, max_tokens = 12) {
+  const r = await fetch(`${base}/v1/chat/completions`, {
+    method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ messages: [{ role: "user", content }], max_tokens, temperature: 0 }),
+  });
+  assert.equal(r.status, 200);
+  return r.json();
+}
+
+before(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  const dir = mkdtempSync(join(tmpdir(), "mlxbar-ui-"));
+  const config = join(dir, "config.toml");
+  // An alert that fires on the first request, so the page has one to show and snooze.
+  writeFileSync(config, '[alerts.ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n');
+  const port = await freePort();
+  base = `http://127.0.0.1:${port}`;
+  server = spawn(BIN, ["serve", "--config", config, "--port", String(port)], { stdio: ["ignore", "pipe", "pipe"] });
+  server.stdout.on("data", (d) => { serverLog += d; });
+  server.stderr.on("data", (d) => { serverLog += d; });
+  await until("the server to load the model", async () => (await (await fetch(`${base}/health`)).json()).status === "ok", 120000);
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
+  });
+  page = await browser.newPage({ viewport: { width: 380, height: 700 }, deviceScaleFactor: 2 });
+  page.on("pageerror", (e) => { throw e; });
+  await page.goto(`${base}/`);
+});
+
+after(async () => {
+  await browser?.close();
+  server?.kill("SIGTERM");
+});
+
+test("the popover shows the model, device and memory that /metrics reports", async () => {
+  const m = await metrics();
+  const info = m.match(/^mlxbar_info\{([^}]*)\} 1$/m)[1];
+  const label = (k) => info.match(new RegExp(`${k}="([^"]*)"`))[1];
+  await until("the first snapshot", async () => (await testid("model").textContent()) === label("model"));
+  assert.match(await testid("device").textContent(), new RegExp(`^${label("device").toUpperCase()} · `));
+  assert.equal(await testid("status").textContent(), "Serving");
+  const pressureLevel = metricSum(m, "mlxbar_memory_pressure_level");
+  const shown = await testid("pressure").textContent();
+  assert.equal(shown, { "-1": "unknown", 0: "normal", 1: "warn", 2: "critical" }[pressureLevel], `pressure ${pressureLevel}`);
+  const totalGb = metricSum(m, "mlxbar_memory_bytes", (l) => l.includes('kind="total"')) / 2 ** 30;
+  assert.match(await testid("mem-used").textContent(), new RegExp(`of ${totalGb.toFixed(1)} GB$`));
+  assert.equal(await testid("alert-count").textContent(), "none firing");
+  await shot("popover-idle");
+});
+
+test("the popover follows the stream: served counts and timings match /metrics after a request", async () => {
+  await chat("Name three colours.");
+  const m = await metrics();
+  const tokens = metricSum(m, "mlxbar_generation_tokens_total");
+  const requests = metricSum(m, "mlxbar_requests_total", (l) => /result="(stop|length)"/.test(l));
+  assert.ok(tokens > 0 && requests >= 1);
+  await until("the page to show the new totals", async () =>
+    (await testid("tokens").textContent()) === tokens.toLocaleString("en-US") &&
+    (await testid("requests").textContent()) === requests.toLocaleString("en-US"));
+  assert.match(await testid("ttft-p50").textContent(), /^\d+(\.\d+)? (ms|s)$/);
+  assert.match(await testid("itl-p90").textContent(), /^\d+(\.\d+)? (ms|s)$/);
+});
+
+test("a firing alert shows in the popover and can be snoozed from it", async () => {
+  await chat("Say hello.");
+  const item = page.locator('[data-alert="ttft_p90_high"]');
+  await item.waitFor({ timeout: 10000 });
+  assert.equal(await testid("alert-count").textContent(), "1 firing");
+  await shot("popover-alert");
+  await item.locator("button").click();
+  await until("the alert to show as snoozed", async () => (await item.textContent()).includes("snoozed until"));
+  const alerts = await (await fetch(`${base}/api/alerts`)).json();
+  const a = alerts.data.find((x) => x.id === "ttft_p90_high");
+  assert.equal(a.snoozed, true);
+  assert.equal(await item.locator("button").textContent(), "Unsnooze");
+  await shot("popover-snoozed");
+});
+
+test("a dead server shows as not reachable", async () => {
+  server.kill("SIGTERM");
+  await until("the down state", async () => (await page.locator("#app").getAttribute("data-state")) === "down");
+  assert.match(await testid("banner").textContent(), /not answering/);
+  await shot("popover-down");
+});
