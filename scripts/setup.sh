@@ -32,7 +32,10 @@ Linux) ;;
 esac
 
 # --- Debian packages -------------------------------------------------------------------
-DEB_PKGS=(cmake libclang-dev clang libopenblas0-pthread python3 python3-venv python3-pip pkg-config build-essential curl ${MLXBAR_EXTRA_DEB_PKGS:-})
+DEB_PKGS=(cmake libclang-dev clang libopenblas0-pthread python3 python3-venv python3-pip pkg-config build-essential curl
+  # the menu-bar app (Tauri 2: WebKitGTK webview, AppIndicator tray)
+  libwebkit2gtk-4.1-dev libayatana-appindicator3-dev librsvg2-dev libxdo-dev
+  ${MLXBAR_EXTRA_DEB_PKGS:-})
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

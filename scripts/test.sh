@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
 # The whole test suite: fetches the default model, runs every Rust test (unit and
-# integration, on the real MLX engine), then type-checks the macOS code.
+# integration, on the real MLX engine; the menu-bar app on a virtual desktop), the
+# popover's browser tests, then type-checks the macOS code.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-# Tools the tests run for real: Prometheus (scrapes a live server) and promtool.
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-  if [ "$(uname -s)" = Darwin ]; then brew install prometheus
-  else
+say() { printf '\033[1m[test]\033[0m %s\n' "$*"; }
+
+# Tools the tests run for real: Prometheus and promtool; Xvfb, a D-Bus session bus, the
+# dunst notification daemon, the trayer tray host, xdotool and ImageMagick for the app on a
+# virtual desktop; Chromium and Node.js for the popover's browser tests.
+if [ "$(uname -s)" = Darwin ]; then
+  command -v prometheus >/dev/null || brew install prometheus
+  command -v node >/dev/null || brew install node
+else
+  need=()
+  for pair in prometheus:prometheus promtool:prometheus Xvfb:xvfb dbus-daemon:dbus dunst:dunst dunstctl:dunst \
+              trayer:trayer xdotool:xdotool import:imagemagick chromium:chromium node:nodejs npm:npm curl:curl; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
     SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
+    say "installing test tools: ${need[*]}"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null
   fi
 fi
+
 # Tests run the release profile: the engine in a debug build is too slow to be useful.
-cargo build --release --bin mlxbar
+cargo build --release --workspace --bins
 ./target/release/mlxbar fetch-model >/dev/null
 ./target/release/mlxbar doctor
-cargo test --release --lib --bins --tests -- --test-threads=2
+cargo test --release --workspace --lib --bins --tests --no-fail-fast -- --test-threads=2
+say "popover browser tests (Playwright + Chromium)"
+(cd ui && npm ci --no-audit --no-fund --loglevel=error && npm test)
 cargo bench --no-run   # benches must keep compiling
 bash scripts/check-macos.sh
+say "screenshots of the popover and the app are in test-artifacts/"

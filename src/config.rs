@@ -16,6 +16,12 @@
 //! default_top_p = 0.95
 //! metrics_enabled = true          # per-request instrumentation
 //! grafana_url = "http://localhost:3000/d/mlxbar"   # linked from the popover
+//! max_batch = 8                   # sequences decoded together (continuous batching)
+//! kv_budget_tokens = 65536        # prompt + max_tokens of running requests; default: from the MLX memory limit
+//! prefix_cache_bytes = 268435456  # KV kept for prompt-prefix reuse; 0 turns it off
+//! mlx_memory_limit_bytes = ...    # default: MLX's, at most 75% of RAM
+//! mlx_cache_limit_bytes = ...     # default: 1 GiB or RAM/16, whichever is smaller
+//! admission = "refuse"            # under critical memory pressure: refuse (503) | wait
 //!
 //! [alerts.queue_backlog]          # override a built-in alert rule (see src/alerts/rules.rs)
 //! threshold = 4
@@ -49,6 +55,13 @@ pub struct Config {
     /// Per-request instrumentation (histograms, token counters, live views). /metrics still
     /// serves memory and scheduler gauges when off.
     pub metrics_enabled: bool,
+    pub max_batch: usize,
+    pub kv_budget_tokens: Option<usize>,
+    pub prefix_cache_bytes: usize,
+    pub mlx_memory_limit_bytes: Option<usize>,
+    pub mlx_cache_limit_bytes: Option<usize>,
+    /// What new requests meet while memory pressure is critical.
+    pub admission: Admission,
     /// Where the user's Grafana dashboard lives; the popover links to it.
     pub grafana_url: Option<String>,
     /// Alert rule overrides by rule id, applied over the built-in defaults.
@@ -74,10 +87,25 @@ impl Default for Config {
             default_top_p: 0.95,
             metrics_enabled: true,
             grafana_url: None,
+            max_batch: 8,
+            kv_budget_tokens: None,
+            prefix_cache_bytes: 256 << 20,
+            mlx_memory_limit_bytes: None,
+            mlx_cache_limit_bytes: None,
+            admission: Admission::Refuse,
             alerts: BTreeMap::new(),
             test_fail_marker: None,
         }
     }
+}
+
+/// Under critical memory pressure new work does not start, so the model does not push the
+/// machine into swap: it is refused (503 with Retry-After) or waits in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Admission {
+    Refuse,
+    Wait,
 }
 
 /// Flags of `mlxbar serve`; each overrides the config file.
@@ -98,6 +126,12 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine before new ones get 429
     #[arg(long)]
     pub queue_capacity: Option<usize>,
+    /// Sequences decoded together in one batched step [default: 8]
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+    /// Under critical memory pressure, refuse new requests (503) or let them wait [default: refuse]
+    #[arg(long, value_enum)]
+    pub admission: Option<Admission>,
     /// Extra Host header names to accept (repeatable; "*" accepts any)
     #[arg(long = "allowed-host")]
     pub allowed_hosts: Vec<String>,
@@ -141,6 +175,12 @@ impl Config {
         if let Some(v) = args.queue_capacity {
             config.queue_capacity = v;
         }
+        if let Some(v) = args.max_batch {
+            config.max_batch = v;
+        }
+        if let Some(v) = args.admission {
+            config.admission = v;
+        }
         config.allowed_hosts.extend(args.allowed_hosts.iter().cloned());
         config.cors_origins.extend(args.cors_origins.iter().cloned());
         if args.api_key.is_some() {
@@ -163,6 +203,9 @@ impl Config {
             bail!("a wildcard CORS origin is not allowed; list the origins");
         }
         crate::alerts::rules::resolve(&self.alerts).context("alert rules")?;
+        if self.max_batch == 0 || self.max_batch > 256 {
+            bail!("max_batch must be between 1 and 256");
+        }
         if self.queue_capacity == 0 {
             bail!("queue_capacity must be at least 1");
         }

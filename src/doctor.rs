@@ -23,7 +23,9 @@ pub fn mlx_version() -> String {
 #[cfg(target_os = "linux")]
 pub fn blas_provider() -> Option<String> {
     unsafe {
-        let sym = libc::dlsym(libc::RTLD_DEFAULT, c"cblas_sgemm".as_ptr());
+        // RTLD_NEXT: past our own executable, which exports a forwarding cblas_sgemm
+        // (src/engine/gemv_forward.rs), to the library that does the work.
+        let sym = libc::dlsym(libc::RTLD_NEXT, c"cblas_sgemm".as_ptr());
         if sym.is_null() {
             return None;
         }

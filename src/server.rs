@@ -12,13 +12,30 @@ use tokio::task::JoinHandle;
 use crate::alerts::{self, Alerts};
 use crate::api::{self, AppState};
 use crate::config::Config;
-use crate::engine::{Engine, EngineOptions};
+use crate::engine::{Engine, EngineOptions, LoadState};
+use crate::telemetry::memory::PressureLevel;
 use crate::metrics::Metrics;
 use crate::model_store;
 use crate::telemetry::Telemetry;
 
+/// What the menu-bar icon shows at a glance.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServerStatus {
+    pub url: String,
+    pub state: LoadState,
+    pub paused: bool,
+    pub pressure: PressureLevel,
+    /// Generated tokens per second over the last few seconds.
+    pub tokens_per_second: f64,
+    pub running: usize,
+    pub waiting: usize,
+    /// Firing alerts that are not snoozed.
+    pub alerts_firing: usize,
+}
+
 pub struct Server {
     addr: SocketAddr,
+    state: AppState,
     engine: Arc<Engine>,
     telemetry: Arc<Telemetry>,
     alerts: Arc<Alerts>,
@@ -42,13 +59,20 @@ impl Server {
             .await
             .with_context(|| format!("binding {}", config.addr()))?;
         let addr = listener.local_addr()?;
+        let telemetry = Telemetry::start(std::time::Duration::from_secs(1));
+        let gate_telemetry = telemetry.clone();
         let engine = Arc::new(Engine::start(EngineOptions {
             model_path,
             weight_format: config.weight_format,
             queue_capacity: config.queue_capacity,
+            max_batch: config.max_batch,
+            kv_budget_tokens: config.kv_budget_tokens,
+            prefix_cache_bytes: config.prefix_cache_bytes,
+            mlx_memory_limit: config.mlx_memory_limit_bytes,
+            mlx_cache_limit: config.mlx_cache_limit_bytes,
+            admission_gate: Some(Arc::new(move || gate_telemetry.pressure_critical())),
             test_fail_marker: config.test_fail_marker.clone(),
         })?);
-        let telemetry = Telemetry::start(std::time::Duration::from_secs(1));
         let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
         let alerts = Alerts::new(alerts::rules::resolve(&config.alerts)?);
         let monitor = alerts::monitor::spawn(alerts.clone(), engine.clone(), telemetry.clone(), metrics.clone());
@@ -65,7 +89,7 @@ impl Server {
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         };
-        let app = api::router(state);
+        let app = api::router(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let served = axum::serve(listener, app).with_graceful_shutdown(async {
@@ -75,7 +99,7 @@ impl Server {
                 tracing::error!("server error: {e}");
             }
         });
-        Ok(Server { addr, engine, telemetry, alerts, paused, monitor, stopping, stop: Some(stop), task })
+        Ok(Server { addr, state, engine, telemetry, alerts, paused, monitor, stopping, stop: Some(stop), task })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -86,8 +110,35 @@ impl Server {
         &self.engine
     }
 
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn status(&self) -> ServerStatus {
+        let sys = self.telemetry.latest();
+        let series = self.state.metrics.live.throughput().tokens_per_second;
+        // The last point is the still-filling second: average the five before it.
+        let recent: Vec<u64> = series.iter().rev().skip(1).take(5).copied().collect();
+        ServerStatus {
+            url: self.url(),
+            state: self.engine.state(),
+            paused: self.is_paused(),
+            pressure: sys.memory.as_ref().map(|m| m.pressure).unwrap_or_default(),
+            tokens_per_second: if recent.is_empty() { 0.0 } else { recent.iter().sum::<u64>() as f64 / recent.len() as f64 },
+            running: self.engine.running(),
+            waiting: self.engine.waiting(),
+            alerts_firing: self.alerts.view().iter().filter(|a| a.firing && !a.snoozed).count(),
+        }
+    }
+
     pub fn alerts(&self) -> &Arc<Alerts> {
         &self.alerts
+    }
+
+    /// Test hook: pretend memory pressure is at `level` (None: measure again).
+    #[doc(hidden)]
+    pub fn force_memory_pressure(&self, level: Option<PressureLevel>) {
+        self.telemetry.force_pressure(level);
     }
 
     /// While paused, generation requests get 503 with Retry-After; running ones finish.

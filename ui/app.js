@@ -165,7 +165,13 @@ function render(s) {
   else if (s.paused) showBanner("Serving is paused: new requests get 503 until you resume from the menu.", "info");
   else showBanner("");
   memory(s.memory);
-  sparkline(s.throughput);
+  try {
+    sparkline(s.throughput);
+  } catch (e) {
+    // one broken panel must not blank the rest
+    console.error("tokens/s chart:", e);
+    text("tok-now", "–");
+  }
   const t = s.timings;
   text("ttft-p50", fmtSecs(t.ttft_seconds.p50, t.ttft_seconds.count));
   text("ttft-p90", fmtSecs(t.ttft_seconds.p90, t.ttft_seconds.count));

@@ -60,6 +60,17 @@ impl ApiError {
         e
     }
 
+    pub fn memory_pressure() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "Memory pressure is critical: new requests are refused so the machine does not swap. Retry later.",
+        )
+        .code("memory_pressure");
+        e.retry_after_secs = Some(10);
+        e
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "Missing or incorrect API key: send 'Authorization: Bearer <key>'")
             .code("invalid_api_key")

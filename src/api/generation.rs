@@ -96,6 +96,10 @@ pub fn new_meta(endpoint: Endpoint, model: &str) -> ResponseMeta {
 
 /// Queues the request and answers with one JSON body or an SSE stream.
 pub async fn respond(state: &AppState, meta: ResponseMeta, p: Prepared) -> Result<Response, ApiError> {
+    if state.config.admission == crate::config::Admission::Refuse && state.telemetry.pressure_critical() {
+        state.metrics.admission_refused_total.with_label_values(&["memory_pressure"]).inc();
+        return Err(ApiError::memory_pressure());
+    }
     let (mut req, rx) = state.engine.new_request(p.prompt_ids, p.max_tokens, p.sampling, p.stop);
     req.inject_panic = p.inject_panic;
     state.engine.submit(req)?;

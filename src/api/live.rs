@@ -28,13 +28,8 @@ pub fn snapshot(state: &AppState) -> Value {
         "device": e.device().as_str(),
         "models": e.model().map(|info| vec![json!({"info": info, "state": e.state()})]).unwrap_or_default(),
         "state": e.state(),
-        "scheduler": {"waiting": e.waiting(), "running": e.running(), "queue_capacity": e.options().queue_capacity},
-        "caches": {
-            "kv_tokens": m.kv_cache_tokens.get(), "kv_bytes": m.kv_cache_bytes.get(),
-            "prefix_entries": m.prefix_cache_entries.get(), "prefix_hits": m.prefix_cache_hits_total.get(),
-            "prefix_misses": m.prefix_cache_misses_total.get(), "prefix_evictions": m.prefix_cache_evictions_total.get(),
-            "prefix_tokens_saved": m.prefix_cache_tokens_saved_total.get(),
-        },
+        "scheduler": {"waiting": e.waiting(), "running": e.running(), "queue_capacity": e.options().queue_capacity, "max_batch": e.options().max_batch},
+        "caches": e.stats(),
         "memory": {
             "system": sys.memory,
             "mlx": sys.mlx,
@@ -59,7 +54,7 @@ pub async fn get_snapshot(State(state): State<AppState>) -> Json<Value> {
 /// What makes a new event worth sending: requests moved, the queue or load state changed,
 /// the pressure level changed, swap or MLX memory moved by a visible step. Memory byte
 /// counts jitter every second; that alone is not news.
-type Fingerprint = (u64, usize, usize, String, Option<u8>, u64, u64, Vec<(crate::alerts::Phase, bool)>, bool);
+type Fingerprint = (u64, usize, usize, String, Option<u8>, u64, u64, Vec<(crate::alerts::Phase, bool)>, bool, (u64, u64, bool));
 
 fn fingerprint(state: &AppState) -> Fingerprint {
     const SWAP_STEP: u64 = 64 << 20;
@@ -76,6 +71,10 @@ fn fingerprint(state: &AppState) -> Fingerprint {
         sys.mlx.active / MLX_STEP,
         state.alerts.view().iter().map(|a| (a.state, a.snoozed)).collect(),
         state.paused.load(std::sync::atomic::Ordering::Relaxed),
+        {
+            let c = state.engine.stats();
+            (c.prefix_entries, c.prefix_hits, c.admission_blocked)
+        },
     )
 }
 

@@ -58,6 +58,28 @@ impl KvCache {
         Ok((keys.index((.., .., ..end, ..)), values.index((.., .., ..end, ..))))
     }
 
+    /// A cache holding the first `tokens` positions of `kv` (per layer, as
+    /// [`KvCache::layers`] returns them), copied into buffers of its own.
+    pub fn from_prefix(kv: &[(Array, Array)], tokens: i32) -> Result<KvCache> {
+        let capacity = ((tokens + STEP - 1) / STEP).max(1) * STEP;
+        let copy = |a: &Array| -> Result<Array> {
+            let s = a.shape();
+            let pad = ops::zeros_dtype(&[s[0], s[1], capacity - tokens, s[3]], a.dtype())?;
+            Ok(ops::concatenate(&[a.index((.., .., ..tokens, ..)), pad], 2)?)
+        };
+        let mut layers = Vec::with_capacity(kv.len());
+        for (k, v) in kv {
+            layers.push(LayerKv { keys: Some(copy(k)?), values: Some(copy(v)?) });
+        }
+        Ok(KvCache { layers, offset: tokens })
+    }
+
+    /// Each layer's keys and values (the whole buffers; the first [`KvCache::offset`]
+    /// positions are filled). For the prefix cache, once the sequence is done.
+    pub fn into_layers(self) -> Vec<(Array, Array)> {
+        self.layers.into_iter().filter_map(|l| l.keys.zip(l.values)).collect()
+    }
+
     pub fn advance(&mut self, tokens: i32) {
         self.offset += tokens;
     }

@@ -7,8 +7,10 @@ pub mod gemv_forward;
 pub mod kv_cache;
 pub mod loader;
 pub mod model;
+pub mod prefix_cache;
 pub mod request;
 pub mod sampling;
+pub mod stats;
 pub mod text_stream;
 pub mod tokenizer;
 mod worker;
@@ -25,16 +27,45 @@ pub use loader::ModelInfo;
 pub use model::WeightFormat;
 pub use request::{Completion, Event, FinishReason, GenerationRequest, Timings};
 pub use sampling::SamplingParams;
+pub use stats::StatsView;
 pub use tokenizer::TextCodec;
 
-#[derive(Debug, Clone)]
+/// Says whether new work must wait (memory pressure critical); asked once per engine
+/// iteration while requests wait.
+pub type AdmissionGate = Arc<dyn Fn() -> bool + Send + Sync>;
+
+#[derive(Clone)]
 pub struct EngineOptions {
     pub model_path: PathBuf,
     pub weight_format: WeightFormat,
     /// Requests that may wait for the engine; more get "queue full".
     pub queue_capacity: usize,
+    /// Sequences decoded together in one batched step.
+    pub max_batch: usize,
+    /// KV tokens (prompt + max_tokens) running requests may claim together; None derives
+    /// it from the MLX memory limit.
+    pub kv_budget_tokens: Option<usize>,
+    /// Bytes of finished sequences' KV kept for prefix reuse (0: off).
+    pub prefix_cache_bytes: usize,
+    /// MLX allocator limits set at start; None: derived from the machine's memory.
+    pub mlx_memory_limit: Option<usize>,
+    pub mlx_cache_limit: Option<usize>,
+    pub admission_gate: Option<AdmissionGate>,
     /// Test hook: a prompt containing this string makes the engine panic on it.
     pub test_fail_marker: Option<String>,
+}
+
+impl std::fmt::Debug for EngineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineOptions")
+            .field("model_path", &self.model_path)
+            .field("weight_format", &self.weight_format)
+            .field("queue_capacity", &self.queue_capacity)
+            .field("max_batch", &self.max_batch)
+            .field("kv_budget_tokens", &self.kv_budget_tokens)
+            .field("prefix_cache_bytes", &self.prefix_cache_bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where the engine runs its arrays.
@@ -82,6 +113,8 @@ pub struct Shared {
     pub running: AtomicUsize,
     /// Engine steps (prefills and decode steps) run since start.
     pub steps: std::sync::atomic::AtomicU64,
+    /// Cache, batch and admission figures for metrics and the snapshot.
+    pub stats: stats::EngineStats,
     /// Set by [`Engine::shutdown`]: running requests end at their next step.
     stopping: std::sync::atomic::AtomicBool,
     ready: tokio::sync::Notify,
@@ -115,6 +148,7 @@ impl Engine {
             waiting: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             steps: Default::default(),
+            stats: Default::default(),
             stopping: Default::default(),
             ready: tokio::sync::Notify::new(),
         });
@@ -167,6 +201,10 @@ impl Engine {
         self.shared.steps.load(Ordering::Relaxed)
     }
 
+    pub fn stats(&self) -> StatsView {
+        self.shared.stats.view()
+    }
+
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }
@@ -212,6 +250,45 @@ impl Drop for Engine {
     }
 }
 
+/// Sets MLX's memory and cache limits and derives the KV budget.
+///
+/// Memory limit: MLX's own default, but at most 75% of physical memory, so a big model
+/// fails to allocate rather than pushing the machine into swap. Cache limit (freed buffers
+/// MLX keeps for reuse): 1 GiB or 1/16 of memory, whichever is smaller. KV budget: half of
+/// what the memory limit leaves beside the weights.
+fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> worker::Limits {
+    let total = crate::telemetry::memory::read().map(|m| m.total as usize).unwrap_or(0);
+    let mlx_default = mlx_rs::memory::memory_limit().unwrap_or(0);
+    let memory_limit = options.mlx_memory_limit.unwrap_or_else(|| match (mlx_default, total) {
+        (0, t) => t * 3 / 4,
+        (d, 0) => d,
+        (d, t) => d.min(t * 3 / 4),
+    });
+    let cache_limit = options.mlx_cache_limit.unwrap_or_else(|| (1usize << 30).min(total / 16).max(64 << 20));
+    if memory_limit > 0 {
+        if let Err(e) = mlx_rs::memory::set_memory_limit(memory_limit) {
+            tracing::warn!("setting the MLX memory limit: {e}");
+        }
+    }
+    match mlx_rs::memory::set_cache_limit(cache_limit) {
+        Ok(_) => crate::telemetry::mlx_memory::CACHE_LIMIT.store(cache_limit as u64, Ordering::Relaxed),
+        Err(e) => tracing::warn!("setting the MLX cache limit: {e}"),
+    }
+    let per_token = model.kv_bytes_per_token().max(1);
+    let ceiling = options.max_batch * info.context_length;
+    let kv_budget_tokens = options.kv_budget_tokens.unwrap_or_else(|| (memory_limit.saturating_sub(info.weight_bytes) / 2 / per_token).min(ceiling)).max(1);
+    tracing::info!(
+        "MLX memory limit {} MB, cache limit {} MB; batch up to {}, KV budget {} tokens ({} KB each), prefix cache {} MB",
+        memory_limit >> 20,
+        cache_limit >> 20,
+        options.max_batch,
+        kv_budget_tokens,
+        per_token >> 10,
+        options.prefix_cache_bytes >> 20
+    );
+    worker::Limits { max_batch: options.max_batch.max(1), kv_budget_tokens, prefix_cache_bytes: options.prefix_cache_bytes, gate: options.admission_gate.clone() }
+}
+
 fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receiver<worker::Job>, shared: Arc<Shared>) {
     let set_state = |s: LoadState| {
         *shared.state.write().unwrap() = s;
@@ -242,8 +319,9 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         info.weight_bytes / 1_000_000,
         info.dtype
     );
+    let limits = limits(&options, &model, &info);
     let codec = Arc::new(codec);
     let _ = shared.loaded.set((info, codec.clone()));
     set_state(LoadState::Ready);
-    worker::run(model, codec, jobs, shared.clone());
+    worker::run(model, codec, jobs, shared.clone(), limits);
 }

@@ -1,100 +1,234 @@
-//! The engine thread: owns the model (MLX arrays are not `Send`), takes requests from the
-//! queue in arrival order and steps the running sequences. Today at most one sequence
-//! runs at a time; the loop is shaped as admit -> step all running -> retire, so batched
-//! decode steps slot in without changing its callers.
-use std::collections::BTreeSet;
+//! The engine thread: owns the model (MLX arrays are not `Send`) and runs continuous
+//! batching. Each iteration it
+//! 1. takes new requests off the channel (blocking only when there is nothing to do),
+//! 2. admits waiting requests in arrival order while the batch has room, the KV budget
+//!    covers them and memory pressure allows (a cached prompt prefix is copied in),
+//! 3. runs one prefill chunk of the oldest newcomer (short when others are decoding, so
+//!    their inter-token latency stays steady),
+//! 4. runs one decode step for every sequence past its prefill, as one batched forward
+//!    pass; finished sequences leave, and their KV goes to the prefix cache.
+use std::collections::{BTreeSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
 use super::kv_cache::KvCache;
 use super::model::Model;
+use super::prefix_cache::PrefixCache;
 use super::request::{Completion, Event, FinishReason, GenerationRequest, Timings};
 use super::sampling::Sampler;
 use super::text_stream::{Step, TextStream};
 use super::tokenizer::TextCodec;
-use super::Shared;
+use super::{AdmissionGate, Shared};
 
-
-/// Prompt tokens per forward pass: bounds the attention scratch memory of long prompts.
+/// Prompt tokens per forward pass when nothing else runs: bounds attention scratch memory.
 const PREFILL_CHUNK: usize = 512;
-/// Sequences stepped together (1 until batched decode lands).
-const MAX_RUNNING: usize = 1;
+/// ... and while other sequences decode: each chunk delays their next token.
+const PREFILL_CHUNK_SHARED: usize = 64;
+/// How often a blocked admission (memory pressure) looks again.
+const BLOCKED_RECHECK: Duration = Duration::from_millis(200);
 
 pub enum Job {
     Generate(GenerationRequest),
     Shutdown,
 }
 
+/// Limits the worker keeps to.
+pub struct Limits {
+    pub max_batch: usize,
+    /// Prompt + max_tokens of all running requests stay within this (one request alone is
+    /// always admitted).
+    pub kv_budget_tokens: usize,
+    pub prefix_cache_bytes: usize,
+    pub gate: Option<AdmissionGate>,
+}
+
 struct Sequence {
     req: GenerationRequest,
     cache: KvCache,
+    /// The tokens whose keys and values `cache` holds, in order.
+    tokens: Vec<u32>,
     sampler: Sampler,
     text: TextStream,
+    /// Logits for the next token; empty until the prompt is through.
     logits: Vec<f32>,
     generated: usize,
     timings: Timings,
+    admitted_at: Instant,
     first_token_at: Option<Instant>,
+    /// KV tokens promised to this request.
+    reserved: usize,
+}
+
+impl Sequence {
+    fn prefilled(&self) -> bool {
+        self.tokens.len() >= self.req.prompt_ids.len()
+    }
 }
 
 enum Outcome {
-    Running,
+    Continue(u32),
     Finished(FinishReason),
     Cancelled,
 }
 
-pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, shared: Arc<Shared>) {
+pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, shared: Arc<Shared>, limits: Limits) {
+    let mut pending: VecDeque<GenerationRequest> = VecDeque::new();
     let mut running: Vec<Sequence> = Vec::new();
+    let mut prefix = PrefixCache::new(limits.prefix_cache_bytes);
+    shared.stats.set_limits(limits.max_batch, limits.kv_budget_tokens);
+    shared.stats.set_prefix(&prefix.stats());
     loop {
         if shared.stopping.load(Ordering::Relaxed) {
-            for seq in &running {
+            for seq in running.drain(..) {
                 retire(&shared, || drop(seq.req.events.send(Event::Error("the server is shutting down".into()))));
+            }
+            for req in pending.drain(..) {
+                shared.waiting.fetch_sub(1, Ordering::Relaxed);
+                let _ = req.events.send(Event::Error("the server is shutting down".into()));
             }
             return;
         }
-        // Admit: block when idle, otherwise only take what is already queued.
-        while running.len() < MAX_RUNNING {
-            let job = if running.is_empty() { jobs.recv().ok() } else { jobs.try_recv().ok() };
-            match job {
-                Some(Job::Generate(req)) => {
-                    shared.waiting.fetch_sub(1, Ordering::Relaxed);
-                    shared.running.fetch_add(1, Ordering::Relaxed);
-                    let events = req.events.clone();
-                    match guarded(|| start(&model, req)) {
-                        Ok(seq) => running.push(seq),
-                        Err(msg) => {
-                            retire(&shared, || drop(events.send(Event::Error(msg))));
-                        }
-                    }
-                }
-                Some(Job::Shutdown) | None if running.is_empty() => return,
-                Some(Job::Shutdown) | None => break,
+
+        // 1. New requests. Block only when idle.
+        if running.is_empty() && pending.is_empty() {
+            match jobs.recv() {
+                Ok(Job::Generate(req)) => pending.push_back(req),
+                // Shutdown sets the stopping flag first (handled at the top); a closed
+                // channel with nothing left to do ends the thread.
+                Ok(Job::Shutdown) | Err(_) if shared.stopping.load(Ordering::Relaxed) => continue,
+                Ok(Job::Shutdown) | Err(_) => return,
             }
         }
-        if !running.is_empty() {
-            shared.steps.fetch_add(1, Ordering::Relaxed);
+        while let Ok(job) = jobs.try_recv() {
+            if let Job::Generate(req) = job {
+                pending.push_back(req);
+            }
         }
-        running.retain_mut(|seq| match guarded(|| step(&model, &codec, &codec.stop_ids, seq)) {
-            Ok(Outcome::Running) => true,
-            Ok(Outcome::Finished(reason)) => retire(&shared, || finish(seq, reason)),
-            Ok(Outcome::Cancelled) => retire(&shared, || ()),
-            Err(msg) => retire(&shared, || drop(seq.req.events.send(Event::Error(msg)))),
+        // Clients that left while waiting.
+        pending.retain(|req| {
+            let gone = req.events.is_closed();
+            if gone {
+                shared.waiting.fetch_sub(1, Ordering::Relaxed);
+            }
+            !gone
         });
+
+        // 2. Admission, in arrival order.
+        let blocked = limits.gate.as_ref().is_some_and(|g| g());
+        shared.stats.set_admission_blocked(blocked && !pending.is_empty());
+        while !blocked && running.len() < limits.max_batch {
+            let Some(front) = pending.front() else { break };
+            let need = front.prompt_ids.len() + front.max_tokens;
+            let reserved: usize = running.iter().map(|s| s.reserved).sum();
+            if !running.is_empty() && reserved + need > limits.kv_budget_tokens {
+                break; // waits until running requests free their share
+            }
+            let req = pending.pop_front().unwrap();
+            shared.waiting.fetch_sub(1, Ordering::Relaxed);
+            shared.running.fetch_add(1, Ordering::Relaxed);
+            let events = req.events.clone();
+            match guarded(|| admit(&model, &mut prefix, req, need)) {
+                Ok(seq) => running.push(seq),
+                Err(msg) => retire(&shared, || drop(events.send(Event::Error(msg)))),
+            }
+        }
+        if running.is_empty() {
+            if !pending.is_empty() {
+                // Held back by memory pressure: wait for it to ease (or for news).
+                if let Ok(Job::Generate(req)) = jobs.recv_timeout(BLOCKED_RECHECK) {
+                    pending.push_back(req);
+                }
+            }
+            publish(&shared, &running, &prefix);
+            continue;
+        }
+        shared.steps.fetch_add(1, Ordering::Relaxed);
+
+        // 3. One prefill chunk for the oldest newcomer.
+        let decoding = running.iter().filter(|s| s.prefilled()).count();
+        if let Some(i) = running.iter().position(|s| !s.prefilled()) {
+            let chunk = if decoding > 0 { PREFILL_CHUNK_SHARED } else { PREFILL_CHUNK };
+            if let Err(msg) = guarded(|| prefill(&model, &mut running[i], chunk)) {
+                let seq = running.remove(i);
+                retire(&shared, || drop(seq.req.events.send(Event::Error(msg))));
+            }
+        }
+
+        // 4. One decode step for everyone past prefill.
+        let mut next: Vec<(usize, u32)> = Vec::new();
+        let mut done: Vec<(usize, Result<Outcome, String>)> = Vec::new();
+        for (i, seq) in running.iter_mut().enumerate() {
+            if !seq.prefilled() || seq.logits.is_empty() {
+                continue;
+            }
+            match guarded(|| emit(&codec, &codec.stop_ids, seq)) {
+                Ok(Outcome::Continue(token)) => next.push((i, token)),
+                other => done.push((i, other)),
+            }
+        }
+        if !next.is_empty() {
+            let tokens: Vec<u32> = next.iter().map(|&(_, t)| t).collect();
+            let mut batch: Vec<&mut Sequence> = running.iter_mut().enumerate().filter(|(i, _)| next.iter().any(|(j, _)| j == i)).map(|(_, s)| s).collect();
+            let result = guarded(|| {
+                let mut caches: Vec<&mut KvCache> = batch.iter_mut().map(|s| &mut s.cache).collect();
+                let logits = model.decode(&tokens, &mut caches)?;
+                Ok(logits.as_slice::<f32>().to_vec())
+            });
+            match result {
+                Ok(all) => {
+                    let vocab = all.len() / tokens.len();
+                    for ((seq, row), token) in batch.iter_mut().zip(all.chunks(vocab)).zip(&tokens) {
+                        seq.logits = row.to_vec();
+                        seq.tokens.push(*token);
+                    }
+                }
+                Err(msg) => done.extend(next.iter().map(|&(i, _)| (i, Err(msg.clone())))),
+            }
+        }
+        // Remove from the back so the indices stay valid.
+        done.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        for (i, outcome) in done {
+            let mut seq = running.remove(i);
+            match outcome {
+                // The KV goes to the prefix cache (and the stats out) before the answer
+                // does, so a client's next turn, sent the moment it has this one, finds it.
+                Ok(Outcome::Finished(reason)) => {
+                    keep_prefix(&mut prefix, &mut seq);
+                    publish(&shared, &running, &prefix);
+                    retire(&shared, || finish(&mut seq, reason));
+                }
+                Ok(Outcome::Cancelled) => {
+                    keep_prefix(&mut prefix, &mut seq);
+                    retire(&shared, || ());
+                }
+                Ok(Outcome::Continue(_)) => unreachable!("continuing sequences are not done"),
+                Err(msg) => retire(&shared, || drop(seq.req.events.send(Event::Error(msg)))),
+            }
+        }
+        publish(&shared, &running, &prefix);
     }
+}
+
+fn publish(shared: &Shared, running: &[Sequence], prefix: &PrefixCache) {
+    let tokens = running.iter().map(|s| s.cache.offset() as usize).sum();
+    let bytes = running.iter().map(|s| s.cache.nbytes()).sum();
+    let reserved = running.iter().map(|s| s.reserved).sum();
+    shared.stats.set_kv(tokens, bytes, reserved);
+    shared.stats.set_prefix(&prefix.stats());
 }
 
 /// Counts a sequence out *before* its last event goes out, so a client that has its
 /// answer never sees it still counted as running.
-fn retire(shared: &Shared, last_words: impl FnOnce()) -> bool {
+fn retire(shared: &Shared, last_words: impl FnOnce()) {
     shared.running.fetch_sub(1, Ordering::Relaxed);
     last_words();
-    false
 }
 
-/// Runs `f`, turning an error or a panic into a message for this request only.
+/// Runs `f`, turning an error or a panic into a message for the requests involved.
 fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T, String> {
     let msg = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => return Ok(v),
@@ -109,40 +243,49 @@ fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T, String> {
     Err(msg)
 }
 
-/// Prefill: runs the prompt through the model in chunks.
-fn start(model: &Model, req: GenerationRequest) -> Result<Sequence> {
-    let taken = Instant::now();
-    let mut cache = model.new_cache();
-    let mut logits = None;
-    for chunk in req.prompt_ids.chunks(PREFILL_CHUNK) {
-        if req.events.is_closed() {
-            break;
-        }
-        logits = Some(model.forward(chunk, &mut cache)?);
-    }
-    if req.inject_panic {
-        panic!("injected engine failure (test hook)");
-    }
-    let logits = match logits {
-        Some(l) => l.as_slice::<f32>().to_vec(),
-        None => vec![],
+/// A new sequence, starting from the longest cached prefix of its prompt.
+fn admit(model: &Model, prefix: &mut PrefixCache, req: GenerationRequest, reserved: usize) -> Result<Sequence> {
+    let admitted_at = Instant::now();
+    let (cache, tokens) = match prefix.lookup(&req.prompt_ids) {
+        Some(hit) => (KvCache::from_prefix(hit.kv, hit.tokens as i32)?, req.prompt_ids[..hit.tokens].to_vec()),
+        None => (model.new_cache(), Vec::with_capacity(req.prompt_ids.len() + req.max_tokens)),
     };
-    let timings = Timings { queue: taken - req.enqueued_at, prefill: taken.elapsed(), ..Default::default() };
     Ok(Sequence {
         cache,
+        tokens,
         sampler: Sampler::new(req.sampling),
         text: TextStream::new(req.stop.clone()),
-        logits,
+        logits: vec![],
         generated: 0,
-        timings,
+        timings: Timings { queue: admitted_at - req.enqueued_at, ..Default::default() },
+        admitted_at,
         first_token_at: None,
+        reserved,
         req,
     })
 }
 
-/// Samples one token from the last logits, emits its text, and computes the next logits.
-fn step(model: &Model, codec: &TextCodec, stop_ids: &BTreeSet<u32>, seq: &mut Sequence) -> Result<Outcome> {
-    if seq.req.events.is_closed() || seq.logits.is_empty() {
+/// Runs up to `chunk` more prompt tokens; the last chunk leaves the first logits.
+fn prefill(model: &Model, seq: &mut Sequence, chunk: usize) -> Result<()> {
+    let start = seq.tokens.len();
+    let end = (start + chunk).min(seq.req.prompt_ids.len());
+    let part = &seq.req.prompt_ids[start..end];
+    let logits = model.forward(part, &mut seq.cache)?;
+    seq.tokens.extend_from_slice(part);
+    if seq.prefilled() {
+        if seq.req.inject_panic {
+            panic!("injected engine failure (test hook)");
+        }
+        seq.logits = logits.as_slice::<f32>().to_vec();
+        seq.timings.prefill = seq.admitted_at.elapsed();
+    }
+    Ok(())
+}
+
+/// Samples the next token from the last logits and sends its text; says whether the
+/// sequence goes on (and with which token).
+fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, seq: &mut Sequence) -> Result<Outcome> {
+    if seq.req.events.is_closed() {
         return Ok(Outcome::Cancelled);
     }
     let token = seq.sampler.sample(&seq.logits);
@@ -168,9 +311,7 @@ fn step(model: &Model, codec: &TextCodec, stop_ids: &BTreeSet<u32>, seq: &mut Se
     if seq.generated >= seq.req.max_tokens {
         return Ok(Outcome::Finished(FinishReason::Length));
     }
-    let logits = model.forward(&[token], &mut seq.cache)?;
-    seq.logits = logits.as_slice::<f32>().to_vec();
-    Ok(Outcome::Running)
+    Ok(Outcome::Continue(token))
 }
 
 fn finish(seq: &mut Sequence, finish_reason: FinishReason) {
@@ -187,4 +328,12 @@ fn finish(seq: &mut Sequence, finish_reason: FinishReason) {
         completion_tokens: seq.generated,
         timings: seq.timings.clone(),
     }));
+}
+
+/// A finished sequence's KV (prompt and answer) for later prompts that start the same way.
+fn keep_prefix(prefix: &mut PrefixCache, seq: &mut Sequence) {
+    if seq.cache.offset() as usize == seq.tokens.len() {
+        let cache = std::mem::replace(&mut seq.cache, KvCache::new(0));
+        prefix.insert(std::mem::take(&mut seq.tokens), cache.into_layers());
+    }
 }

@@ -46,6 +46,11 @@ pub struct Metrics {
     // caches (filled by batching / prefix caching)
     pub kv_cache_tokens: IntGauge,
     pub kv_cache_bytes: IntGauge,
+    pub kv_cache_budget_tokens: IntGauge,
+    pub kv_cache_reserved_tokens: IntGauge,
+    pub scheduler_max_batch: IntGauge,
+    pub admission_blocked: IntGauge,
+    pub admission_refused_total: IntCounterVec,
     pub prefix_cache_entries: IntGauge,
     pub prefix_cache_bytes: IntGauge,
     pub prefix_cache_utilization_ratio: Gauge,
@@ -113,6 +118,11 @@ impl Metrics {
             model_weight_bytes: reg!(IntGaugeVec::new(Opts::new("model_weight_bytes", "Bytes of model weights as held in memory."), &["model"])),
             kv_cache_tokens: reg!(IntGauge::new("kv_cache_tokens", "Tokens held in KV caches of running requests.")),
             kv_cache_bytes: reg!(IntGauge::new("kv_cache_bytes", "Bytes of KV cache buffers of running requests.")),
+            kv_cache_budget_tokens: reg!(IntGauge::new("kv_cache_budget_tokens", "KV tokens (prompt + max_tokens) running requests may claim together; more wait.")),
+            kv_cache_reserved_tokens: reg!(IntGauge::new("kv_cache_reserved_tokens", "KV tokens claimed by running requests.")),
+            scheduler_max_batch: reg!(IntGauge::new("scheduler_max_batch", "Sequences decoded together in one batched step, at most.")),
+            admission_blocked: reg!(IntGauge::new("admission_blocked", "1 while waiting requests are held back because memory pressure is critical.")),
+            admission_refused_total: reg!(IntCounterVec::new(Opts::new("admission_refused_total", "Requests refused (503) before starting, by reason."), &["reason"])),
             prefix_cache_entries: reg!(IntGauge::new("prefix_cache_entries", "Prefixes held by the prefix cache.")),
             prefix_cache_bytes: reg!(IntGauge::new("prefix_cache_bytes", "Bytes of KV held by the prefix cache.")),
             prefix_cache_utilization_ratio: reg!(Gauge::new("prefix_cache_utilization_ratio", "Prefix cache bytes over its budget (0-1).")),
@@ -143,6 +153,7 @@ impl Metrics {
     /// Creates every model-labelled series at zero, so queries see 0 rather than nothing
     /// before the first request. Idempotent; the label sets are fixed and small.
     pub fn init_model(&self, model: &str) {
+        self.admission_refused_total.with_label_values(&["memory_pressure"]);
         for endpoint in ["chat", "completions"] {
             for stream in ["true", "false"] {
                 for result in ["stop", "length", "cancelled", "error"] {
@@ -161,8 +172,25 @@ impl Metrics {
     }
 
     /// Copies the latest system sample into the gauges (done at scrape time).
+    /// Copies the engine's cache, batch and admission figures.
+    pub fn observe_engine(&self, e: &crate::engine::StatsView) {
+        self.kv_cache_tokens.set(e.kv_tokens as i64);
+        self.kv_cache_bytes.set(e.kv_bytes as i64);
+        self.kv_cache_budget_tokens.set(e.kv_budget_tokens as i64);
+        self.kv_cache_reserved_tokens.set(e.kv_reserved_tokens as i64);
+        self.scheduler_max_batch.set(e.max_batch as i64);
+        self.admission_blocked.set(e.admission_blocked as i64);
+        self.prefix_cache_entries.set(e.prefix_entries as i64);
+        self.prefix_cache_bytes.set(e.prefix_bytes as i64);
+        self.prefix_cache_utilization_ratio.set(if e.prefix_budget_bytes > 0 { e.prefix_bytes as f64 / e.prefix_budget_bytes as f64 } else { 0.0 });
+        advance_to(&self.prefix_cache_hits_total, e.prefix_hits);
+        advance_to(&self.prefix_cache_misses_total, e.prefix_misses);
+        advance_to(&self.prefix_cache_evictions_total, e.prefix_evictions);
+        advance_to(&self.prefix_cache_tokens_saved_total, e.prefix_tokens_saved);
+    }
+
     pub fn observe_system(&self, s: &SystemSample) {
-        for (kind, v) in [("active", s.mlx.active), ("peak", s.mlx.peak), ("cache", s.mlx.cache), ("limit", s.mlx.limit)] {
+        for (kind, v) in [("active", s.mlx.active), ("peak", s.mlx.peak), ("cache", s.mlx.cache), ("limit", s.mlx.limit), ("cache_limit", s.mlx.cache_limit)] {
             self.mlx_memory_bytes.with_label_values(&[kind]).set(v as i64);
         }
         self.process_resident_memory_bytes.set(s.process.resident_bytes as i64);

@@ -7,7 +7,12 @@ pub struct MlxMemory {
     pub peak: u64,
     pub cache: u64,
     pub limit: u64,
+    /// Freed buffers MLX keeps for reuse, at most (set at engine start).
+    pub cache_limit: u64,
 }
+
+/// MLX has no getter for the cache limit: the engine records what it set.
+pub static CACHE_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Process-global counters; safe to read from any thread.
 pub fn read() -> MlxMemory {
@@ -17,5 +22,6 @@ pub fn read() -> MlxMemory {
         peak: get(mlx_rs::memory::peak_memory()),
         cache: get(mlx_rs::memory::cache_memory()),
         limit: get(mlx_rs::memory::memory_limit()),
+        cache_limit: CACHE_LIMIT.load(std::sync::atomic::Ordering::Relaxed),
     }
 }

@@ -31,12 +31,14 @@ pub struct SystemSample {
 pub struct Telemetry {
     latest: RwLock<Arc<SystemSample>>,
     stop: AtomicBool,
+    /// Test hook: a pressure level that replaces the measured one.
+    forced_pressure: RwLock<Option<memory::PressureLevel>>,
 }
 
 impl Telemetry {
     /// Starts sampling every `interval` on a thread of its own.
     pub fn start(interval: Duration) -> Arc<Telemetry> {
-        let t = Arc::new(Telemetry { latest: RwLock::new(Arc::new(sample(None, Duration::ZERO))), stop: AtomicBool::new(false) });
+        let t = Arc::new(Telemetry { latest: RwLock::new(Arc::new(sample(None, Duration::ZERO))), stop: AtomicBool::new(false), forced_pressure: RwLock::new(None) });
         let weak = Arc::downgrade(&t);
         std::thread::Builder::new()
             .name("mlxbar-telemetry".into())
@@ -60,7 +62,27 @@ impl Telemetry {
     }
 
     pub fn latest(&self) -> Arc<SystemSample> {
-        self.latest.read().unwrap().clone()
+        let s = self.latest.read().unwrap().clone();
+        match *self.forced_pressure.read().unwrap() {
+            Some(level) => {
+                let mut s = (*s).clone();
+                let m = s.memory.get_or_insert_with(Default::default);
+                m.pressure = level;
+                Arc::new(s)
+            }
+            None => s,
+        }
+    }
+
+    /// Test hook: report `level` as the memory pressure until called with None.
+    #[doc(hidden)]
+    pub fn force_pressure(&self, level: Option<memory::PressureLevel>) {
+        *self.forced_pressure.write().unwrap() = level;
+    }
+
+    /// True while the pressure level is critical: new work must not start.
+    pub fn pressure_critical(&self) -> bool {
+        self.latest().memory.as_ref().is_some_and(|m| m.pressure == memory::PressureLevel::Critical)
     }
 
     pub fn stop(&self) {

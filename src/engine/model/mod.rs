@@ -261,18 +261,7 @@ impl Model {
         let c = &self.config;
         let len = x.shape()[1];
         let qkv = b.qkv.forward(x)?;
-        let heads = |a: &Array, n: i32, norm: Option<&Array>| -> Result<Array> {
-            let a = a.reshape(&[1, len, n, c.head_dim])?;
-            let a = match norm {
-                Some(w) => fast::rms_norm(&a, Some(w), c.rms_norm_eps)?,
-                None => a,
-            };
-            let a = a.transpose_axes(&[0, 2, 1, 3])?;
-            self.rope(&a, offset)
-        };
-        let q = heads(&qkv[0], c.num_heads, b.q_norm.as_ref())?;
-        let k = heads(&qkv[1], c.num_kv_heads, b.k_norm.as_ref())?;
-        let v = qkv[2].reshape(&[1, len, c.num_kv_heads, c.head_dim])?.transpose_axes(&[0, 2, 1, 3])?;
+        let (q, k, v) = self.heads(b, &qkv[0], &qkv[1], &qkv[2], len, offset)?;
         let (keys, values) = cache.update(layer, &k, &v)?;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let o = if len > 1 {
@@ -283,6 +272,80 @@ impl Model {
         };
         let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, len, c.num_heads * c.head_dim])?;
         b.o.forward(&o)
+    }
+
+    /// q, k, v `[1, len, heads*head_dim]` -> `[1, heads, len, head_dim]`, q/k normed (qwen3)
+    /// and rotated from position `offset`.
+    fn heads(&self, b: &Block, q: &Array, k: &Array, v: &Array, len: i32, offset: i32) -> Result<(Array, Array, Array)> {
+        let c = &self.config;
+        let split = |a: &Array, n: i32, norm: Option<&Array>| -> Result<Array> {
+            let a = a.reshape(&[1, len, n, c.head_dim])?;
+            let a = match norm {
+                Some(w) => fast::rms_norm(&a, Some(w), c.rms_norm_eps)?,
+                None => a,
+            };
+            self.rope(&a.transpose_axes(&[0, 2, 1, 3])?, offset)
+        };
+        let q = split(q, c.num_heads, b.q_norm.as_ref())?;
+        let k = split(k, c.num_kv_heads, b.k_norm.as_ref())?;
+        let v = v.reshape(&[1, len, c.num_kv_heads, c.head_dim])?.transpose_axes(&[0, 2, 1, 3])?;
+        Ok((q, k, v))
+    }
+
+    /// One decode step for several sequences at once: `tokens[i]` follows what `caches[i]`
+    /// holds. Token-wise work (embedding, norms, projections, MLP, head) runs on all of
+    /// them as one `[1, B, hidden]` batch, so each weight is read once per step whatever the
+    /// batch size; attention runs per sequence over its own cache and position. Returns
+    /// the logits `[B, vocab]` (float32), evaluated.
+    pub fn decode(&self, tokens: &[u32], caches: &mut [&mut KvCache]) -> Result<Array> {
+        let c = &self.config;
+        let n = tokens.len() as i32;
+        anyhow::ensure!(n > 0 && caches.len() == tokens.len(), "one cache per token");
+        let ids = Array::from_slice(tokens, &[n]);
+        let mut h = self.embed.lookup(&ids)?.reshape(&[1, n, c.hidden_size])?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let a = self.batched_attention(b, &fast::rms_norm(&h, Some(&b.attn_norm), c.rms_norm_eps)?, caches, i)?;
+            h = h.add(&a)?;
+            let x = fast::rms_norm(&h, Some(&b.mlp_norm), c.rms_norm_eps)?;
+            let gu = b.gate_up.forward(&x)?;
+            let m = b.down.forward(&nn::silu(&gu[0])?.multiply(&gu[1])?)?;
+            h = h.add(&m)?;
+        }
+        for cache in caches.iter_mut() {
+            cache.advance(1);
+        }
+        let h = fast::rms_norm(&h.reshape(&[n, c.hidden_size])?, Some(&self.norm), c.rms_norm_eps)?;
+        let logits = match &self.lm_head {
+            Some(head) => head.apply(&h)?,
+            None => self.embed.0.apply(&h)?,
+        };
+        let logits = logits.as_dtype(Dtype::Float32)?;
+        logits.eval()?;
+        Ok(logits)
+    }
+
+    fn batched_attention(&self, b: &Block, x: &Array, caches: &mut [&mut KvCache], layer: usize) -> Result<Array> {
+        let c = &self.config;
+        let qkv = b.qkv.forward(x)?;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let mut outs = Vec::with_capacity(caches.len());
+        for (s, cache) in caches.iter_mut().enumerate() {
+            let s = s as i32;
+            let row = |a: &Array| mlx_rs::ops::indexing::IndexOp::index(a, (.., s..s + 1, ..));
+            let (q, k, v) = self.heads(b, &row(&qkv[0]), &row(&qkv[1]), &row(&qkv[2]), 1, cache.offset())?;
+            let (keys, values) = cache.update(layer, &k, &v)?;
+            let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, None, None)?;
+            outs.push(o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, 1, c.num_heads * c.head_dim])?);
+        }
+        let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 1)? };
+        b.o.forward(&o)
+    }
+
+    /// Bytes of keys and values one token adds to a cache (activations' dtype).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let c = &self.config;
+        let elem = if self.dtype == Dtype::Float32 { 4 } else { 2 };
+        2 * c.num_layers * c.num_kv_heads as usize * c.head_dim as usize * elem
     }
 
     fn rope(&self, x: &Array, offset: i32) -> Result<Array> {

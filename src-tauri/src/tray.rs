@@ -1,0 +1,224 @@
+//! The tray icon: its state at a glance (idle, normal, warn, critical, error), a short
+//! title while generating, and the menu. Refreshed once a second from the server.
+use std::sync::Arc;
+use std::time::Duration;
+
+use mlxbar::engine::LoadState;
+use mlxbar::telemetry::memory::PressureLevel;
+use tauri::image::Image;
+use tauri::menu::{Menu, MenuBuilder, MenuItem, PredefinedMenuItem};
+use tauri::tray::{MouseButton, MouseButtonState, TrayIcon, TrayIconBuilder, TrayIconEvent};
+use tauri::{AppHandle, Manager, Runtime};
+use tauri_plugin_clipboard_manager::ClipboardExt;
+use tauri_plugin_opener::OpenerExt;
+
+use crate::server_slot::{AppStatus, ServerSlot};
+
+const TRAY_ID: &str = "mlxbar";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrayState {
+    /// Starting, loading the model, or paused.
+    Idle,
+    Normal,
+    Warn,
+    Critical,
+    /// The server or model failed.
+    Error,
+}
+
+impl TrayState {
+    pub fn of(status: &AppStatus) -> TrayState {
+        let Some(s) = &status.server else {
+            return if status.phase == "failed" { TrayState::Error } else { TrayState::Idle };
+        };
+        match (&s.state, s.pressure) {
+            (LoadState::Failed(_) | LoadState::Stopped, _) => TrayState::Error,
+            (_, PressureLevel::Critical) => TrayState::Critical,
+            (_, PressureLevel::Warn) => TrayState::Warn,
+            (LoadState::Loading, _) => TrayState::Idle,
+            _ if s.paused => TrayState::Idle,
+            _ => TrayState::Normal,
+        }
+    }
+
+    fn icon(self) -> Image<'static> {
+        macro_rules! png {
+            ($name:literal) => {{
+                #[cfg(target_os = "macos")]
+                let bytes = include_bytes!(concat!("../icons/tray/mac/", $name, ".png"));
+                #[cfg(not(target_os = "macos"))]
+                let bytes = include_bytes!(concat!("../icons/tray/linux/", $name, ".png"));
+                Image::from_bytes(bytes).expect("tray icon png")
+            }};
+        }
+        match self {
+            TrayState::Idle => png!("idle"),
+            TrayState::Normal => png!("normal"),
+            TrayState::Warn => png!("warn"),
+            TrayState::Critical => png!("critical"),
+            TrayState::Error => png!("error"),
+        }
+    }
+
+    /// Black-only icons are templates macOS tints for light and dark menu bars; coloured
+    /// badges must keep their colour.
+    fn is_template(self) -> bool {
+        matches!(self, TrayState::Idle | TrayState::Normal)
+    }
+}
+
+/// The text beside the icon: tok/s while generating, nothing when idle.
+pub fn title(status: &AppStatus) -> Option<String> {
+    let s = status.server.as_ref()?;
+    (s.running > 0 || s.tokens_per_second >= 0.5).then(|| format!("{:.0} tok/s", s.tokens_per_second))
+}
+
+/// The tooltip: one line of what is going on.
+pub fn tooltip(status: &AppStatus) -> String {
+    match (&status.server, &status.error) {
+        (_, Some(e)) => format!("mlxbar: {e}"),
+        (None, None) => "mlxbar: starting".into(),
+        (Some(s), None) => {
+            let state = match &s.state {
+                LoadState::Loading => "loading the model".to_string(),
+                LoadState::Ready if s.paused => "paused".to_string(),
+                LoadState::Ready => format!("serving on {}", s.url),
+                LoadState::Failed(e) => format!("model failed: {e}"),
+                LoadState::Stopped => "stopped".to_string(),
+            };
+            let alerts = if s.alerts_firing > 0 { format!(", {} alert(s)", s.alerts_firing) } else { String::new() };
+            format!("mlxbar: {state}; memory pressure {:?}{alerts}", s.pressure).to_lowercase().replacen("mlxbar", "mlxbar", 1)
+        }
+    }
+}
+
+struct MenuItems<R: Runtime> {
+    pause: MenuItem<R>,
+}
+
+fn menu<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<(Menu<R>, MenuItems<R>)> {
+    let pause = MenuItem::with_id(app, "pause", "Pause serving", true, None::<&str>)?;
+    let menu = MenuBuilder::new(app)
+        .text("show", "Show mlxbar")
+        .separator()
+        .text("open_dashboard", "Open dashboard in browser")
+        .text("copy_metrics_url", "Copy metrics URL")
+        .item(&pause)
+        .item(&PredefinedMenuItem::separator(app)?)
+        .text("quit", "Quit mlxbar")
+        .build()?;
+    Ok((menu, MenuItems { pause }))
+}
+
+pub fn create<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<()> {
+    let (menu, items) = menu(app)?;
+    let tray = TrayIconBuilder::with_id(TRAY_ID)
+        .icon(TrayState::Idle.icon())
+        .icon_as_template(true)
+        .tooltip("mlxbar: starting")
+        .menu(&menu)
+        // macOS: left click toggles the popover, right click opens the menu. Linux tray
+        // hosts deliver no clicks, so the menu carries "Show mlxbar".
+        .show_menu_on_left_click(false)
+        .on_menu_event(|app, event| on_menu(app, event.id().as_ref()))
+        .on_tray_icon_event(|tray, event| {
+            if let TrayIconEvent::Click { button: MouseButton::Left, button_state: MouseButtonState::Up, rect, .. } = event {
+                crate::popover::toggle(tray.app_handle(), Some(rect));
+            }
+        })
+        .build(app)?;
+    refresh_loop(app.clone(), tray, items);
+    Ok(())
+}
+
+fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
+    let slot = app.state::<Arc<ServerSlot>>();
+    let url = slot.with(|s| s.url());
+    match id {
+        "show" => crate::popover::show(app, None),
+        "open_dashboard" => {
+            if let Some(url) = url {
+                if let Err(e) = app.opener().open_url(format!("{url}/"), None::<&str>) {
+                    tracing::warn!("opening the dashboard: {e}");
+                }
+            }
+        }
+        "copy_metrics_url" => {
+            if let Some(url) = url {
+                if let Err(e) = app.clipboard().write_text(format!("{url}/metrics")) {
+                    tracing::warn!("copying the metrics URL: {e}");
+                }
+            }
+        }
+        "pause" => {
+            let paused = slot.with(|s| s.is_paused()).unwrap_or(false);
+            let _ = crate::commands::set_serving(app.state(), paused);
+        }
+        "quit" => {
+            // RunEvent::Exit stops the server.
+            app.exit(0);
+        }
+        _ => {}
+    }
+}
+
+/// Updates icon, title, tooltip and the pause item when they change.
+fn refresh_loop<R: Runtime>(app: AppHandle<R>, tray: TrayIcon<R>, items: MenuItems<R>) {
+    tauri::async_runtime::spawn(async move {
+        let mut shown: Option<(TrayState, Option<String>, String, bool)> = None;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let status = app.state::<Arc<ServerSlot>>().status();
+            let paused = status.server.as_ref().is_some_and(|s| s.paused);
+            let now = (TrayState::of(&status), title(&status), tooltip(&status), paused);
+            if shown.as_ref() == Some(&now) {
+                continue;
+            }
+            let (state, title, tip, paused) = now.clone();
+            if shown.as_ref().map(|s| s.0) != Some(state) {
+                let _ = tray.set_icon(Some(state.icon()));
+                let _ = tray.set_icon_as_template(state.is_template());
+            }
+            let _ = tray.set_title(title.as_deref());
+            let _ = tray.set_tooltip(Some(tip));
+            let _ = items.pause.set_text(if paused { "Resume serving" } else { "Pause serving" });
+            shown = Some(now);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlxbar::server::ServerStatus;
+
+    fn status(state: LoadState, pressure: PressureLevel, paused: bool, running: usize, tps: f64) -> AppStatus {
+        AppStatus {
+            phase: "running",
+            error: None,
+            server: Some(ServerStatus { url: "http://127.0.0.1:8080".into(), state, paused, pressure, tokens_per_second: tps, running, waiting: 0, alerts_firing: 0 }),
+        }
+    }
+
+    #[test]
+    fn icon_state_follows_server_and_pressure() {
+        use PressureLevel::*;
+        assert_eq!(TrayState::of(&AppStatus { phase: "starting", error: None, server: None }), TrayState::Idle);
+        assert_eq!(TrayState::of(&AppStatus { phase: "failed", error: Some("port in use".into()), server: None }), TrayState::Error);
+        assert_eq!(TrayState::of(&status(LoadState::Ready, Normal, false, 0, 0.0)), TrayState::Normal);
+        assert_eq!(TrayState::of(&status(LoadState::Ready, Unknown, false, 0, 0.0)), TrayState::Normal);
+        assert_eq!(TrayState::of(&status(LoadState::Ready, Warn, false, 0, 0.0)), TrayState::Warn);
+        assert_eq!(TrayState::of(&status(LoadState::Loading, Critical, false, 0, 0.0)), TrayState::Critical, "pressure outranks loading");
+        assert_eq!(TrayState::of(&status(LoadState::Ready, Normal, true, 0, 0.0)), TrayState::Idle);
+        assert_eq!(TrayState::of(&status(LoadState::Failed("bad file".into()), Normal, false, 0, 0.0)), TrayState::Error);
+    }
+
+    #[test]
+    fn title_shows_throughput_only_while_generating() {
+        assert_eq!(title(&status(LoadState::Ready, PressureLevel::Normal, false, 0, 0.0)), None);
+        assert_eq!(title(&status(LoadState::Ready, PressureLevel::Normal, false, 1, 23.4)), Some("23 tok/s".into()));
+        assert!(tooltip(&status(LoadState::Ready, PressureLevel::Warn, true, 0, 0.0)).contains("paused"));
+    }
+}

@@ -1,0 +1,210 @@
+//! The real app binary on a real (virtual) desktop: Xvfb, a private D-Bus session with the
+//! dunst notification daemon, and trayer as the XEmbed tray host. The tray menu opens the
+//! popover (screenshot in test-artifacts/), a forced alert becomes a native notification
+//! that dunst records, the in-process server answers, and Quit from the menu ends the app.
+//!
+//! Needs `cargo build --release -p mlxbar-app` first and Debian's xvfb, dbus, dunst,
+//! trayer, xdotool and imagemagick (scripts/test.sh installs them).
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Children killed when the test ends, however it ends.
+struct Procs(Vec<(&'static str, Child)>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (_, c) in self.0.iter_mut().rev() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+struct Desktop {
+    display: String,
+    bus: String,
+    procs: Procs,
+}
+
+impl Desktop {
+    fn start() -> Desktop {
+        let mut procs = Procs(vec![]);
+        let n = (100..400).find(|n| !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists()).unwrap();
+        let display = format!(":{n}");
+        let xvfb = Command::new("Xvfb").args([&display, "-screen", "0", "1280x800x24", "-nolisten", "tcp"]).stderr(Stdio::null()).spawn().expect("Xvfb (apt install xvfb)");
+        procs.0.push(("Xvfb", xvfb));
+        wait_for("Xvfb", Duration::from_secs(10), || Path::new(&format!("/tmp/.X11-unix/X{n}")).exists().then_some(()));
+
+        let mut dbus = Command::new("dbus-daemon").args(["--session", "--nofork", "--print-address"]).stdout(Stdio::piped()).spawn().expect("dbus-daemon");
+        let mut line = String::new();
+        BufReader::new(dbus.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let bus = line.trim().to_string();
+        procs.0.push(("dbus-daemon", dbus));
+
+        let mut d = Desktop { display, bus, procs };
+        let dunst = d.command("dunst").stderr(Stdio::null()).spawn().expect("dunst");
+        d.procs.0.push(("dunst", dunst));
+        wait_for("dunst on the bus", Duration::from_secs(10), || d.output("dunstctl", &["is-paused"]).filter(|o| o.trim() == "false"));
+        let trayer = d
+            .command("trayer")
+            .args(["--edge", "top", "--align", "right", "--widthtype", "request", "--height", "28", "--SetDockType", "true", "--transparent", "false", "--tint", "0xe8e8ed"])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("trayer");
+        d.procs.0.push(("trayer", trayer));
+        d
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("DISPLAY", &self.display).env("DBUS_SESSION_BUS_ADDRESS", &self.bus).env("NO_AT_BRIDGE", "1");
+        c
+    }
+
+    fn output(&self, program: &str, args: &[&str]) -> Option<String> {
+        let out = self.command(program).args(args).stderr(Stdio::null()).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn xdotool(&self, args: &[&str]) -> Option<String> {
+        self.output("xdotool", args)
+    }
+
+    /// (x, y, width, height) of a window.
+    fn geometry(&self, window: &str) -> (i32, i32, i32, i32) {
+        let out = self.xdotool(&["getwindowgeometry", "--shell", window]).expect("window geometry");
+        let get = |k: &str| out.lines().find_map(|l| l.strip_prefix(&format!("{k}="))).unwrap().parse::<i32>().unwrap();
+        (get("X"), get("Y"), get("WIDTH"), get("HEIGHT"))
+    }
+
+    /// Clicks the app's icon in the tray and picks a menu item with the keyboard.
+    fn tray_menu(&self, keys: &[&str]) {
+        // trayer's panel is the window named "panel"; it grows to fit the icons it holds.
+        let (x, y, w, h) = wait_for("an icon in the tray", Duration::from_secs(20), || {
+            let panel = self.xdotool(&["search", "--name", "^panel$"])?.lines().next()?.to_owned();
+            let g = self.geometry(&panel);
+            (g.2 >= 16).then_some(g)
+        });
+        // The app's icon is the only one: the middle of the tray.
+        let (cx, cy) = ((x + w / 2).to_string(), (y + h / 2).to_string());
+        self.xdotool(&["mousemove", &cx, &cy, "click", "1"]).unwrap();
+        wait_for("the tray menu", Duration::from_secs(10), || {
+            self.xdotool(&["search", "--onlyvisible", "--maxdepth", "1", "--class", "mlxbar-app"]).filter(|o| !o.trim().is_empty())
+        });
+        for k in keys {
+            self.xdotool(&["key", "--delay", "80", k]).unwrap();
+        }
+    }
+
+    fn screenshot(&self, window: &str, path: &Path) {
+        let ok = self.command("import").args(["-window", window, path.to_str().unwrap()]).status().unwrap().success();
+        assert!(ok, "screenshot {}", path.display());
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn get(url: &str) -> Option<String> {
+    let out = Command::new("curl").args(["-sf", "--max-time", "5", url]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
+    let bin = root().join("target/release/mlxbar-app");
+    assert!(bin.exists(), "build the app first: cargo build --release -p mlxbar-app");
+    let artifacts = root().join("test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let mut desk = Desktop::start();
+
+    let dir = tempfile_dir();
+    let config = dir.join("config.toml");
+    // An alert that fires on the first request: the notification path end to end.
+    std::fs::write(&config, "[alerts.ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n").unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let log = std::fs::File::create(artifacts.join("app-desktop.log")).unwrap();
+    let app = desk
+        .command(bin.to_str().unwrap())
+        .args(["--config", config.to_str().unwrap(), "--port", &port.to_string()])
+        .env("XDG_RUNTIME_DIR", &dir)
+        .env("HOME", std::env::var("HOME").unwrap())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    desk.procs.0.push(("mlxbar-app", app));
+
+    // The in-process server answers and loads the model.
+    wait_for("the in-process server", Duration::from_secs(120), || get(&format!("{base}/health")).filter(|h| h.contains("\"ok\"")));
+
+    // A request makes the forced alert fire; dunst receives the notification.
+    let chat = r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":3}"#;
+    let out = Command::new("curl").args(["-sf", &format!("{base}/v1/chat/completions"), "-H", "Content-Type: application/json", "-d", chat]).output().unwrap();
+    assert!(out.status.success(), "chat request failed");
+    let history = wait_for("the notification in dunst", Duration::from_secs(15), || {
+        desk.output("dunstctl", &["history"]).filter(|h| h.contains("Time to first token p90"))
+    });
+    let history: serde_json::Value = serde_json::from_str(&history).unwrap();
+    let note = &history["data"][0].as_array().unwrap().iter().find(|n| n["summary"]["data"].as_str().unwrap_or("").contains("Time to first token")).unwrap();
+    assert_eq!(note["appname"]["data"], "mlxbar-app", "sent by the app (notify-rust names the executable)");
+    assert!(note["body"]["data"].as_str().unwrap().starts_with("Now "), "{note}");
+
+    // Tray menu → "Show mlxbar" (the first item) opens the popover, which connects to the
+    // live stream.
+    desk.tray_menu(&["Down", "Return"]);
+    let popover = wait_for("the popover window", Duration::from_secs(15), || {
+        desk.xdotool(&["search", "--onlyvisible", "--name", "^mlxbar$"]).and_then(|o| o.lines().next().map(str::to_owned))
+    });
+    wait_for("the popover's live stream", Duration::from_secs(20), || {
+        get(&format!("{base}/metrics")).filter(|m| m.contains("mlxbar_http_requests_in_flight{method=\"GET\",route=\"/api/metrics/stream\"} 1"))
+    });
+    let (_, _, w, h) = desk.geometry(&popover);
+    assert!((360..=400).contains(&w) && h >= 600, "popover is {w}x{h}");
+    // The page renders from the first snapshot; give WebKit its paint (checked below by
+    // pixel content, not by time alone).
+    let shot = artifacts.join("app-popover.png");
+    wait_for("a painted popover", Duration::from_secs(15), || {
+        desk.screenshot(&popover, &shot);
+        let colours = Command::new("identify").args(["-format", "%k", shot.to_str().unwrap()]).output().ok()?;
+        (String::from_utf8_lossy(&colours.stdout).trim().parse::<u32>().ok()? > 50).then_some(())
+    });
+    desk.screenshot("root", &artifacts.join("app-desktop.png"));
+
+    // Quit (the last item) stops the server and ends the process.
+    desk.tray_menu(&["Up", "Return"]);
+    let (_, app) = desk.procs.0.iter_mut().find(|(n, _)| *n == "mlxbar-app").unwrap();
+    let status = wait_for("the app to exit", Duration::from_secs(20), || app.try_wait().unwrap());
+    assert!(status.success(), "app exited with {status}");
+    assert!(get(&format!("{base}/health")).is_none(), "the server still answers after Quit");
+}
+
+fn tempfile_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mlxbar-desktop-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    d
+}

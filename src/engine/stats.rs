@@ -1,0 +1,91 @@
+//! What the engine thread publishes about its caches and admission, for /metrics, the
+//! live snapshot and the alert engine: plain atomics, written once per engine iteration.
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use super::prefix_cache::PrefixStats;
+
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    kv_tokens: AtomicU64,
+    kv_bytes: AtomicU64,
+    kv_budget_tokens: AtomicU64,
+    kv_reserved_tokens: AtomicU64,
+    max_batch: AtomicU64,
+    prefix_entries: AtomicU64,
+    prefix_bytes: AtomicU64,
+    prefix_budget_bytes: AtomicU64,
+    prefix_hits: AtomicU64,
+    prefix_misses: AtomicU64,
+    prefix_evictions: AtomicU64,
+    prefix_tokens_saved: AtomicU64,
+    /// New work is held back (memory pressure critical).
+    admission_blocked: AtomicBool,
+}
+
+/// A copy of [`EngineStats`] at one moment.
+#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq)]
+pub struct StatsView {
+    pub kv_tokens: u64,
+    pub kv_bytes: u64,
+    pub kv_budget_tokens: u64,
+    /// Tokens promised to running requests (prompt + max_tokens each).
+    pub kv_reserved_tokens: u64,
+    pub max_batch: u64,
+    pub prefix_entries: u64,
+    pub prefix_bytes: u64,
+    pub prefix_budget_bytes: u64,
+    pub prefix_hits: u64,
+    pub prefix_misses: u64,
+    pub prefix_evictions: u64,
+    pub prefix_tokens_saved: u64,
+    pub admission_blocked: bool,
+}
+
+impl EngineStats {
+    pub fn set_limits(&self, max_batch: usize, kv_budget_tokens: usize) {
+        self.max_batch.store(max_batch as u64, Ordering::Relaxed);
+        self.kv_budget_tokens.store(kv_budget_tokens as u64, Ordering::Relaxed);
+    }
+
+    pub fn set_kv(&self, tokens: usize, bytes: usize, reserved: usize) {
+        self.kv_tokens.store(tokens as u64, Ordering::Relaxed);
+        self.kv_bytes.store(bytes as u64, Ordering::Relaxed);
+        self.kv_reserved_tokens.store(reserved as u64, Ordering::Relaxed);
+    }
+
+    pub fn set_prefix(&self, p: &PrefixStats) {
+        let set = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+        set(&self.prefix_entries, p.entries as u64);
+        set(&self.prefix_bytes, p.bytes as u64);
+        set(&self.prefix_budget_bytes, p.budget as u64);
+        set(&self.prefix_hits, p.hits);
+        set(&self.prefix_misses, p.misses);
+        set(&self.prefix_evictions, p.evictions);
+        set(&self.prefix_tokens_saved, p.tokens_saved);
+    }
+
+    pub fn set_admission_blocked(&self, blocked: bool) {
+        self.admission_blocked.store(blocked, Ordering::Relaxed);
+    }
+
+    pub fn view(&self) -> StatsView {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsView {
+            kv_tokens: get(&self.kv_tokens),
+            kv_bytes: get(&self.kv_bytes),
+            kv_budget_tokens: get(&self.kv_budget_tokens),
+            kv_reserved_tokens: get(&self.kv_reserved_tokens),
+            max_batch: get(&self.max_batch),
+            prefix_entries: get(&self.prefix_entries),
+            prefix_bytes: get(&self.prefix_bytes),
+            prefix_budget_bytes: get(&self.prefix_budget_bytes),
+            prefix_hits: get(&self.prefix_hits),
+            prefix_misses: get(&self.prefix_misses),
+            prefix_evictions: get(&self.prefix_evictions),
+            prefix_tokens_saved: get(&self.prefix_tokens_saved),
+            admission_blocked: self.admission_blocked.load(Ordering::Relaxed),
+        }
+    }
+}
