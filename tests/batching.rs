@@ -124,6 +124,17 @@ async fn a_tiny_prefix_budget_evicts_and_critical_pressure_refuses_new_work() {
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "memory_pressure");
     let text = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
     assert!(text.contains("mlxbar_admission_refused_total{reason=\"memory_pressure\"} 1"), "{text}");
+    // ... and the alert engine raises admission_held (it evaluates once a second).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let alerts: Value = reqwest::get(format!("{base}/api/alerts")).await.unwrap().json().await.unwrap();
+        let held = alerts["data"].as_array().unwrap().iter().find(|a| a["id"] == "admission_held").unwrap().clone();
+        if held["firing"] == true {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "admission_held did not fire: {held}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     server.force_memory_pressure(None);
     greedy(&base, &messages("Hi"), 4).await;
     server.shutdown().await;

@@ -26,6 +26,8 @@ pub fn reading(engine: &Engine, telemetry: &Telemetry, metrics: &Metrics) -> Rea
         errors_total: metrics.live.errors_total(),
         ttft_p90_seconds: (ttft.count > 0).then_some(ttft.p90),
         waiting_requests: engine.waiting() as f64,
+        admission_blocked: engine.stats().admission_blocked,
+        refused_total: metrics.admission_refused_total.with_label_values(&["memory_pressure"]).get(),
     }
 }
 

@@ -22,6 +22,9 @@ pub enum Signal {
     TtftP90,
     /// Requests waiting for the engine.
     QueueBacklog,
+    /// 1 while admission holds new work back (critical pressure), else requests refused
+    /// for memory pressure within the rule's window.
+    AdmissionHeld,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,6 +101,7 @@ fn summary(signal: Signal, threshold: f64, window_seconds: f64) -> String {
         Signal::EngineErrors => "The model failed to load or requests failed".into(),
         Signal::TtftP90 => format!("Time to first token p90 is {t} or more"),
         Signal::QueueBacklog => format!("{threshold:.0} or more requests are waiting"),
+        Signal::AdmissionHeld => "New requests are held back or refused: memory pressure is critical".into(),
     }
 }
 
@@ -120,6 +124,7 @@ pub fn defaults() -> Vec<Rule> {
         rule("engine_error", EngineErrors, Critical, 1.0, 1.0, 0.0, 60.0),
         rule("ttft_p90_high", TtftP90, Warning, 5.0, 3.0, 60.0, 0.0),
         rule("queue_backlog", QueueBacklog, Warning, 8.0, 2.0, 30.0, 0.0),
+        rule("admission_held", AdmissionHeld, Critical, 1.0, 1.0, 0.0, 60.0),
     ]
 }
 
@@ -178,6 +183,7 @@ fn promql(r: &Rule, above: f64) -> String {
         Signal::EngineErrors => format!("sum by (instance) (increase(mlxbar_requests_total{{result=\"error\"}}[{window}])) >= {above} or on(instance) (sum by (instance) (mlxbar_model_loaded) == 0)"),
         Signal::TtftP90 => format!("histogram_quantile(0.9, sum by (instance, le) (rate(mlxbar_time_to_first_token_seconds_bucket[5m]))) >= {above}"),
         Signal::QueueBacklog => format!("mlxbar_scheduler_waiting_requests >= {above}"),
+        Signal::AdmissionHeld => format!("(max by (instance) (mlxbar_admission_blocked) + sum by (instance) (increase(mlxbar_admission_refused_total[{window}]))) >= {above}"),
     }
 }
 

@@ -18,6 +18,10 @@ pub struct Reading {
     /// None until a request finished within the live window.
     pub ttft_p90_seconds: Option<f64>,
     pub waiting_requests: f64,
+    /// Admission is holding new work back now.
+    pub admission_blocked: bool,
+    /// Requests refused for memory pressure since start.
+    pub refused_total: u64,
 }
 
 /// Readings kept for windowed signals.
@@ -25,18 +29,19 @@ const MAX_LOOKBACK: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Default)]
 pub struct History {
-    points: VecDeque<(Instant, Option<f64>, u64)>,
+    /// (when, swap used, errors so far, refusals so far)
+    points: VecDeque<(Instant, Option<f64>, u64, u64)>,
 }
 
 impl History {
     pub fn push(&mut self, now: Instant, r: &Reading) {
-        self.points.push_back((now, r.swap_used_bytes, r.errors_total));
+        self.points.push_back((now, r.swap_used_bytes, r.errors_total, r.refused_total));
         while self.points.front().is_some_and(|(t, ..)| now.saturating_duration_since(*t) > MAX_LOOKBACK) {
             self.points.pop_front();
         }
     }
 
-    fn within(&self, now: Instant, window: f64) -> impl Iterator<Item = &(Instant, Option<f64>, u64)> {
+    fn within(&self, now: Instant, window: f64) -> impl Iterator<Item = &(Instant, Option<f64>, u64, u64)> {
         let window = Duration::from_secs_f64(window);
         self.points.iter().filter(move |(t, ..)| now.saturating_duration_since(*t) <= window)
     }
@@ -58,6 +63,11 @@ impl History {
             }
             Signal::TtftP90 => r.ttft_p90_seconds,
             Signal::QueueBacklog => Some(r.waiting_requests),
+            Signal::AdmissionHeld => {
+                let first = self.within(now, rule.window_seconds).map(|p| p.3).min().unwrap_or(r.refused_total);
+                let refused = r.refused_total.saturating_sub(first) as f64;
+                Some(if r.admission_blocked { refused.max(1.0) } else { refused })
+            }
         }
     }
 }
@@ -78,6 +88,8 @@ pub fn describe(signal: Signal, v: f64) -> String {
         Signal::TtftP90 if v.fract() == 0.0 => format!("{v:.0} s"),
         Signal::TtftP90 => format!("{v:.2} s"),
         Signal::QueueBacklog => format!("{v:.0} waiting"),
+        Signal::AdmissionHeld if v == 0.0 => "admitting".into(),
+        Signal::AdmissionHeld => format!("held back ({v:.0})"),
     }
 }
 
@@ -124,6 +136,22 @@ mod tests {
         assert_eq!(h.value(&r, &read(7, false), at(100)), Some(0.0), "older than the 60 s window");
         h.push(at(101), &read(7, true));
         assert_eq!(h.value(&r, &read(7, true), at(101)), Some(1.0));
+    }
+
+    #[test]
+    fn admission_held_counts_blocking_and_recent_refusals() {
+        let (r, t0) = (rule("admission_held"), Instant::now());
+        let mut h = History::default();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let read = |refused_total, admission_blocked| Reading { refused_total, admission_blocked, ..Default::default() };
+        h.push(at(0), &read(0, false));
+        assert_eq!(h.value(&r, &read(0, false), at(0)), Some(0.0));
+        h.push(at(1), &read(0, true));
+        assert_eq!(h.value(&r, &read(0, true), at(1)), Some(1.0));
+        h.push(at(2), &read(3, false));
+        assert_eq!(h.value(&r, &read(3, false), at(2)), Some(3.0));
+        h.push(at(100), &read(3, false));
+        assert_eq!(h.value(&r, &read(3, false), at(100)), Some(0.0));
     }
 
     #[test]
