@@ -2,7 +2,8 @@
 # Side-by-side benchmark: mlxbar (in process) against peer servers on the same machine and
 # default model, measured in one run, interleaved. Peers come from ../shared/peers (or
 # $PEERS_DIR): mlx_lm.server on the same MLX CPU build, and llama.cpp (llama-cpp-python).
-# Usage: scripts/bench.sh [PEER...]   PEER: mlx-lm | llama-cpp (default: both)
+# Usage: scripts/bench.sh [PEER...]   PEER: mlx-lm | llama-cpp | vllm-mlx (default: mlx-lm llama-cpp)
+# BENCH_ARGS replaces the profile, e.g. BENCH_ARGS="--concurrency 1,4,8 --max-tokens 64".
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$ROOT/../shared/peers}
@@ -30,4 +31,5 @@ for peer in $WANT; do
   esac
   port=$((port + 1))
 done
-./target/release/mlxbar bench --quick --runs "${RUNS:-3}" "${args[@]}"
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+./target/release/mlxbar bench ${BENCH_ARGS:---quick --runs ${RUNS:-3}} "${args[@]}"

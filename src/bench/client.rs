@@ -40,6 +40,8 @@ pub struct RunTiming {
     /// Tokens after the first, per second of streaming after the first.
     pub decode_tok_s: f64,
     pub total: Duration,
+    /// Gaps between streamed chunks after the first (inter-token latency samples).
+    pub gaps: Vec<Duration>,
 }
 
 pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, max_tokens: usize) -> Result<RunTiming> {
@@ -54,7 +56,8 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
     }
     let mut stream = resp.bytes_stream();
     let mut buf = Vec::<u8>::new();
-    let (mut first, mut last, mut chunks, mut usage_tokens) = (None, None, 0usize, None);
+    let (mut first, mut last, mut chunks, mut usage_tokens) = (None, None::<Instant>, 0usize, None);
+    let mut gaps = Vec::new();
     'read: while let Some(bytes) = stream.next().await {
         buf.extend_from_slice(&bytes?);
         while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
@@ -72,6 +75,9 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
                 if !content.is_empty() {
                     let now = Instant::now();
                     first.get_or_insert(now);
+                    if let Some(prev) = last {
+                        gaps.push(now - prev);
+                    }
                     last = Some(now);
                     chunks += 1;
                 }
@@ -87,6 +93,7 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
         completion_tokens: tokens,
         decode_tok_s: if decode > 0.0 { (tokens.saturating_sub(1)) as f64 / decode } else { 0.0 },
         total: start.elapsed(),
+        gaps,
     })
 }
 

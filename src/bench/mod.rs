@@ -1,6 +1,9 @@
-//! `mlxbar bench --quick`: single-stream TTFT and decode tok/s of mlxbar (in process, over
-//! HTTP like any client) beside peer servers measured in the same run, with ratios.
+//! `mlxbar bench`: mlxbar (in process, over HTTP like any client) beside peer servers
+//! measured in the same run, with ratios. `--quick` (default): single-stream TTFT and
+//! decode tok/s; `--concurrency 1,4,8`: aggregate throughput and latency percentiles with
+//! that many streams at once.
 pub mod client;
+pub mod concurrency;
 
 use std::time::Duration;
 
@@ -35,6 +38,9 @@ pub struct BenchArgs {
     /// Tokens to generate per run
     #[arg(long, default_value_t = 128)]
     pub max_tokens: usize,
+    /// Concurrent streams per level, e.g. 1,4,8 (instead of the single-stream profile)
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
@@ -95,6 +101,25 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         targets.push(Target::parse(c)?);
     }
     let client = reqwest::Client::builder().timeout(Duration::from_secs(600)).build()?;
+    if !args.concurrency.is_empty() {
+        if args.concurrency.contains(&0) {
+            bail!("--concurrency levels must be at least 1");
+        }
+        for t in &targets {
+            eprintln!("warming up {}", t.label);
+            timed_chat(&client, t, &prompt(0), 8).await?;
+        }
+        let cells = concurrency::run(&client, &targets, &args.concurrency, args.max_tokens).await?;
+        if let Some(server) = local {
+            server.shutdown().await;
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&cells)?);
+        } else {
+            print!("{}", concurrency::table(&cells));
+        }
+        return Ok(());
+    }
     let mut summaries: Vec<Summary> = targets.iter().map(|t| Summary { label: t.label.clone(), runs: vec![] }).collect();
     for t in &targets {
         eprintln!("warming up {}", t.label);
