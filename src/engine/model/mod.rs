@@ -326,19 +326,68 @@ impl Model {
 
     fn batched_attention(&self, b: &Block, x: &Array, caches: &mut [&mut KvCache], layer: usize) -> Result<Array> {
         let c = &self.config;
+        let n = caches.len() as i32;
         let qkv = b.qkv.forward(x)?;
+        // The batch as n sequences of one token: reshapes, norms and RoPE once for all,
+        // each row rotated by its own position.
+        let offsets = Array::from_slice(&caches.iter().map(|k| k.offset()).collect::<Vec<i32>>(), &[n]);
+        let split = |a: &Array, heads: i32, norm: Option<&Array>| -> Result<Array> {
+            let a = a.reshape(&[n, 1, heads, c.head_dim])?;
+            let a = match norm {
+                Some(w) => fast::rms_norm(&a, Some(w), c.rms_norm_eps)?,
+                None => a,
+            };
+            self.rope_rows(&a.transpose_axes(&[0, 2, 1, 3])?, &offsets)
+        };
+        let q = split(&qkv[0], c.num_heads, b.q_norm.as_ref())?;
+        let k = split(&qkv[1], c.num_kv_heads, b.k_norm.as_ref())?;
+        let v = qkv[2].reshape(&[n, 1, c.num_kv_heads, c.head_dim])?.transpose_axes(&[0, 2, 1, 3])?;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let mut outs = Vec::with_capacity(caches.len());
         for (s, cache) in caches.iter_mut().enumerate() {
             let s = s as i32;
-            let row = |a: &Array| mlx_rs::ops::indexing::IndexOp::index(a, (.., s..s + 1, ..));
-            let (q, k, v) = self.heads(b, &row(&qkv[0]), &row(&qkv[1]), &row(&qkv[2]), 1, cache.offset())?;
-            let (keys, values) = cache.update(layer, &k, &v)?;
-            let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, None, None)?;
-            outs.push(o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, 1, c.num_heads * c.head_dim])?);
+            let row = |a: &Array| mlx_rs::ops::indexing::IndexOp::index(a, s..s + 1);
+            let (keys, values) = cache.update(layer, &row(&k), &row(&v))?;
+            outs.push(fast::scaled_dot_product_attention(&row(&q), &keys, &values, scale, None, None)?);
         }
-        let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 1)? };
+        let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 0)? };
+        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?;
         b.o.forward(&o)
+    }
+
+    /// RoPE for `x` `[B, heads, 1, head_dim]` with row i at position `offsets[i]`
+    /// (MLX's array-offset RoPE, which mlx-rs does not wrap yet).
+    fn rope_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        let r = &self.config.rope;
+        let (base, freqs) = match &self.rope_periods {
+            Some(p) => (None, Some(p)),
+            None => (Some(r.theta), None),
+        };
+        let base = mlx_sys::mlx_optional_float { value: base.unwrap_or(0.0), has_value: base.is_some() };
+        let stream = mlx_rs::Stream::thread_local_or_default();
+        // SAFETY: every handle passed is alive for the call; the result is a new array
+        // owned by the returned Array.
+        unsafe {
+            let mut res = mlx_sys::mlx_array_new();
+            let no_freqs = mlx_sys::mlx_array_new();
+            let rc = mlx_sys::mlx_fast_rope_dynamic(
+                &mut res,
+                x.as_ptr(),
+                self.config.head_dim,
+                r.traditional,
+                base,
+                r.position_scale,
+                offsets.as_ptr(),
+                freqs.map_or(no_freqs, |f| f.as_ptr()),
+                stream.as_ptr(),
+            );
+            mlx_sys::mlx_array_free(no_freqs);
+            if rc != 0 {
+                mlx_sys::mlx_array_free(res);
+                anyhow::bail!("mlx_fast_rope_dynamic failed");
+            }
+            Ok(Array::from_ptr(res))
+        }
     }
 
     /// Bytes of keys and values one token adds to a cache (activations' dtype).
