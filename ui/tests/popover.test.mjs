@@ -107,6 +107,10 @@ test("the popover follows the stream: served counts and timings match /metrics a
     (await testid("tokens").textContent()) === tokens.toLocaleString("en-US") &&
     (await testid("requests").textContent()) === requests.toLocaleString("en-US"));
   assert.match(await testid("ttft-p50").textContent(), /^\d+(\.\d+)? (ms|s)$/);
+  // the finished request left its KV in the prefix cache
+  const entries = metricSum(await metrics(), "mlxbar_prefix_cache_entries");
+  assert.ok(entries >= 1);
+  await until("the cache line", async () => (await testid("caches").textContent()).includes(`prefix ${entries} held`));
   assert.match(await testid("itl-p90").textContent(), /^\d+(\.\d+)? (ms|s)$/);
 });
 
