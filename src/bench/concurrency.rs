@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::client::{timed_chat, Target};
+use super::quantile;
 
 /// One server at one concurrency level.
 #[derive(Debug, Clone, Serialize)]
@@ -22,14 +23,6 @@ pub struct Cell {
     pub itl_p50: f64,
     pub itl_p90: f64,
     pub errors: usize,
-}
-
-fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 /// Prompts differ per stream and per round, so no server can reuse a cached prefix.

@@ -73,11 +73,16 @@ impl Summary {
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
+    (!v.is_empty()).then(|| quantile(&mut v, 0.5))
+}
+
+/// The `q` quantile of `v` (nearest rank; sorts `v`); 0 for no samples.
+pub fn quantile(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
-        return None;
+        return 0.0;
     }
     v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
+    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 pub async fn run(args: BenchArgs) -> Result<()> {

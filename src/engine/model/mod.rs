@@ -261,7 +261,7 @@ impl Model {
         let c = &self.config;
         let len = x.shape()[1];
         let qkv = b.qkv.forward(x)?;
-        let (q, k, v) = self.heads(b, &qkv[0], &qkv[1], &qkv[2], len, offset)?;
+        let (q, k, v) = self.heads(b, &qkv, [1, len], |a| self.rope(a, offset))?;
         let (keys, values) = cache.update(layer, &k, &v)?;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let o = if len > 1 {
@@ -274,21 +274,21 @@ impl Model {
         b.o.forward(&o)
     }
 
-    /// q, k, v `[1, len, heads*head_dim]` -> `[1, heads, len, head_dim]`, q/k normed (qwen3)
-    /// and rotated from position `offset`.
-    fn heads(&self, b: &Block, q: &Array, k: &Array, v: &Array, len: i32, offset: i32) -> Result<(Array, Array, Array)> {
+    /// The q, k, v projections `[1, batch*len, heads*head_dim]` as
+    /// `[batch, heads, len, head_dim]` each, q/k normed (qwen3) and rotated by `rope`.
+    fn heads(&self, b: &Block, qkv: &[Array], [batch, len]: [i32; 2], rope: impl Fn(&Array) -> Result<Array>) -> Result<(Array, Array, Array)> {
         let c = &self.config;
-        let split = |a: &Array, n: i32, norm: Option<&Array>| -> Result<Array> {
-            let a = a.reshape(&[1, len, n, c.head_dim])?;
+        let split = |a: &Array, n: i32| -> Result<Array> { Ok(a.reshape(&[batch, len, n, c.head_dim])?) };
+        let norm_rope = |a: Array, norm: Option<&Array>| -> Result<Array> {
             let a = match norm {
                 Some(w) => fast::rms_norm(&a, Some(w), c.rms_norm_eps)?,
                 None => a,
             };
-            self.rope(&a.transpose_axes(&[0, 2, 1, 3])?, offset)
+            rope(&a.transpose_axes(&[0, 2, 1, 3])?)
         };
-        let q = split(q, c.num_heads, b.q_norm.as_ref())?;
-        let k = split(k, c.num_kv_heads, b.k_norm.as_ref())?;
-        let v = v.reshape(&[1, len, c.num_kv_heads, c.head_dim])?.transpose_axes(&[0, 2, 1, 3])?;
+        let q = norm_rope(split(&qkv[0], c.num_heads)?, b.q_norm.as_ref())?;
+        let k = norm_rope(split(&qkv[1], c.num_kv_heads)?, b.k_norm.as_ref())?;
+        let v = split(&qkv[2], c.num_kv_heads)?.transpose_axes(&[0, 2, 1, 3])?;
         Ok((q, k, v))
     }
 
@@ -331,17 +331,7 @@ impl Model {
         // The batch as n sequences of one token: reshapes, norms and RoPE once for all,
         // each row rotated by its own position.
         let offsets = Array::from_slice(&caches.iter().map(|k| k.offset()).collect::<Vec<i32>>(), &[n]);
-        let split = |a: &Array, heads: i32, norm: Option<&Array>| -> Result<Array> {
-            let a = a.reshape(&[n, 1, heads, c.head_dim])?;
-            let a = match norm {
-                Some(w) => fast::rms_norm(&a, Some(w), c.rms_norm_eps)?,
-                None => a,
-            };
-            self.rope_rows(&a.transpose_axes(&[0, 2, 1, 3])?, &offsets)
-        };
-        let q = split(&qkv[0], c.num_heads, b.q_norm.as_ref())?;
-        let k = split(&qkv[1], c.num_kv_heads, b.k_norm.as_ref())?;
-        let v = qkv[2].reshape(&[n, 1, c.num_kv_heads, c.head_dim])?.transpose_axes(&[0, 2, 1, 3])?;
+        let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, &offsets))?;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let mut outs = Vec::with_capacity(caches.len());
         for (s, cache) in caches.iter_mut().enumerate() {
