@@ -22,6 +22,8 @@
 //! mlx_memory_limit_bytes = ...    # default: MLX's, at most 75% of RAM
 //! mlx_cache_limit_bytes = ...     # default: 1 GiB or RAM/16, whichever is smaller
 //! admission = "refuse"            # under critical memory pressure: refuse (503) | wait
+//! data_dir = "/path"              # bench runs and history; default: the user data dir + mlxbar
+//! bench_wait_seconds = 10         # while a bench run holds the engine, requests wait this long, then 503
 //!
 //! [alerts.queue_backlog]          # override a built-in alert rule (see src/alerts/rules.rs)
 //! threshold = 4
@@ -62,6 +64,10 @@ pub struct Config {
     pub mlx_cache_limit_bytes: Option<usize>,
     /// What new requests meet while memory pressure is critical.
     pub admission: Admission,
+    /// Bench runs, history and user plans live below `metrics/` here [default: [`default_data_dir`]].
+    pub data_dir: Option<PathBuf>,
+    /// While a bench run holds the engine, generation requests wait up to this long, then 503.
+    pub bench_wait_seconds: f64,
     /// Where the user's Grafana dashboard lives; the popover links to it.
     pub grafana_url: Option<String>,
     /// Alert rule overrides by rule id, applied over the built-in defaults.
@@ -93,6 +99,8 @@ impl Default for Config {
             mlx_memory_limit_bytes: None,
             mlx_cache_limit_bytes: None,
             admission: Admission::Refuse,
+            data_dir: None,
+            bench_wait_seconds: 10.0,
             alerts: BTreeMap::new(),
             test_fail_marker: None,
         }
@@ -141,6 +149,9 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` (mandatory when binding beyond loopback)
     #[arg(long, env = "MLXBAR_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Data dir for bench runs and history [default: the user data dir + mlxbar]
+    #[arg(long, env = "MLXBAR_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
     /// Config file [default: the user config dir's mlxbar/config.toml, if present]
     #[arg(long, env = "MLXBAR_CONFIG")]
     pub config: Option<PathBuf>,
@@ -181,6 +192,9 @@ impl Config {
         if let Some(v) = args.admission {
             config.admission = v;
         }
+        if let Some(v) = &args.data_dir {
+            config.data_dir = Some(v.clone());
+        }
         config.allowed_hosts.extend(args.allowed_hosts.iter().cloned());
         config.cors_origins.extend(args.cors_origins.iter().cloned());
         if args.api_key.is_some() {
@@ -206,15 +220,31 @@ impl Config {
         if self.max_batch == 0 || self.max_batch > 256 {
             bail!("max_batch must be between 1 and 256");
         }
+        if !(0.0..=3600.0).contains(&self.bench_wait_seconds) {
+            bail!("bench_wait_seconds must be between 0 and 3600");
+        }
         if self.queue_capacity == 0 {
             bail!("queue_capacity must be at least 1");
         }
         Ok(())
     }
 
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(default_data_dir)
+    }
+
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::new(self.host, self.port)
     }
+}
+
+/// `$MLXBAR_DATA_DIR`, else the platform data dir (`~/.local/share`, `~/Library/Application
+/// Support`) + `mlxbar`.
+pub fn default_data_dir() -> PathBuf {
+    std::env::var_os("MLXBAR_DATA_DIR")
+        .map(PathBuf::from)
+        .or_else(|| dirs::data_dir().map(|d| d.join("mlxbar")))
+        .unwrap_or_else(|| PathBuf::from(".mlxbar"))
 }
 
 #[cfg(test)]

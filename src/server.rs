@@ -11,6 +11,8 @@ use tokio::task::JoinHandle;
 
 use crate::alerts::{self, Alerts};
 use crate::api::{self, AppState};
+use crate::bench::jobs::BenchJobs;
+use crate::bench::store::BenchStore;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions, LoadState};
 use crate::telemetry::memory::PressureLevel;
@@ -76,6 +78,10 @@ impl Server {
         let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
         let alerts = Alerts::new(alerts::rules::resolve(&config.alerts)?);
         let monitor = alerts::monitor::spawn(alerts.clone(), engine.clone(), telemetry.clone(), metrics.clone());
+        // The bench talks to this server over loopback (or the bound address if it is not
+        // a wildcard).
+        let self_ip = if addr.ip().is_unspecified() { std::net::IpAddr::from([127, 0, 0, 1]) } else { addr.ip() };
+        let bench = BenchJobs::new(BenchStore::new(&config.data_dir()), format!("http://{}", SocketAddr::new(self_ip, addr.port())), config.api_key.clone(), metrics.clone());
         let paused = Arc::new(AtomicBool::new(false));
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
         let state = AppState {
@@ -84,6 +90,7 @@ impl Server {
             metrics,
             telemetry: telemetry.clone(),
             alerts: alerts.clone(),
+            bench: bench.clone(),
             paused: paused.clone(),
             stopping: stopping_rx,
             started: Instant::now(),
@@ -129,6 +136,11 @@ impl Server {
             waiting: self.engine.waiting(),
             alerts_firing: self.alerts.view().iter().filter(|a| a.firing && !a.snoozed).count(),
         }
+    }
+
+    /// Bench runs: start one from the menu bar with `server.bench().start("quick")`.
+    pub fn bench(&self) -> &Arc<BenchJobs> {
+        &self.state.bench
     }
 
     pub fn alerts(&self) -> &Arc<Alerts> {

@@ -71,6 +71,21 @@ impl ApiError {
         e
     }
 
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "invalid_request_error", message)
+    }
+
+    pub fn bench_running(retry_after_secs: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            format!("A benchmark run is using the engine; retry in about {retry_after_secs} s (or cancel it: DELETE /api/bench/<id>)."),
+        )
+        .code("bench_running");
+        e.retry_after_secs = Some(retry_after_secs);
+        e
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "Missing or incorrect API key: send 'Authorization: Bearer <key>'")
             .code("invalid_api_key")

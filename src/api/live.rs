@@ -39,6 +39,10 @@ pub fn snapshot(state: &AppState) -> Value {
             "process_cpu_cores": sys.cpu_cores,
         },
         "alerts": state.alerts.view(),
+        "bench": {
+            "active": state.bench.active().and_then(|a| state.bench.job(&a.id)).map(|j| j.view()),
+            "waiting_requests": state.bench.waiting(),
+        },
         "paused": state.paused.load(std::sync::atomic::Ordering::Relaxed),
         "totals": {"requests": requests, "completion_tokens": tokens, "errors": m.live.errors_total()},
         "links": {"metrics": "/metrics", "grafana": state.config.grafana_url},
@@ -54,7 +58,7 @@ pub async fn get_snapshot(State(state): State<AppState>) -> Json<Value> {
 /// What makes a new event worth sending: requests moved, the queue or load state changed,
 /// the pressure level changed, swap or MLX memory moved by a visible step. Memory byte
 /// counts jitter every second; that alone is not news.
-type Fingerprint = (u64, usize, usize, String, Option<u8>, u64, u64, Vec<(crate::alerts::Phase, bool)>, bool, (u64, u64, bool));
+type Fingerprint = (u64, usize, usize, String, Option<u8>, u64, u64, Vec<(crate::alerts::Phase, bool)>, bool, (u64, u64, bool), Option<(String, usize)>);
 
 fn fingerprint(state: &AppState) -> Fingerprint {
     const SWAP_STEP: u64 = 64 << 20;
@@ -75,6 +79,7 @@ fn fingerprint(state: &AppState) -> Fingerprint {
             let c = state.engine.stats();
             (c.prefix_entries, c.prefix_hits, c.admission_blocked)
         },
+        state.bench.active().map(|a| (a.id.clone(), a.requests_done())),
     )
 }
 

@@ -1,5 +1,6 @@
 //! The HTTP API: OpenAI-compatible routes plus health, with the security layers.
 pub mod alerts;
+pub mod bench;
 pub mod chat;
 pub mod completions;
 pub mod error;
@@ -24,6 +25,7 @@ use axum::{middleware, Extension, Router};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::alerts::Alerts;
+use crate::bench::jobs::BenchJobs;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
@@ -37,6 +39,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub telemetry: Arc<Telemetry>,
     pub alerts: Arc<Alerts>,
+    pub bench: Arc<BenchJobs>,
     /// Set from the menu bar: generation requests get 503 until resumed.
     pub paused: Arc<AtomicBool>,
     /// Turns true when the server shuts down: long-lived streams end so shutdown can finish.
@@ -47,11 +50,15 @@ pub struct AppState {
 
 pub fn router(state: AppState) -> Router {
     let config = state.config.clone();
+    // While a bench run holds the engine, generation waits or gets 503 (see bench::gate).
+    let generation = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route_layer(middleware::from_fn_with_state(state.clone(), bench::gate));
     let mut app = Router::new()
         .route("/", get(ui::index))
         .route("/ui/{*path}", get(ui::asset))
-        .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/completions", post(completions::completions))
+        .merge(generation)
         .route("/v1/models", get(models::list_models))
         .route("/health", get(health::health))
         .route("/metrics", get(metrics::prometheus))
@@ -59,7 +66,13 @@ pub fn router(state: AppState) -> Router {
         .route("/api/metrics/stream", get(live::stream))
         .route("/api/alerts", get(alerts::list))
         .route("/api/alerts/{id}/snooze", post(alerts::snooze).delete(alerts::unsnooze))
-        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/metrics/snapshot, /api/alerts") })
+        .route("/api/bench/profiles", get(bench::profiles))
+        .route("/api/bench", get(bench::list).post(bench::start))
+        .route("/api/bench/{id}", get(bench::get).delete(bench::cancel))
+        .route("/api/bench/{id}/report", get(bench::report))
+        .route("/api/history", get(bench::history))
+        .route("/api/history/{id}", get(bench::history_run))
+        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
@@ -77,7 +90,7 @@ pub fn router(state: AppState) -> Router {
         app = app.layer(
             CorsLayer::new()
                 .allow_origin(AllowOrigin::list(origins))
-                .allow_methods([Method::GET, Method::POST])
+                .allow_methods([Method::GET, Method::POST, Method::DELETE])
                 .allow_headers([axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION]),
         );
     }

@@ -37,6 +37,8 @@ impl Target {
 pub struct RunTiming {
     pub ttft: Duration,
     pub completion_tokens: usize,
+    /// As the server counted them (None when it sends no usage in streams).
+    pub prompt_tokens: Option<usize>,
     /// Tokens after the first, per second of streaming after the first.
     pub decode_tok_s: f64,
     pub total: Duration,
@@ -56,7 +58,7 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
     }
     let mut stream = resp.bytes_stream();
     let mut buf = Vec::<u8>::new();
-    let (mut first, mut last, mut chunks, mut usage_tokens) = (None, None::<Instant>, 0usize, None);
+    let (mut first, mut last, mut chunks, mut usage_tokens, mut prompt_tokens) = (None, None::<Instant>, 0usize, None, None);
     let mut gaps = Vec::new();
     'read: while let Some(bytes) = stream.next().await {
         buf.extend_from_slice(&bytes?);
@@ -70,6 +72,9 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
                 let v: Value = serde_json::from_str(data).with_context(|| format!("{}: bad chunk {data}", t.label))?;
                 if let Some(n) = v.pointer("/usage/completion_tokens").and_then(Value::as_u64) {
                     usage_tokens = Some(n as usize);
+                }
+                if let Some(n) = v.pointer("/usage/prompt_tokens").and_then(Value::as_u64) {
+                    prompt_tokens = Some(n as usize);
                 }
                 let content = v.pointer("/choices/0/delta/content").and_then(Value::as_str).unwrap_or("");
                 if !content.is_empty() {
@@ -91,6 +96,7 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
     Ok(RunTiming {
         ttft: first - start,
         completion_tokens: tokens,
+        prompt_tokens,
         decode_tok_s: if decode > 0.0 { (tokens.saturating_sub(1)) as f64 / decode } else { 0.0 },
         total: start.elapsed(),
         gaps,

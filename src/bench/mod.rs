@@ -1,79 +1,76 @@
-//! `mlxbar bench`: mlxbar (in process, over HTTP like any client) beside peer servers
-//! measured in the same run, with ratios. `--quick` (default): single-stream TTFT and
-//! decode tok/s; `--concurrency 1,4,8`: aggregate throughput and latency percentiles with
-//! that many streams at once.
+//! Benchmarks: plans (grids of streams × prompt × output tokens), a runner that measures
+//! any OpenAI-compatible server over HTTP, run records with history, and reports.
+//! `mlxbar bench` runs a plan against an in-process mlxbar (or `--target`), optionally
+//! interleaved with `--compare` servers, and prints ratios; [`jobs`] runs plans inside a
+//! server for `POST /api/bench`.
 pub mod client;
-pub mod concurrency;
+pub mod jobs;
+pub mod machine;
+pub mod plan;
+pub mod prompt;
+pub mod record;
+pub mod report;
+pub mod runner;
+pub mod store;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
-use serde_json::json;
+use anyhow::{bail, Context, Result};
+use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::engine::WeightFormat;
 use crate::Server;
-use client::{timed_chat, RunTiming, Target};
+use client::Target;
+use machine::Machine;
+use plan::Plan;
+use record::{new_run_id, now_unix, RunRecord, RunState};
+use runner::Progress;
+use store::BenchStore;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// The single-stream profile (the only one so far)
-    #[arg(long, default_value_t = true)]
-    pub quick: bool,
-    /// Measure this server instead of an in-process mlxbar: [LABEL=]URL[#MODEL]
+    /// Plan to run: quick, standard, concurrency-sweep, long-context, or a user plan
+    #[arg(long, default_value = "quick")]
+    pub profile: String,
+    /// List the plans and exit
+    #[arg(long)]
+    pub list_profiles: bool,
+    /// Measure this OpenAI-compatible server instead of an in-process mlxbar: [LABEL=]URL[#MODEL]
     #[arg(long)]
     pub target: Option<String>,
-    /// Also measure these servers, interleaved with the target: [LABEL=]URL[#MODEL] (repeatable)
+    /// Also measure these servers, interleaved cell by cell, with ratios: [LABEL=]URL[#MODEL] (repeatable)
     #[arg(long)]
     pub compare: Vec<String>,
-    /// Model for the in-process mlxbar [default: the default model]
+    /// With --target: the model name to request (default "default"). Without: a .gguf or
+    /// MLX folder for the in-process mlxbar (default: the default model)
     #[arg(long)]
-    pub model: Option<std::path::PathBuf>,
+    pub model: Option<String>,
     /// Weight format for the in-process mlxbar
     #[arg(long, value_enum, default_value = "auto")]
     pub weight_format: WeightFormat,
-    /// Measured runs per server (after one warm-up)
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Tokens to generate per run
-    #[arg(long, default_value_t = 128)]
-    pub max_tokens: usize,
-    /// Concurrent streams per level, e.g. 1,4,8 (instead of the single-stream profile)
+    /// Override the plan's concurrent streams, e.g. 1,4,8
     #[arg(long, value_delimiter = ',')]
     pub concurrency: Vec<usize>,
-    /// Print JSON instead of a table
+    /// Override the plan's prompt sizes (tokens), e.g. 128,1024
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_tokens: Vec<usize>,
+    /// Override the plan's output sizes (tokens), e.g. 64
+    #[arg(long, alias = "output-tokens", value_delimiter = ',')]
+    pub max_tokens: Vec<usize>,
+    /// Override the plan's timed rounds per cell
+    #[arg(long, alias = "runs")]
+    pub repetitions: Option<usize>,
+    /// Override the plan's warm-up requests per cell
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Where runs, reports and user plans are kept [default: the user data dir + mlxbar]
+    #[arg(long, env = "MLXBAR_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Print the full run record as JSON instead of a table
     #[arg(long)]
     pub json: bool,
-}
-
-/// ~65 prompt tokens; the number makes each run's prompt unique so no server can reuse a
-/// cached prefix.
-fn prompt(run: usize) -> serde_json::Value {
-    json!([
-        {"role": "system", "content": format!("You are a helpful assistant. Session {}.", 1000 + run)},
-        {"role": "user", "content": "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle on a stormy night. Describe the sea, the weather, the keeper's daily routine, and what the message says, in at least three paragraphs."}
-    ])
-}
-
-pub struct Summary {
-    pub label: String,
-    pub runs: Vec<RunTiming>,
-}
-
-impl Summary {
-    pub fn median_ttft(&self) -> Duration {
-        median(self.runs.iter().map(|r| r.ttft.as_secs_f64()).collect()).map(Duration::from_secs_f64).unwrap_or_default()
-    }
-    pub fn median_decode(&self) -> f64 {
-        median(self.runs.iter().map(|r| r.decode_tok_s).collect()).unwrap_or(0.0)
-    }
-    pub fn median_tokens(&self) -> f64 {
-        median(self.runs.iter().map(|r| r.completion_tokens as f64).collect()).unwrap_or(0.0)
-    }
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    (!v.is_empty()).then(|| quantile(&mut v, 0.5))
 }
 
 /// The `q` quantile of `v` (nearest rank; sorts `v`); 0 for no samples.
@@ -85,18 +82,60 @@ pub fn quantile(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-pub async fn run(args: BenchArgs) -> Result<()> {
-    if args.runs == 0 {
-        bail!("--runs must be at least 1");
+impl BenchArgs {
+    /// The named plan with the command line's overrides.
+    fn plan(&self, store: &BenchStore) -> Result<Plan> {
+        let mut plan = plan::find(&store.plans_dir(), &self.profile).with_context(|| format!("no bench profile named '{}' (see --list-profiles)", self.profile))?;
+        if !self.concurrency.is_empty() {
+            plan.concurrency = self.concurrency.clone();
+        }
+        if !self.prompt_tokens.is_empty() {
+            plan.prompt_tokens = self.prompt_tokens.clone();
+        }
+        if !self.max_tokens.is_empty() {
+            plan.output_tokens = self.max_tokens.clone();
+        }
+        if let Some(r) = self.repetitions {
+            plan.repetitions = r;
+        }
+        if let Some(w) = self.warmup {
+            plan.warmup = w;
+        }
+        plan.validate()?;
+        Ok(plan)
     }
+}
+
+pub async fn run(args: BenchArgs) -> Result<()> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(crate::config::default_data_dir);
+    let store = BenchStore::new(&data_dir);
+    if args.list_profiles {
+        let (plans, warnings) = plan::available(&store.plans_dir());
+        for p in plans {
+            println!("{:<20} {:>3} cells  {}  [{}]", p.name, p.cells().len(), p.description, p.source);
+        }
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+        println!("\nuser plans: {}", store.plans_dir().display());
+        return Ok(());
+    }
+    let plan = args.plan(&store)?;
     let mut local = None;
     let main = match &args.target {
-        Some(spec) => Target::parse(spec)?,
+        Some(spec) => {
+            let mut t = Target::parse(spec)?;
+            if let Some(m) = &args.model {
+                t.model = m.clone();
+            }
+            t
+        }
         None => {
-            let config = Config { port: 0, model: args.model.clone(), weight_format: args.weight_format, ..Config::default() };
+            let config = Config { port: 0, model: args.model.as_ref().map(PathBuf::from), weight_format: args.weight_format, data_dir: Some(data_dir.clone()), ..Config::default() };
+            eprintln!("loading the model into an in-process mlxbar…");
             let server = Server::start(config).await?;
             server.wait_ready().await?;
-            let t = Target { label: "mlxbar".into(), base_url: format!("http://{}", server.local_addr()), model: "default".into() };
+            let t = Target { label: "mlxbar".into(), base_url: server.url(), model: "default".into() };
             local = Some(server);
             t
         }
@@ -105,77 +144,90 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     for c in &args.compare {
         targets.push(Target::parse(c)?);
     }
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(600)).build()?;
-    if !args.concurrency.is_empty() {
-        if args.concurrency.contains(&0) {
-            bail!("--concurrency levels must be at least 1");
-        }
-        for t in &targets {
-            eprintln!("warming up {}", t.label);
-            timed_chat(&client, t, &prompt(0), 8).await?;
-        }
-        let cells = concurrency::run(&client, &targets, &args.concurrency, args.max_tokens).await?;
-        if let Some(server) = local {
-            server.shutdown().await;
-        }
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&cells)?);
-        } else {
-            print!("{}", concurrency::table(&cells));
-        }
-        return Ok(());
-    }
-    let mut summaries: Vec<Summary> = targets.iter().map(|t| Summary { label: t.label.clone(), runs: vec![] }).collect();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(3600)).build()?;
+    let mut record = RunRecord {
+        id: new_run_id(),
+        profile: plan.name.clone(),
+        plan: plan.clone(),
+        state: RunState::Running,
+        started_unix: now_unix(),
+        finished_unix: None,
+        mlxbar_version: env!("CARGO_PKG_VERSION").into(),
+        machine: Machine::this(),
+        targets: vec![],
+        cells: vec![],
+        error: None,
+    };
     for t in &targets {
-        eprintln!("warming up {}", t.label);
-        timed_chat(&client, t, &prompt(0), 8).await?;
-    }
-    // Interleaved, so drift on a shared machine hits every server alike.
-    for run in 1..=args.runs {
-        for (t, s) in targets.iter().zip(summaries.iter_mut()) {
-            let r = timed_chat(&client, t, &prompt(run), args.max_tokens).await?;
-            eprintln!("run {run}/{} {:<12} ttft {:>7.3}s  decode {:>6.1} tok/s  ({} tokens)", args.runs, t.label, r.ttft.as_secs_f64(), r.decode_tok_s, r.completion_tokens);
-            s.runs.push(r);
+        let info = runner::describe(&client, t).await;
+        if info.model_id.is_none() && info.mlxbar.is_none() {
+            eprintln!("warning: {} answers neither /v1/models nor /api/metrics/snapshot; is it up?", t.label);
         }
+        record.targets.push(info);
     }
+    eprintln!("{}: {} cells × {} server(s), {} requests each", plan.name, plan.cells().len(), targets.len(), plan.total_requests());
+    let (progress_tx, progress_rx) = watch::channel(Progress::default());
+    let bar = progress_bar(progress_rx);
+    let infos = record.targets.clone();
+    let outcome = {
+        let run = runner::run_plan(&client, &infos, &plan, &progress_tx, &mut record.cells);
+        tokio::select! {
+            r = run => r.map(|()| RunState::Done),
+            _ = tokio::signal::ctrl_c() => Ok(RunState::Cancelled),
+        }
+    };
+    drop(progress_tx);
+    let _ = bar.await;
+    record.state = match outcome {
+        Ok(s) => s,
+        Err(e) => {
+            record.error = Some(format!("{e:#}"));
+            RunState::Failed
+        }
+    };
+    record.finished_unix = Some(now_unix());
     if let Some(server) = local {
         server.shutdown().await;
     }
+    store.save(&record, &report::html(&record))?;
     if args.json {
-        let out: Vec<_> = summaries
-            .iter()
-            .map(|s| json!({"label": s.label, "ttft_seconds_median": s.median_ttft().as_secs_f64(), "decode_tok_s_median": s.median_decode(), "completion_tokens_median": s.median_tokens(), "runs": s.runs.len()}))
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!("{}", serde_json::to_string_pretty(&record)?);
     } else {
-        print!("{}", table(&summaries, args.max_tokens));
+        println!("\n{}", report::markdown(&record));
     }
-    Ok(())
+    eprintln!("report: {}", store.report_path(&record.id).display());
+    match record.state {
+        RunState::Done => Ok(()),
+        RunState::Cancelled => bail!("cancelled; the cells measured so far are in the report"),
+        _ => bail!("bench failed: {}", record.error.unwrap_or_default()),
+    }
 }
 
-/// Markdown table; the first row is the reference for the ratio columns.
-pub fn table(s: &[Summary], max_tokens: usize) -> String {
-    let mut out = format!("\n| server | TTFT median | decode tok/s median | tokens | {} |\n|---|---|---|---|---|\n", "vs first: decode × / TTFT ×");
-    let base = &s[0];
-    for x in s {
-        let ratio = if std::ptr::eq(x, base) {
-            "1 / 1".to_string()
-        } else {
-            format!(
-                "{:.2} / {:.2}",
-                base.median_decode() / x.median_decode().max(1e-9),
-                x.median_ttft().as_secs_f64() / base.median_ttft().as_secs_f64().max(1e-9)
-            )
-        };
-        out += &format!(
-            "| {} | {:.3} s | {:.1} | {:.0}/{max_tokens} | {} |\n",
-            x.label,
-            x.median_ttft().as_secs_f64(),
-            x.median_decode(),
-            x.median_tokens(),
-            ratio
-        );
+/// Draws the progress bar on stderr (hidden when it is not a terminal) until the sender drops.
+fn progress_bar(mut rx: watch::Receiver<Progress>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} requests  {msg}").unwrap());
+        while rx.changed().await.is_ok() {
+            let p = rx.borrow_and_update().clone();
+            bar.set_length(p.requests_total as u64);
+            bar.set_position(p.requests_done as u64);
+            if let Some(c) = &p.current {
+                bar.set_message(format!("cell {}/{} {} on {} ({})", (p.cells_done + 1).min(p.cells_total), p.cells_total, c.label, c.target, c.phase));
+            }
+        }
+        bar.finish_and_clear();
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles() {
+        let mut v = vec![5.0, 1.0, 3.0, 2.0, 4.0];
+        assert_eq!((quantile(&mut v, 0.5), quantile(&mut v, 0.9)), (3.0, 5.0));
+        assert_eq!(quantile(&mut [], 0.5), 0.0);
     }
-    out += "\nRatios: how many times faster the first row decodes, and how many times longer this row's TTFT is.\n";
-    out
 }

@@ -51,6 +51,9 @@ pub struct Metrics {
     pub scheduler_max_batch: IntGauge,
     pub admission_blocked: IntGauge,
     pub admission_refused_total: IntCounterVec,
+    // bench runs (src/bench/jobs.rs)
+    pub bench_running: IntGauge,
+    pub bench_waiting_requests: IntGauge,
     pub prefix_cache_entries: IntGauge,
     pub prefix_cache_bytes: IntGauge,
     pub prefix_cache_utilization_ratio: Gauge,
@@ -123,6 +126,8 @@ impl Metrics {
             scheduler_max_batch: reg!(IntGauge::new("scheduler_max_batch", "Sequences decoded together in one batched step, at most.")),
             admission_blocked: reg!(IntGauge::new("admission_blocked", "1 while waiting requests are held back because memory pressure is critical.")),
             admission_refused_total: reg!(IntCounterVec::new(Opts::new("admission_refused_total", "Requests refused (503) before starting, by reason."), &["reason"])),
+            bench_running: reg!(IntGauge::new("bench_running", "1 while a bench run holds the engine exclusively; other generation requests wait or get 503.")),
+            bench_waiting_requests: reg!(IntGauge::new("bench_waiting_requests", "Generation requests waiting for a bench run to end.")),
             prefix_cache_entries: reg!(IntGauge::new("prefix_cache_entries", "Prefixes held by the prefix cache.")),
             prefix_cache_bytes: reg!(IntGauge::new("prefix_cache_bytes", "Bytes of KV held by the prefix cache.")),
             prefix_cache_utilization_ratio: reg!(Gauge::new("prefix_cache_utilization_ratio", "Prefix cache bytes over its budget (0-1).")),
@@ -154,6 +159,7 @@ impl Metrics {
     /// before the first request. Idempotent; the label sets are fixed and small.
     pub fn init_model(&self, model: &str) {
         self.admission_refused_total.with_label_values(&["memory_pressure"]);
+        self.admission_refused_total.with_label_values(&["bench_running"]);
         for endpoint in ["chat", "completions"] {
             for stream in ["true", "false"] {
                 for result in ["stop", "length", "cancelled", "error"] {

@@ -338,7 +338,7 @@ impl Model {
             let s = s as i32;
             let row = |a: &Array| mlx_rs::ops::indexing::IndexOp::index(a, s..s + 1);
             let (keys, values) = cache.update(layer, &row(&k), &row(&v))?;
-            outs.push(fast::scaled_dot_product_attention(&row(&q), &keys, &values, scale, None, None)?);
+            outs.push(fast::scaled_dot_product_attention(row(&q), &keys, &values, scale, None, None)?);
         }
         let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 0)? };
         let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?;

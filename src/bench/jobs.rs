@@ -1,0 +1,283 @@
+//! Bench runs inside a server (`POST /api/bench`, the popover, the tray): one at a time,
+//! holding the engine exclusively while it runs. The run talks to its own server over
+//! loopback like any client, carrying a per-run token that lets its requests past the
+//! exclusivity gate ([`BenchJobs::gate`]); everyone else waits (bounded) or gets 503.
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::machine::Machine;
+use super::plan::{self, Plan};
+use super::record::{new_run_id, now_unix, CellResult, RunRecord, RunState};
+use super::runner::{self, Progress};
+use super::store::BenchStore;
+use super::{client::Target, report};
+use crate::metrics::Metrics;
+
+/// Header carrying the running bench's token on its own requests.
+pub const BENCH_TOKEN_HEADER: &str = "x-mlxbar-bench";
+/// Jobs kept in memory for `GET /api/bench`.
+const RECENT_JOBS: usize = 20;
+
+/// The run holding the engine.
+#[derive(Clone)]
+pub struct Active {
+    pub id: String,
+    token: String,
+    started: Instant,
+    progress: watch::Receiver<Progress>,
+}
+
+impl Active {
+    pub fn requests_done(&self) -> usize {
+        self.progress.borrow().requests_done
+    }
+
+    /// Seconds until the run is likely done, from its pace so far (1 s to 1 h).
+    pub fn remaining_seconds(&self) -> u64 {
+        let p = self.progress.borrow();
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let estimate = if p.requests_done == 0 { 30.0 } else { elapsed / p.requests_done as f64 * p.requests_total.saturating_sub(p.requests_done) as f64 };
+        (estimate.ceil() as u64).clamp(1, 3600)
+    }
+}
+
+pub struct Job {
+    pub id: String,
+    pub profile: String,
+    pub started_unix: u64,
+    progress: watch::Receiver<Progress>,
+    cancel: CancellationToken,
+    /// Turns true when the run has ended and its record is saved.
+    ended: watch::Receiver<bool>,
+    outcome: Mutex<Outcome>,
+}
+
+#[derive(Clone)]
+struct Outcome {
+    state: RunState,
+    finished_unix: Option<u64>,
+    error: Option<String>,
+    cells: Vec<CellResult>,
+}
+
+/// A job as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobView {
+    pub id: String,
+    pub profile: String,
+    pub state: RunState,
+    pub started_unix: u64,
+    pub finished_unix: Option<u64>,
+    pub progress: Progress,
+    pub error: Option<String>,
+    /// Per-cell results (complete once the run is done).
+    pub cells: Vec<CellResult>,
+    pub report_url: String,
+}
+
+impl Job {
+    pub fn view(&self) -> JobView {
+        let o = self.outcome.lock().unwrap().clone();
+        JobView {
+            id: self.id.clone(),
+            profile: self.profile.clone(),
+            state: o.state,
+            started_unix: self.started_unix,
+            finished_unix: o.finished_unix,
+            progress: self.progress.borrow().clone(),
+            error: o.error,
+            cells: o.cells,
+            report_url: format!("/api/bench/{}/report", self.id),
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        !*self.ended.borrow()
+    }
+
+    /// Cancels the run and waits (bounded) until its requests are dropped and it is saved.
+    pub async fn cancel(&self) {
+        self.cancel.cancel();
+        let mut ended = self.ended.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(10), ended.wait_for(|e| *e)).await;
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("bench run {0} is already running; cancel it with DELETE /api/bench/{0} or wait for it")]
+    Busy(String),
+    #[error("no bench profile named '{0}'; GET /api/bench/profiles lists them")]
+    UnknownProfile(String),
+}
+
+pub struct BenchJobs {
+    store: BenchStore,
+    /// Where the run sends its requests: this server, over loopback.
+    self_url: String,
+    api_key: Option<String>,
+    metrics: Arc<Metrics>,
+    active: watch::Sender<Option<Active>>,
+    jobs: Mutex<VecDeque<Arc<Job>>>,
+    /// Requests the gate holds right now.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl BenchJobs {
+    pub fn new(store: BenchStore, self_url: String, api_key: Option<String>, metrics: Arc<Metrics>) -> Arc<BenchJobs> {
+        Arc::new(BenchJobs { store, self_url, api_key, metrics, active: watch::channel(None).0, jobs: Mutex::new(VecDeque::new()), waiting: Default::default() })
+    }
+
+    pub fn store(&self) -> &BenchStore {
+        &self.store
+    }
+
+    pub fn profiles(&self) -> (Vec<Plan>, Vec<String>) {
+        plan::available(&self.store.plans_dir())
+    }
+
+    pub fn active(&self) -> Option<Active> {
+        self.active.borrow().clone()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Newest first.
+    pub fn jobs(&self) -> Vec<Arc<Job>> {
+        self.jobs.lock().unwrap().iter().rev().cloned().collect()
+    }
+
+    pub fn job(&self, id: &str) -> Option<Arc<Job>> {
+        self.jobs.lock().unwrap().iter().find(|j| j.id == id).cloned()
+    }
+
+    /// Starts `profile` in the background; must be called inside a tokio runtime.
+    pub fn start(self: &Arc<Self>, profile: &str) -> Result<Arc<Job>, StartError> {
+        let plan = plan::find(&self.store.plans_dir(), profile).ok_or_else(|| StartError::UnknownProfile(profile.to_string()))?;
+        let id = new_run_id();
+        let token = hex::encode(rand::random::<[u8; 16]>());
+        let (progress_tx, progress_rx) = watch::channel(Progress::default());
+        let (ended_tx, ended_rx) = watch::channel(false);
+        let claimed = self.active.send_if_modified(|a| {
+            if a.is_some() {
+                return false;
+            }
+            *a = Some(Active { id: id.clone(), token: token.clone(), started: Instant::now(), progress: progress_rx.clone() });
+            true
+        });
+        if !claimed {
+            return Err(StartError::Busy(self.active().map(|a| a.id).unwrap_or_default()));
+        }
+        self.metrics.bench_running.set(1);
+        let job = Arc::new(Job {
+            id: id.clone(),
+            profile: plan.name.clone(),
+            started_unix: now_unix(),
+            progress: progress_rx,
+            cancel: CancellationToken::new(),
+            ended: ended_rx,
+            outcome: Mutex::new(Outcome { state: RunState::Running, finished_unix: None, error: None, cells: vec![] }),
+        });
+        {
+            let mut jobs = self.jobs.lock().unwrap();
+            jobs.push_back(job.clone());
+            while jobs.len() > RECENT_JOBS {
+                jobs.pop_front();
+            }
+        }
+        let this = self.clone();
+        let j = job.clone();
+        tokio::spawn(async move {
+            let record = this.execute(&j, plan, token, progress_tx).await;
+            *j.outcome.lock().unwrap() = Outcome { state: record.state, finished_unix: record.finished_unix, error: record.error.clone(), cells: record.cells.clone() };
+            let store = this.store.clone();
+            let html = report::html(&record);
+            if let Err(e) = tokio::task::spawn_blocking(move || store.save(&record, &html)).await.map_err(anyhow::Error::from).and_then(|r| r) {
+                tracing::error!("saving bench run {}: {e:#}", j.id);
+            }
+            this.active.send_replace(None);
+            this.metrics.bench_running.set(0);
+            let _ = ended_tx.send(true);
+        });
+        Ok(job)
+    }
+
+    async fn execute(&self, job: &Job, plan: Plan, token: String, progress: watch::Sender<Progress>) -> RunRecord {
+        let mut record = RunRecord {
+            id: job.id.clone(),
+            profile: plan.name.clone(),
+            plan: plan.clone(),
+            state: RunState::Running,
+            started_unix: job.started_unix,
+            finished_unix: None,
+            mlxbar_version: env!("CARGO_PKG_VERSION").into(),
+            machine: Machine::this(),
+            targets: vec![],
+            cells: vec![],
+            error: None,
+        };
+        let client = match self.client(&token) {
+            Ok(c) => c,
+            Err(e) => {
+                record.state = RunState::Failed;
+                record.error = Some(format!("{e:#}"));
+                return record;
+            }
+        };
+        let target = Target { label: "mlxbar".into(), base_url: self.self_url.clone(), model: "default".into() };
+        record.targets = vec![runner::describe(&client, &target).await];
+        let targets = record.targets.clone();
+        let run = runner::run_plan(&client, &targets, &plan, &progress, &mut record.cells);
+        record.state = tokio::select! {
+            r = run => match r {
+                Ok(()) => RunState::Done,
+                Err(e) => {
+                    record.error = Some(format!("{e:#}"));
+                    RunState::Failed
+                }
+            },
+            _ = job.cancel.cancelled() => RunState::Cancelled,
+        };
+        record.finished_unix = Some(now_unix());
+        record
+    }
+
+    fn client(&self, token: &str) -> Result<reqwest::Client> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(BENCH_TOKEN_HEADER, token.parse()?);
+        if let Some(key) = &self.api_key {
+            headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {key}").parse()?);
+        }
+        Ok(reqwest::Client::builder().default_headers(headers).timeout(Duration::from_secs(3600)).build()?)
+    }
+
+    /// The exclusivity gate for generation requests: `Ok` when no run holds the engine,
+    /// when the request carries the run's token, or when the run ends within `wait`;
+    /// otherwise the seconds after which to retry.
+    pub async fn gate(&self, token: Option<&[u8]>, wait: Duration) -> Result<(), u64> {
+        let Some(active) = self.active() else { return Ok(()) };
+        if token.is_some_and(|t| bool::from(subtle::ConstantTimeEq::ct_eq(t, active.token.as_bytes()))) {
+            return Ok(());
+        }
+        use std::sync::atomic::Ordering::Relaxed;
+        self.waiting.fetch_add(1, Relaxed);
+        self.metrics.bench_waiting_requests.inc();
+        let mut rx = self.active.subscribe();
+        let idle = tokio::time::timeout(wait, rx.wait_for(Option::is_none)).await.is_ok_and(|r| r.is_ok());
+        self.waiting.fetch_sub(1, Relaxed);
+        self.metrics.bench_waiting_requests.dec();
+        if idle {
+            Ok(())
+        } else {
+            Err(self.active().map(|a| a.remaining_seconds()).unwrap_or(1))
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! A run as people read it: a Markdown table (printed by the CLI, pasted in the README)
+//! and a self-contained HTML report with charts of tok/s and TTFT per cell.
+use plotters::prelude::*;
+
+use super::record::{CellResult, RunRecord};
+
+/// Markdown table; with several targets, ratio columns compare each row with the first
+/// target on the same cell.
+pub fn markdown(record: &RunRecord) -> String {
+    let compare = record.targets.len() > 1;
+    let mut out = String::from("| cell (streams×prompt→output) | server | aggregate tok/s | per-stream tok/s | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | e2e p50 | errors |");
+    out += if compare { " aggregate × vs first | TTFT p90 × vs first |\n" } else { "\n" };
+    out += &"|---".repeat(if compare { 12 } else { 10 });
+    out += "|\n";
+    for c in &record.cells {
+        out += &format!(
+            "| {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",
+            c.cell.spec().label(),
+            c.target,
+            c.aggregate_tok_s,
+            c.stream_tok_s_p50,
+            secs(c.ttft_p50),
+            secs(c.ttft_p90),
+            ms(c.itl_p50),
+            ms(c.itl_p90),
+            secs(c.e2e_p50),
+            c.errors
+        );
+        if compare {
+            let base = base_of(record, c);
+            out += &format!(" {:.2} | {:.2} |", c.aggregate_tok_s / base.aggregate_tok_s.max(1e-9), c.ttft_p90 / base.ttft_p90.max(1e-9));
+        }
+        out += "\n";
+    }
+    out
+}
+
+/// The first target's result for the same cell.
+fn base_of<'a>(record: &'a RunRecord, c: &'a CellResult) -> &'a CellResult {
+    record.cells.iter().find(|b| b.cell == c.cell).unwrap_or(c)
+}
+
+fn secs(s: f64) -> String {
+    format!("{s:.2} s")
+}
+
+fn ms(s: f64) -> String {
+    format!("{:.0} ms", s * 1e3)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// Self-contained HTML: run facts, two charts, the full table.
+pub fn html(record: &RunRecord) -> String {
+    let m = &record.machine;
+    let targets: String = record
+        .targets
+        .iter()
+        .map(|t| format!("<li><b>{}</b> {} (model {})</li>", escape(&t.label), escape(&t.url), escape(t.model_id.as_deref().unwrap_or(&t.model))))
+        .collect();
+    let mut rows = String::new();
+    for c in &record.cells {
+        rows += &format!(
+            "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            c.cell.spec().label(),
+            escape(&c.target),
+            c.aggregate_tok_s,
+            c.stream_tok_s_p50,
+            secs(c.ttft_p50),
+            secs(c.ttft_p90),
+            ms(c.itl_p50),
+            ms(c.itl_p90),
+            secs(c.e2e_p50),
+            c.prompt_tok_s_p50,
+            c.peak_mlx_bytes.map(|b| format!("{:.0} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "–".into()),
+            c.pressure_max.as_deref().unwrap_or("–"),
+            c.errors
+        );
+    }
+    format!(
+        r#"<!doctype html><html><head><meta charset="utf-8"><title>mlxbar bench {id}</title>
+<style>body{{font:14px -apple-system,system-ui,sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:nth-child(-n+2),th{{text-align:left}}.charts{{display:flex;flex-wrap:wrap;gap:1em}}</style></head><body>
+<h1>mlxbar bench: {profile}</h1>
+<p>Run {id}, state {state:?}, mlxbar {version}. {chip}, {cores} cores, {mem:.0} GiB, {os} ({arch}).</p>
+<ul>{targets}</ul>
+<div class="charts">{tok_chart}{ttft_chart}</div>
+<table><tr><th>cell</th><th>server</th><th>aggregate tok/s</th><th>per-stream tok/s</th><th>TTFT p50</th><th>TTFT p90</th><th>ITL p50</th><th>ITL p90</th><th>e2e p50</th><th>prompt tok/s</th><th>peak MLX</th><th>pressure</th><th>errors</th></tr>{rows}</table>
+</body></html>
+"#,
+        id = escape(&record.id),
+        profile = escape(&record.profile),
+        state = record.state,
+        version = escape(&record.mlxbar_version),
+        chip = escape(&m.chip),
+        cores = m.cores,
+        mem = m.memory_bytes as f64 / (1u64 << 30) as f64,
+        os = escape(&m.os),
+        arch = escape(&m.arch),
+        tok_chart = chart(record, "aggregate tok/s per cell", |c| c.aggregate_tok_s),
+        ttft_chart = chart(record, "TTFT p50 per cell (s)", |c| c.ttft_p50),
+    )
+}
+
+const COLORS: [RGBColor; 4] = [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xff, 0x7f, 0x0e), RGBColor(0x2c, 0xa0, 0x2c), RGBColor(0xd6, 0x27, 0x28)];
+
+/// One line per target over the cells in plan order, as inline SVG.
+fn chart(record: &RunRecord, title: &str, value: impl Fn(&CellResult) -> f64) -> String {
+    let cells = record.plan.cells();
+    let top = record.cells.iter().map(&value).fold(0.0f64, f64::max).max(1e-6) * 1.15;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (560, 300)).into_drawing_area();
+        let drawn: Result<(), Box<dyn std::error::Error>> = (|| {
+            root.fill(&WHITE)?;
+            let n = cells.len().max(1) as f64;
+            let mut chart = ChartBuilder::on(&root)
+                .caption(title, ("sans-serif", 16))
+                .margin(12)
+                .x_label_area_size(34)
+                .y_label_area_size(48)
+                .build_cartesian_2d(-0.5..n - 0.5, 0.0..top)?;
+            let label = |x: &f64| {
+                let i = x.round();
+                if (x - i).abs() > 1e-6 || i < 0.0 {
+                    return String::new();
+                }
+                cells.get(i as usize).map(|c| c.label()).unwrap_or_default()
+            };
+            chart.configure_mesh().x_labels(cells.len().min(12) * 2 + 1).x_label_formatter(&label).disable_x_mesh().draw()?;
+            for (i, t) in record.targets.iter().enumerate() {
+                let color = COLORS[i % COLORS.len()];
+                let points: Vec<(f64, f64)> = cells
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(x, spec)| record.cells.iter().find(|c| c.target == t.label && c.cell.spec() == *spec).map(|c| (x as f64, value(c))))
+                    .collect();
+                chart
+                    .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                    .label(t.label.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+                chart.draw_series(points.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
+            }
+            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK.mix(0.3)).draw()?;
+            root.present()?;
+            Ok(())
+        })();
+        if let Err(e) = drawn {
+            tracing::warn!("bench chart: {e}");
+        }
+    }
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::machine::Machine;
+    use crate::bench::plan::Plan;
+    use crate::bench::record::{RunState, TargetInfo};
+
+    fn run() -> RunRecord {
+        let plan = Plan { concurrency: vec![1, 4], ..Plan::builtins().remove(0) };
+        let target = |label: &str| TargetInfo { label: label.into(), url: "http://127.0.0.1:1".into(), model: "default".into(), model_id: None, mlxbar: None };
+        let mut cells = vec![];
+        for spec in plan.cells() {
+            for (label, tok) in [("mlxbar", 40.0), ("<peer>", 20.0)] {
+                cells.push(CellResult { target: label.into(), cell: spec.into(), aggregate_tok_s: tok * spec.concurrency as f64, ttft_p90: 1.0, ..Default::default() });
+            }
+        }
+        RunRecord {
+            id: "r1".into(),
+            profile: "quick".into(),
+            plan,
+            state: RunState::Done,
+            started_unix: 0,
+            finished_unix: Some(1),
+            mlxbar_version: "0.1.0".into(),
+            machine: Machine::default(),
+            targets: vec![target("mlxbar"), target("<peer>")],
+            cells,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn markdown_has_ratios_against_the_first_target() {
+        let md = markdown(&run());
+        assert!(md.contains("| 4×128→64 | <peer> | 80.0 |"), "{md}");
+        assert!(md.lines().filter(|l| l.contains("<peer>")).all(|l| l.ends_with("| 0.50 | 1.00 |")), "{md}");
+    }
+
+    #[test]
+    fn html_has_escaped_labels_and_both_charts() {
+        let html = html(&run());
+        assert!(!html.contains("<peer>") && html.contains("&lt;peer&gt;"));
+        assert_eq!(html.matches("<svg").count(), 2);
+        assert!(html.contains("4×128→64"), "cell labels on the x axis");
+    }
+}

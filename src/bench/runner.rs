@@ -1,0 +1,259 @@
+//! Runs a plan against one or more OpenAI-compatible targets, interleaved cell by cell
+//! (every target does cell 1, then every target does cell 2, ...) so drift on a shared
+//! machine hits all of them alike. Progress goes out on a watch channel; dropping the
+//! future cancels the requests in flight (the servers see the streams close).
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::client::{timed_chat, RunTiming, Target};
+use super::plan::{CellSpec, Plan};
+use super::prompt;
+use super::quantile;
+use super::record::{CellResult, TargetInfo};
+
+/// Live progress of a run, as `GET /api/bench/{id}` and the CLI's progress bar show it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Progress {
+    /// Cells finished, counting each target's run of a cell once.
+    pub cells_done: usize,
+    pub cells_total: usize,
+    pub requests_done: usize,
+    pub requests_total: usize,
+    pub current: Option<CurrentCell>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CurrentCell {
+    pub target: String,
+    pub label: String,
+    #[serde(flatten)]
+    pub cell: CellSpec,
+    /// "warmup" or "round 2/3".
+    pub phase: String,
+}
+
+/// Asks a target what it is: its first model id, and for mlxbar its snapshot's
+/// version, device, model and scheduler settings. Never fails: unknown stays None.
+pub async fn describe(client: &reqwest::Client, t: &Target) -> TargetInfo {
+    let get = |path: &str| {
+        let url = format!("{}{path}", t.base_url);
+        async move {
+            let r = client.get(url).timeout(Duration::from_secs(10)).send().await.ok()?;
+            if !r.status().is_success() {
+                return None;
+            }
+            r.json::<Value>().await.ok()
+        }
+    };
+    let model_id = get("/v1/models").await.and_then(|v| v.pointer("/data/0/id").and_then(Value::as_str).map(str::to_string));
+    let mlxbar = get("/api/metrics/snapshot").await.filter(|s| s.get("version").is_some() && s.get("scheduler").is_some()).map(|s| {
+        serde_json::json!({
+            "version": s["version"], "device": s["device"],
+            "model": s.pointer("/models/0/info").cloned().unwrap_or(Value::Null),
+            "scheduler": s["scheduler"],
+        })
+    });
+    TargetInfo { label: t.label.clone(), url: t.base_url.clone(), model: t.model.clone(), model_id, mlxbar }
+}
+
+/// Every cell of `plan` on every target; finished cells are pushed to `results` as they
+/// complete, so a cancelled run keeps what it measured.
+pub async fn run_plan(client: &reqwest::Client, targets: &[TargetInfo], plan: &Plan, progress: &watch::Sender<Progress>, results: &mut Vec<CellResult>) -> Result<()> {
+    let cells = plan.cells();
+    progress.send_modify(|p| {
+        p.cells_total = cells.len() * targets.len();
+        p.requests_total = plan.total_requests() * targets.len();
+    });
+    for (index, &cell) in cells.iter().enumerate() {
+        for t in targets {
+            let r = run_cell(client, t, plan, index, cell, progress).await;
+            progress.send_modify(|p| p.cells_done += 1);
+            results.push(r);
+        }
+    }
+    progress.send_modify(|p| p.current = None);
+    if results.iter().all(|c| c.errors == c.requests) {
+        let first = results.iter().find_map(|c| c.error.clone()).unwrap_or_default();
+        anyhow::bail!("every request failed; the first: {first}");
+    }
+    Ok(())
+}
+
+async fn run_cell(client: &reqwest::Client, info: &TargetInfo, plan: &Plan, index: usize, cell: CellSpec, progress: &watch::Sender<Progress>) -> CellResult {
+    let t = Target { label: info.label.clone(), base_url: info.url.clone(), model: info.model.clone() };
+    let set_phase = |phase: String| {
+        progress.send_modify(|p| p.current = Some(CurrentCell { target: t.label.clone(), label: cell.label(), cell, phase }));
+    };
+    set_phase("warmup".into());
+    for w in 0..plan.warmup {
+        // Warm-ups use their own prompts (round numbers past the timed ones).
+        let _ = timed_chat(client, &t, &prompt::messages(cell.prompt_tokens, index, 1000 + w, 0), cell.output_tokens.min(8)).await;
+        progress.send_modify(|p| p.requests_done += 1);
+    }
+    let mut peaks = Peaks::default();
+    let mut rounds = vec![];
+    let measure = async {
+        for round in 0..plan.repetitions {
+            set_phase(format!("round {}/{}", round + 1, plan.repetitions));
+            let start = Instant::now();
+            let runs = futures::future::join_all((0..cell.concurrency).map(|s| {
+                let messages = prompt::messages(cell.prompt_tokens, index, round, s);
+                let t = &t;
+                async move {
+                    let r = timed_chat(client, t, &messages, cell.output_tokens).await;
+                    progress.send_modify(|p| p.requests_done += 1);
+                    r
+                }
+            }))
+            .await;
+            rounds.push((start.elapsed(), runs));
+        }
+    };
+    if info.mlxbar.is_some() {
+        tokio::select! {
+            _ = measure => {},
+            _ = peaks.follow(client, &t.base_url) => {},
+        }
+        peaks.sample(client, &t.base_url).await;
+    } else {
+        measure.await;
+    }
+    summarize(&t.label, cell, &rounds, peaks)
+}
+
+/// Figures of one cell from its rounds: (wall time, each stream's outcome).
+fn summarize(target: &str, cell: CellSpec, rounds: &[(Duration, Vec<Result<RunTiming>>)], peaks: Peaks) -> CellResult {
+    let (mut ttft, mut itl, mut tpot, mut e2e, mut stream_tok_s, mut prompt_tok_s, mut counted, mut aggregate) = (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut requests, mut errors, mut error, mut tokens, mut wall) = (0, 0, None, 0, 0.0);
+    for (elapsed, runs) in rounds {
+        let mut round_tokens = 0;
+        for r in runs {
+            requests += 1;
+            match r {
+                Ok(r) => {
+                    let first = r.ttft.as_secs_f64();
+                    ttft.push(first);
+                    itl.extend(r.gaps.iter().map(Duration::as_secs_f64));
+                    e2e.push(r.total.as_secs_f64());
+                    if r.completion_tokens > 1 {
+                        tpot.push((r.total.as_secs_f64() - first) / (r.completion_tokens - 1) as f64);
+                    }
+                    stream_tok_s.push(r.decode_tok_s);
+                    if let Some(n) = r.prompt_tokens {
+                        counted.push(n as f64);
+                    }
+                    prompt_tok_s.push(r.prompt_tokens.unwrap_or(cell.prompt_tokens) as f64 / first.max(1e-9));
+                    round_tokens += r.completion_tokens;
+                }
+                Err(e) => {
+                    errors += 1;
+                    error.get_or_insert_with(|| format!("{e:#}"));
+                }
+            }
+        }
+        tokens += round_tokens;
+        wall += elapsed.as_secs_f64();
+        aggregate.push(round_tokens as f64 / elapsed.as_secs_f64().max(1e-9));
+    }
+    CellResult {
+        target: target.to_string(),
+        cell: cell.into(),
+        requests,
+        errors,
+        error,
+        prompt_tokens_counted: (!counted.is_empty()).then(|| quantile(&mut counted, 0.5) as usize),
+        completion_tokens: tokens,
+        ttft_p50: quantile(&mut ttft, 0.5),
+        ttft_p90: quantile(&mut ttft, 0.9),
+        itl_p50: quantile(&mut itl, 0.5),
+        itl_p90: quantile(&mut itl, 0.9),
+        tpot_p50: quantile(&mut tpot, 0.5),
+        e2e_p50: quantile(&mut e2e, 0.5),
+        e2e_p90: quantile(&mut e2e, 0.9),
+        stream_tok_s_p50: quantile(&mut stream_tok_s, 0.5),
+        aggregate_tok_s: quantile(&mut aggregate, 0.5),
+        prompt_tok_s_p50: quantile(&mut prompt_tok_s, 0.5),
+        peak_mlx_bytes: peaks.mlx,
+        peak_rss_bytes: peaks.rss,
+        pressure_max: peaks.pressure.map(|(_, name)| name),
+        wall_seconds: wall,
+    }
+}
+
+/// Highest memory figures an mlxbar target's snapshot showed while a cell ran.
+#[derive(Default)]
+struct Peaks {
+    mlx: Option<u64>,
+    rss: Option<u64>,
+    /// (rank, name): normal < warn < critical; unknown ranks lowest.
+    pressure: Option<(u8, String)>,
+}
+
+impl Peaks {
+    /// The server samples memory once a second; polling twice as often catches each sample.
+    async fn follow(&mut self, client: &reqwest::Client, base: &str) {
+        loop {
+            self.sample(client, base).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn sample(&mut self, client: &reqwest::Client, base: &str) {
+        let Ok(r) = client.get(format!("{base}/api/metrics/snapshot")).timeout(Duration::from_secs(5)).send().await else { return };
+        let Ok(s) = r.json::<Value>().await else { return };
+        let max = |a: Option<u64>, b: Option<u64>| a.max(b);
+        self.mlx = max(self.mlx, s.pointer("/memory/mlx/active").and_then(Value::as_u64));
+        self.rss = max(self.rss, s.pointer("/memory/process/resident_bytes").and_then(Value::as_u64));
+        if let Some(name) = s.pointer("/memory/system/pressure").and_then(Value::as_str) {
+            let rank = match name {
+                "normal" => 1,
+                "warn" => 2,
+                "critical" => 3,
+                _ => 0,
+            };
+            if self.pressure.as_ref().is_none_or(|(r, _)| rank > *r) {
+                self.pressure = Some((rank, name.to_string()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::client::RunTiming;
+
+    fn timing(ttft: f64, tokens: usize, total: f64) -> Result<RunTiming> {
+        Ok(RunTiming {
+            ttft: Duration::from_secs_f64(ttft),
+            completion_tokens: tokens,
+            prompt_tokens: Some(100),
+            decode_tok_s: (tokens - 1) as f64 / (total - ttft),
+            total: Duration::from_secs_f64(total),
+            gaps: vec![Duration::from_millis(50); tokens - 1],
+        })
+    }
+
+    #[test]
+    fn summarizes_rounds() {
+        let cell = CellSpec { concurrency: 2, prompt_tokens: 128, output_tokens: 11 };
+        let rounds = vec![
+            (Duration::from_secs(2), vec![timing(0.5, 11, 1.0), timing(1.0, 11, 1.5)]),
+            (Duration::from_secs(1), vec![timing(0.5, 11, 1.0), Err(anyhow::anyhow!("HTTP 503"))]),
+        ];
+        let r = summarize("x", cell, &rounds, Peaks::default());
+        assert_eq!((r.requests, r.errors, r.completion_tokens), (4, 1, 33));
+        assert_eq!(r.error.as_deref(), Some("HTTP 503"));
+        assert_eq!(r.prompt_tokens_counted, Some(100));
+        assert_eq!((r.ttft_p50, r.ttft_p90), (0.5, 1.0));
+        assert!((r.tpot_p50 - 0.05).abs() < 1e-9);
+        // Rounds: 22 tokens / 2 s and 11 tokens / 1 s: median (nearest rank) of [11, 11].
+        assert_eq!(r.aggregate_tok_s, 11.0);
+        assert_eq!(r.prompt_tok_s_p50, 200.0);
+        assert_eq!(r.wall_seconds, 3.0);
+    }
+}
