@@ -3,7 +3,7 @@
 # default model, measured in one run, interleaved. Peers come from ../shared/peers (or
 # $PEERS_DIR): mlx_lm.server on the same MLX CPU build, and llama.cpp (llama-cpp-python).
 # Usage: scripts/bench.sh [PEER...]   PEER: mlx-lm | llama-cpp | vllm-mlx (default: mlx-lm llama-cpp)
-# BENCH_ARGS replaces the profile, e.g. BENCH_ARGS="--concurrency 1,4,8 --max-tokens 64".
+# BENCH_ARGS picks the plan, e.g. BENCH_ARGS="--profile concurrency-sweep" (default: --profile quick).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$ROOT/../shared/peers}
@@ -32,4 +32,4 @@ for peer in $WANT; do
   port=$((port + 1))
 done
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-./target/release/mlxbar bench ${BENCH_ARGS:---quick --runs ${RUNS:-3}} "${args[@]}"
+./target/release/mlxbar bench ${BENCH_ARGS:---profile quick} "${args[@]}"

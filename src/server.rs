@@ -33,6 +33,8 @@ pub struct ServerStatus {
     pub waiting: usize,
     /// Firing alerts that are not snoozed.
     pub alerts_firing: usize,
+    /// A bench run holds the engine.
+    pub bench_running: bool,
 }
 
 pub struct Server {
@@ -135,6 +137,7 @@ impl Server {
             running: self.engine.running(),
             waiting: self.engine.waiting(),
             alerts_firing: self.alerts.view().iter().filter(|a| a.firing && !a.snoozed).count(),
+            bench_running: self.state.bench.active().is_some(),
         }
     }
 
@@ -166,9 +169,10 @@ impl Server {
         self.engine.wait_ready().await
     }
 
-    /// Stops the engine (running requests end with an error within one step), then lets
-    /// open connections finish and closes the socket.
+    /// Cancels a bench run, stops the engine (running requests end with an error within one
+    /// step), then lets open connections finish and closes the socket.
     pub async fn shutdown(mut self) {
+        self.state.bench.cancel_active().await;
         self.telemetry.stop();
         self.monitor.abort();
         let _ = self.stopping.send(true);

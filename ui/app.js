@@ -144,6 +144,106 @@ function alerts(list) {
   }));
 }
 
+// ---- bench runs: start a profile, follow its progress, compare with the previous run ----
+let benchActive = null;
+const apiError = async (r) => (await r.json().catch(() => ({}))).error?.message ?? `HTTP ${r.status}`;
+async function loadProfiles() {
+  const r = await fetch("/api/bench/profiles");
+  if (!r.ok) return;
+  const sel = $("bench-profile");
+  const keep = sel.value || "quick";
+  sel.replaceChildren(...(await r.json()).data.map((p) => {
+    const o = document.createElement("option");
+    o.value = p.name;
+    o.textContent = `${p.name} · ${p.cells} cell${p.cells === 1 ? "" : "s"}`;
+    o.title = p.description;
+    return o;
+  }));
+  sel.value = [...sel.options].some((o) => o.value === keep) ? keep : sel.options[0]?.value;
+}
+async function startBench() {
+  const r = await fetch("/api/bench", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ profile: $("bench-profile").value }) });
+  if (!r.ok) return showBanner(`Could not start the bench: ${await apiError(r)}`);
+  bench(await r.json());
+}
+async function cancelBench() {
+  if (!benchActive) return;
+  const r = await fetch(`/api/bench/${encodeURIComponent(benchActive)}`, { method: "DELETE" });
+  if (!r.ok) showBanner(`Could not cancel: ${await apiError(r)}`);
+}
+/** The running job (or null) from the snapshot or a start. */
+function bench(job, paused) {
+  const running = job && job.state === "running";
+  const wasRunning = benchActive;
+  benchActive = running ? job.id : null;
+  $("bench-start").disabled = !!running || !!paused;
+  $("bench-cancel").hidden = !running;
+  $("bench-progress").hidden = !running;
+  text("bench-status", running ? `running ${job.profile}` : "idle");
+  if (running) {
+    const p = job.progress;
+    $("bench-bar").style.width = `${p.requests_total ? (100 * p.requests_done) / p.requests_total : 0}%`;
+    text("bench-cell", p.current
+      ? `Cell ${Math.min(p.cells_done + 1, p.cells_total)}/${p.cells_total} · ${p.current.label} · ${p.current.phase} · ${p.requests_done}/${p.requests_total} requests`
+      : "Starting…");
+  } else {
+    text("bench-cell", "");
+  }
+  if (wasRunning && !running) loadHistory();
+}
+const ago = (unix) => {
+  const s = Date.now() / 1000 - unix;
+  return s < 90 ? "just now" : s < 5400 ? `${Math.round(s / 60)} min ago` : s < 129600 ? `${Math.round(s / 3600)} h ago` : `${Math.round(s / 86400)} d ago`;
+};
+function delta(now, before, higherIsBetter) {
+  const span = document.createElement("span");
+  if (before == null || !before) return span;
+  const pct = ((now - before) / before) * 100;
+  if (Math.abs(pct) < 0.5) return span;
+  span.className = `delta ${(pct > 0) === higherIsBetter ? "better" : "worse"}`;
+  span.textContent = `${pct > 0 ? "+" : "−"}${Math.abs(pct).toFixed(0)}%`;
+  return span;
+}
+/** The last finished run, per cell, against the previous run of the same profile. */
+async function loadHistory() {
+  const r = await fetch("/api/history?limit=50");
+  if (!r.ok) return;
+  const runs = (await r.json()).data;
+  const last = runs[0];
+  const body = $("bench-results");
+  if (!last) {
+    text("bench-title", "No runs yet: pick a profile and Run.");
+    body.replaceChildren();
+    return;
+  }
+  const prev = runs.slice(1).find((x) => x.profile === last.profile);
+  text("bench-title", `Last: ${last.profile}, ${ago(last.finished_unix)}` + (prev ? ` · vs previous (${ago(prev.finished_unix)})` : " · first run of this profile"));
+  const target = last.targets[0]?.label;
+  const key = (c) => `${c.concurrency}×${c.prompt_tokens}→${c.output_tokens}`;
+  const head = document.createElement("tr");
+  for (const h of ["streams×prompt→out", "tok/s", "TTFT p50"]) {
+    const th = document.createElement("th");
+    th.textContent = h;
+    head.append(th);
+  }
+  const rows = last.cells.filter((c) => c.target === target).map((c) => {
+    const before = prev?.cells.find((p) => p.target === prev.targets[0]?.label && key(p) === key(c));
+    const tr = document.createElement("tr");
+    const cell = document.createElement("td");
+    cell.textContent = key(c);
+    const tok = document.createElement("td");
+    tok.append(c.aggregate_tok_s.toFixed(1), delta(c.aggregate_tok_s, before?.aggregate_tok_s, true));
+    const ttft = document.createElement("td");
+    ttft.append(fmtSecs(c.ttft_p50, 1), delta(c.ttft_p50, before?.ttft_p50, false));
+    tr.append(cell, tok, ttft);
+    tr.dataset.testid = "bench-row";
+    return tr;
+  });
+  body.replaceChildren(head, ...rows);
+}
+$("bench-start").onclick = startBench;
+$("bench-cancel").onclick = cancelBench;
+
 // ---- the whole snapshot ----
 function showBanner(msg, kind) {
   const b = $("banner");
@@ -188,6 +288,7 @@ function render(s) {
   text("tokens", fmtInt(s.totals.completion_tokens));
   text("tokens-unit", s.totals.completion_tokens === 1 ? "token" : "tokens");
   alerts(s.alerts);
+  bench(s.bench?.active ?? null, s.paused);
   const g = $("grafana-link");
   g.hidden = !s.links.grafana;
   if (s.links.grafana) g.href = s.links.grafana;
@@ -208,3 +309,5 @@ function connect() {
 }
 window.addEventListener("resize", () => spark && spark.setSize({ width: $("spark").clientWidth, height: 74 }));
 connect();
+loadProfiles();
+loadHistory();

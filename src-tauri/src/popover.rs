@@ -9,7 +9,16 @@ use crate::server_slot::ServerSlot;
 
 pub const LABEL: &str = "popover";
 const WIDTH: f64 = 380.0;
-const HEIGHT: f64 = 640.0;
+/// Tall enough for the whole page; shorter screens get a scrolling page.
+const HEIGHT: f64 = 820.0;
+
+/// The popover's height on `w`'s monitor: [`HEIGHT`], or what fits under the menu bar.
+fn height<R: Runtime>(w: &WebviewWindow<R>) -> f64 {
+    match w.current_monitor().ok().flatten().or_else(|| w.primary_monitor().ok().flatten()) {
+        Some(m) => (m.size().height as f64 / m.scale_factor() - 72.0).clamp(480.0, HEIGHT),
+        None => HEIGHT,
+    }
+}
 
 fn window<R: Runtime>(app: &AppHandle<R>) -> Option<WebviewWindow<R>> {
     if let Some(w) = app.get_webview_window(LABEL) {
@@ -65,7 +74,7 @@ pub fn toggle<R: Runtime>(app: &AppHandle<R>, anchor: Option<Rect>) {
 }
 
 fn place<R: Runtime>(w: &WebviewWindow<R>, anchor: Option<Rect>) {
-    let _ = w.set_size(LogicalSize::new(WIDTH, HEIGHT));
+    let _ = w.set_size(LogicalSize::new(WIDTH, height(w)));
     let scale = w.scale_factor().unwrap_or(1.0);
     let width = (WIDTH * scale) as i32;
     let pos = match anchor {

@@ -95,20 +95,23 @@ pub fn tooltip(status: &AppStatus) -> String {
 
 struct MenuItems<R: Runtime> {
     pause: MenuItem<R>,
+    bench: MenuItem<R>,
 }
 
 fn menu<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<(Menu<R>, MenuItems<R>)> {
     let pause = MenuItem::with_id(app, "pause", "Pause serving", true, None::<&str>)?;
+    let bench = MenuItem::with_id(app, "bench", "Run quick benchmark", true, None::<&str>)?;
     let menu = MenuBuilder::new(app)
         .text("show", "Show mlxbar")
         .separator()
         .text("open_dashboard", "Open dashboard in browser")
         .text("copy_metrics_url", "Copy metrics URL")
+        .item(&bench)
         .item(&pause)
         .item(&PredefinedMenuItem::separator(app)?)
         .text("quit", "Quit mlxbar")
         .build()?;
-    Ok((menu, MenuItems { pause }))
+    Ok((menu, MenuItems { pause, bench }))
 }
 
 pub fn create<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<()> {
@@ -151,6 +154,17 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
                 }
             }
         }
+        "bench" => {
+            // Starts the built-in quick profile; the popover shows its progress and results.
+            if let Some(bench) = slot.with(|s| s.bench().clone()) {
+                tauri::async_runtime::spawn(async move {
+                    if let Err(e) = bench.start("quick") {
+                        tracing::warn!("starting the benchmark: {e}");
+                    }
+                });
+                crate::popover::show(app, None);
+            }
+        }
         "pause" => {
             let paused = slot.with(|s| s.is_paused()).unwrap_or(false);
             let _ = crate::commands::set_serving(app.state(), paused);
@@ -166,17 +180,18 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
 /// Updates icon, title, tooltip and the pause item when they change.
 fn refresh_loop<R: Runtime>(app: AppHandle<R>, tray: TrayIcon<R>, items: MenuItems<R>) {
     tauri::async_runtime::spawn(async move {
-        let mut shown: Option<(TrayState, Option<String>, String, bool)> = None;
+        let mut shown: Option<(TrayState, Option<String>, String, bool, bool)> = None;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
             let status = app.state::<Arc<ServerSlot>>().status();
             let paused = status.server.as_ref().is_some_and(|s| s.paused);
-            let now = (TrayState::of(&status), title(&status), tooltip(&status), paused);
+            let benching = status.server.as_ref().is_some_and(|s| s.bench_running);
+            let now = (TrayState::of(&status), title(&status), tooltip(&status), paused, benching);
             if shown.as_ref() == Some(&now) {
                 continue;
             }
-            let (state, title, tip, paused) = now.clone();
+            let (state, title, tip, paused, benching) = now.clone();
             if shown.as_ref().map(|s| s.0) != Some(state) {
                 let _ = tray.set_icon(Some(state.icon()));
                 let _ = tray.set_icon_as_template(state.is_template());
@@ -184,6 +199,8 @@ fn refresh_loop<R: Runtime>(app: AppHandle<R>, tray: TrayIcon<R>, items: MenuIte
             let _ = tray.set_title(title.as_deref());
             let _ = tray.set_tooltip(Some(tip));
             let _ = items.pause.set_text(if paused { "Resume serving" } else { "Pause serving" });
+            let _ = items.bench.set_text(if benching { "Benchmark running…" } else { "Run quick benchmark" });
+            let _ = items.bench.set_enabled(!benching && !paused);
             shown = Some(now);
         }
     });
@@ -198,7 +215,7 @@ mod tests {
         AppStatus {
             phase: "running",
             error: None,
-            server: Some(ServerStatus { url: "http://127.0.0.1:8080".into(), state, paused, pressure, tokens_per_second: tps, running, waiting: 0, alerts_firing: 0 }),
+            server: Some(ServerStatus { url: "http://127.0.0.1:8080".into(), state, paused, pressure, tokens_per_second: tps, running, waiting: 0, alerts_firing: 0, bench_running: false }),
         }
     }
 

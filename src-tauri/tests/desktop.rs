@@ -1,7 +1,8 @@
 //! The real app binary on a real (virtual) desktop: Xvfb, a private D-Bus session with the
 //! dunst notification daemon, and trayer as the XEmbed tray host. The tray menu opens the
 //! popover (screenshot in test-artifacts/), a forced alert becomes a native notification
-//! that dunst records, the in-process server answers, and Quit from the menu ends the app.
+//! that dunst records, the in-process server answers, the menu starts a benchmark, and Quit
+//! from the menu ends the app.
 //!
 //! Needs `cargo build --release -p mlxbar-app` first and Debian's xvfb, dbus, dunst,
 //! trayer, xdotool and imagemagick (scripts/test.sh installs them).
@@ -147,6 +148,7 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
         .command(bin.to_str().unwrap())
         .args(["--config", config.to_str().unwrap(), "--port", &port.to_string()])
         .env("XDG_RUNTIME_DIR", &dir)
+        .env("MLXBAR_DATA_DIR", &dir)
         .env("HOME", std::env::var("HOME").unwrap())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -180,15 +182,22 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     });
     let (_, _, w, h) = desk.geometry(&popover);
     assert!((360..=400).contains(&w) && h >= 600, "popover is {w}x{h}");
-    // The page renders from the first snapshot; give WebKit its paint (checked below by
-    // pixel content, not by time alone).
+    // The page renders from the first snapshot: the status dot (top left) turns from grey
+    // to the "serving" green (#30b158) once WebKit has painted it.
     let shot = artifacts.join("app-popover.png");
-    wait_for("a painted popover", Duration::from_secs(15), || {
+    wait_for("a popover painted in the serving state", Duration::from_secs(15), || {
         desk.screenshot(&popover, &shot);
-        let colours = Command::new("identify").args(["-format", "%k", shot.to_str().unwrap()]).output().ok()?;
-        (String::from_utf8_lossy(&colours.stdout).trim().parse::<u32>().ok()? > 50).then_some(())
+        let colours = Command::new("convert").args([shot.to_str().unwrap(), "-crop", "40x50+0+0", "+repage", "-unique-colors", "txt:-"]).output().ok()?;
+        String::from_utf8_lossy(&colours.stdout).contains("#30B158").then_some(())
     });
     desk.screenshot("root", &artifacts.join("app-desktop.png"));
+
+    // Tray menu → "Run quick benchmark" (fourth item) starts the quick profile in the
+    // in-process server.
+    desk.tray_menu(&["Down", "Down", "Down", "Down", "Return"]);
+    let jobs = wait_for("the benchmark to start", Duration::from_secs(15), || get(&format!("{base}/api/bench")).filter(|j| j.contains("\"profile\":\"quick\"")));
+    let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
+    assert_eq!(jobs["data"][0]["profile"], "quick", "{jobs}");
 
     // Quit (the last item) stops the server and ends the process.
     desk.tray_menu(&["Up", "Return"]);

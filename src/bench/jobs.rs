@@ -159,6 +159,13 @@ impl BenchJobs {
         self.jobs.lock().unwrap().iter().find(|j| j.id == id).cloned()
     }
 
+    /// Cancels the running job, if any (on shutdown), and waits until it has ended.
+    pub async fn cancel_active(&self) {
+        if let Some(job) = self.active().and_then(|a| self.job(&a.id)) {
+            job.cancel().await;
+        }
+    }
+
     /// Starts `profile` in the background; must be called inside a tokio runtime.
     pub fn start(self: &Arc<Self>, profile: &str) -> Result<Arc<Job>, StartError> {
         let plan = plan::find(&self.store.plans_dir(), profile).ok_or_else(|| StartError::UnknownProfile(profile.to_string()))?;

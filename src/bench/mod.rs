@@ -203,17 +203,25 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
 }
 
-/// Draws the progress bar on stderr (hidden when it is not a terminal) until the sender drops.
+/// Shows progress on stderr until the sender drops: a bar on a terminal, else one line as
+/// each cell starts (for logs and CI).
 fn progress_bar(mut rx: watch::Receiver<Progress>) -> tokio::task::JoinHandle<()> {
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
     tokio::spawn(async move {
-        let bar = indicatif::ProgressBar::new(0);
+        let bar = if tty { indicatif::ProgressBar::new(0) } else { indicatif::ProgressBar::hidden() };
         bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} requests  {msg}").unwrap());
+        let mut announced = None;
         while rx.changed().await.is_ok() {
             let p = rx.borrow_and_update().clone();
             bar.set_length(p.requests_total as u64);
             bar.set_position(p.requests_done as u64);
-            if let Some(c) = &p.current {
-                bar.set_message(format!("cell {}/{} {} on {} ({})", (p.cells_done + 1).min(p.cells_total), p.cells_total, c.label, c.target, c.phase));
+            let Some(c) = &p.current else { continue };
+            let cell = format!("cell {}/{} {} on {}", (p.cells_done + 1).min(p.cells_total), p.cells_total, c.label, c.target);
+            bar.set_message(format!("{cell} ({})", c.phase));
+            if !tty && announced.as_ref() != Some(&cell) {
+                eprintln!("{cell}");
+                announced = Some(cell);
             }
         }
         bar.finish_and_clear();

@@ -61,9 +61,13 @@ before(async () => {
   const config = join(dir, "config.toml");
   // An alert that fires on the first request, so the page has one to show and snooze.
   writeFileSync(config, '[alerts.ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n');
+  // A small bench plan, long enough (a few seconds) that the page shows it running.
+  mkdirSync(join(dir, "metrics/bench/plans"), { recursive: true });
+  writeFileSync(join(dir, "metrics/bench/plans/ui-small.toml"),
+    'description = "UI test"\nconcurrency = [1, 2]\nprompt_tokens = [48]\noutput_tokens = [32]\nwarmup = 1\nrepetitions = 2\n');
   const port = await freePort();
   base = `http://127.0.0.1:${port}`;
-  server = spawn(BIN, ["serve", "--config", config, "--port", String(port)], { stdio: ["ignore", "pipe", "pipe"] });
+  server = spawn(BIN, ["serve", "--config", config, "--port", String(port), "--data-dir", dir], { stdio: ["ignore", "pipe", "pipe"] });
   server.stdout.on("data", (d) => { serverLog += d; });
   server.stderr.on("data", (d) => { serverLog += d; });
   await until("the server to load the model", async () => (await (await fetch(`${base}/health`)).json()).status === "ok", 120000);
@@ -127,6 +131,28 @@ test("a firing alert shows in the popover and can be snoozed from it", async () 
   assert.equal(a.snoozed, true);
   assert.equal(await item.locator("button").textContent(), "Unsnooze");
   await shot("popover-snoozed");
+});
+
+test("a bench run starts from the popover, shows progress, and compares with the previous run", async () => {
+  assert.match(await testid("bench-title").textContent(), /No runs yet/);
+  await testid("bench-profile").selectOption("ui-small");
+  const runOnce = async (first) => {
+    await testid("bench-start").click();
+    await until("the run to show progress", async () => (await testid("bench-status").textContent()) === "running ui-small"
+      && /^Cell \d\/2 · \d×48→32 · (warmup|round \d\/2) · \d+\/\d+ requests$/.test(await testid("bench-cell").textContent()));
+    assert.equal(await testid("bench-start").isDisabled(), true);
+    if (first) await shot("popover-bench-running");
+    await until("the run to end", async () => (await testid("bench-status").textContent()) === "idle", 120000);
+    await until("the results", async () => (await page.locator('[data-testid="bench-row"]').count()) === 2);
+  };
+  await runOnce(true);
+  assert.match(await testid("bench-title").textContent(), /^Last: ui-small, just now · first run of this profile$/);
+  const history = (await (await fetch(`${base}/api/history?limit=1`)).json()).data[0];
+  const row = page.locator('[data-testid="bench-row"]').first();
+  assert.equal(await row.locator("td").nth(1).textContent().then((t) => t.match(/^[\d.]+/)[0]), history.cells[0].aggregate_tok_s.toFixed(1));
+  await runOnce(false);
+  assert.match(await testid("bench-title").textContent(), / · vs previous \(just now\)$/);
+  await shot("popover-bench-done");
 });
 
 test("a dead server shows as not reachable", async () => {
