@@ -6,10 +6,15 @@
 //! - the head alone (vocab x hidden, the largest single matrix);
 //! - the memory traffic floor: weight bytes / measured copy bandwidth.
 //!
-//! The gap between the first two is MLX's per-op overhead and the non-matmul ops.
+//! - batched decode steps (8 sequences of different lengths, continuous batching's
+//!   path) and the matmuls alone at that batch size.
+//!
+//! The gap between the full step and its matmuls is MLX's per-op overhead and the
+//! non-matmul ops.
 use std::time::Instant;
 
 use mlx_rs::{ops, random, Array, Device};
+use mlxbar::engine::batch_kv::BatchKv;
 use mlxbar::engine::{loader, WeightFormat};
 
 fn time_ms(iters: usize, mut f: impl FnMut()) -> f64 {
@@ -26,6 +31,7 @@ fn main() -> anyhow::Result<()> {
     let path = mlxbar::model_store::ensure_default_model()?;
     let formats = [WeightFormat::Float32, WeightFormat::Native];
     let mut float32_step = 0.0;
+    let mut batched = vec![];
     for format in formats {
         let (model, codec, info) = loader::load(&path, format)?;
         let prompt = codec.encode("<|im_start|>user\nTell me a story about the sea.<|im_end|>\n<|im_start|>assistant\n")?;
@@ -39,6 +45,20 @@ fn main() -> anyhow::Result<()> {
         });
         if format == WeightFormat::Float32 {
             float32_step = step;
+            // Batches of 1, 4 and 8 sequences with prompts of different lengths.
+            for n in [1usize, 4, 8] {
+                let mut kv = BatchKv::default();
+                for i in 0..n {
+                    let mut cache = model.new_cache();
+                    model.forward(&prompt[..prompt.len() - i], &mut cache)?;
+                    kv.join(i as u64, cache)?;
+                }
+                let tokens = vec![next; n];
+                let ms = time_ms(20, || {
+                    model.decode(&tokens, &mut kv).unwrap();
+                });
+                batched.push((n, ms));
+            }
         }
         println!("{:<8} weights ({:>4} MB): decode step {step:7.2} ms = {:6.1} tok/s", format!("{format:?}"), info.weight_bytes / 1_000_000, 1e3 / step);
     }
@@ -49,19 +69,25 @@ fn main() -> anyhow::Result<()> {
     let blocks: Vec<[Array; 4]> = (0..layers).map(|_| [w(h + 2 * kv, h), w(h, h), w(2 * ff, h), w(h, ff)]).collect();
     let head = w(vocab, h);
     mlx_rs::transforms::eval(blocks.iter().flatten().chain([&head]))?;
+    // A step's matmuls for `rows` sequences (the weights as the model holds them, [out, in]).
+    let step_matmuls = |rows: i32, iters: usize| {
+        let x = random::normal::<f32>(&[rows, h][..], None, None, None).unwrap();
+        let xf = random::normal::<f32>(&[rows, ff][..], None, None, None).unwrap();
+        time_ms(iters, || {
+            let mut outs = vec![];
+            for b in &blocks {
+                outs.push(ops::matmul(&x, b[0].t()).unwrap());
+                outs.push(ops::matmul(&x, b[1].t()).unwrap());
+                outs.push(ops::matmul(&x, b[2].t()).unwrap());
+                outs.push(ops::matmul(&xf, b[3].t()).unwrap());
+            }
+            outs.push(ops::matmul(&x, head.t()).unwrap());
+            mlx_rs::transforms::eval(&outs).unwrap();
+        })
+    };
+    let matmuls = step_matmuls(1, 20);
+    let matmuls8 = step_matmuls(8, 10);
     let x = random::normal::<f32>(&[1, h][..], None, None, None)?;
-    let xf = random::normal::<f32>(&[1, ff][..], None, None, None)?;
-    let matmuls = time_ms(20, || {
-        let mut outs = vec![];
-        for b in &blocks {
-            outs.push(ops::matmul(&x, b[0].t()).unwrap());
-            outs.push(ops::matmul(&x, b[1].t()).unwrap());
-            outs.push(ops::matmul(&x, b[2].t()).unwrap());
-            outs.push(ops::matmul(&xf, b[3].t()).unwrap());
-        }
-        outs.push(ops::matmul(&x, head.t()).unwrap());
-        mlx_rs::transforms::eval(&outs).unwrap();
-    });
     let head_only = time_ms(20, || ops::matmul(&x, head.t()).unwrap().eval().unwrap());
     let bytes: usize = blocks.iter().flatten().chain([&head]).map(|a| a.nbytes()).sum();
 
@@ -81,5 +107,9 @@ fn main() -> anyhow::Result<()> {
         100.0 * (float32_step - matmuls) / float32_step,
         float32_step - matmuls
     );
+    for (n, ms) in batched {
+        println!("batched decode step, {n} sequences: {ms:7.2} ms = {:6.1} tok/s aggregate", n as f64 * 1e3 / ms);
+    }
+    println!("matmuls alone at 8 rows (float32):            {matmuls8:7.2} ms");
     Ok(())
 }

@@ -2,13 +2,13 @@
 # Side-by-side benchmark: mlxbar (in process) against peer servers on the same machine and
 # default model, measured in one run, interleaved. Peers come from ../shared/peers (or
 # $PEERS_DIR): mlx_lm.server on the same MLX CPU build, and llama.cpp (llama-cpp-python).
-# Usage: scripts/bench.sh [PEER...]   PEER: mlx-lm | llama-cpp | vllm-mlx (default: mlx-lm llama-cpp)
+# Usage: scripts/bench.sh [PEER...]   PEER: mlx-lm | llama-cpp | vllm-mlx (default: llama-cpp mlx-lm)
 # BENCH_ARGS picks the plan, e.g. BENCH_ARGS="--profile concurrency-sweep" (default: --profile quick).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$ROOT/../shared/peers}
 DIR=${PEERS_WORKDIR:-/tmp/mlxbar-peers}
-WANT=${*:-mlx-lm llama-cpp}
+WANT=${*:-llama-cpp mlx-lm}
 [ -x "$PEERS/setup.sh" ] || [ -f "$PEERS/setup.sh" ] || { echo "peer scripts not found at $PEERS (set PEERS_DIR)" >&2; exit 1; }
 # llama.cpp built for the native CPU segfaults on its first decode on AMX-capable Xeons
 # (seen here): build it for AVX-512 without AMX instead.

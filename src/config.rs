@@ -17,7 +17,7 @@
 //! metrics_enabled = true          # per-request instrumentation
 //! grafana_url = "http://localhost:3000/d/mlxbar"   # linked from the popover
 //! max_batch = 8                   # sequences decoded together (continuous batching)
-//! kv_budget_tokens = 65536        # prompt + max_tokens of running requests; default: from the MLX memory limit
+//! kv_budget_tokens = 65536        # running requests × the longest prompt + max_tokens among them (the batch KV is padded); default: from the MLX memory limit
 //! prefix_cache_bytes = 268435456  # KV kept for prompt-prefix reuse; 0 turns it off
 //! mlx_memory_limit_bytes = ...    # default: MLX's, at most 75% of RAM
 //! mlx_cache_limit_bytes = ...     # default: 1 GiB or RAM/16, whichever is smaller

@@ -1,7 +1,9 @@
 //! Linux: MLX's matmuls reach Debian's OpenBLAS (not the wheel's reference BLAS, ~18x
-//! slower), and single-row matmuls forwarded to gemv compute what sgemm does.
+//! slower), and single-row matmuls forwarded to gemv, and few-row ones computed by our
+//! small-m kernel, compute what sgemm does.
 #![cfg(target_os = "linux")]
 
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, random, Array, Device};
 
 #[test]
@@ -36,4 +38,20 @@ fn single_row_matmuls_match_batched_ones() {
     // n == 1: W^T @ x^T
     let col = ops::matmul(&wt, x1.t()).unwrap().reshape(&[1, n]).unwrap();
     assert!(max_diff(&col, &ops::matmul(&x1, wt.t()).unwrap()) < 1e-3);
+}
+
+#[test]
+fn few_row_matmuls_from_the_small_m_kernel_match_openblas() {
+    Device::set_default(&Device::cpu());
+    mlxbar::engine::gemv_forward::install();
+    let r = |s: &[i32]| random::normal::<f32>(s, None, None, None).unwrap();
+    let (k, n) = (1536, 576 + 2 * 192);
+    let w = r(&[n, k]); // [out, in], as the model holds weights
+    let x = r(&[20, k]);
+    // 20 rows go to OpenBLAS's sgemm; their first m rows through the small-m kernel.
+    let blas = ops::matmul(&x, w.t()).unwrap();
+    for m in [2, 3, 8, 16] {
+        let few = ops::matmul(x.index(..m), w.t()).unwrap();
+        assert!(max_diff(&few, &blas.index(..m)) < 1e-3, "{m} rows");
+    }
 }

@@ -88,7 +88,8 @@ pub fn tooltip(status: &AppStatus) -> String {
                 LoadState::Stopped => "stopped".to_string(),
             };
             let alerts = if s.alerts_firing > 0 { format!(", {} alert(s)", s.alerts_firing) } else { String::new() };
-            format!("mlxbar: {state}; memory pressure {:?}{alerts}", s.pressure).to_lowercase().replacen("mlxbar", "mlxbar", 1)
+            let bench = if s.bench_running { "; benchmark running" } else { "" };
+            format!("mlxbar: {state}; memory pressure {}{alerts}{bench}", s.pressure.as_str())
         }
     }
 }

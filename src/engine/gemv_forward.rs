@@ -1,14 +1,16 @@
-//! Linux: single-row matmuls as BLAS gemv.
+//! Linux: decode-sized matmuls without OpenBLAS's packing.
 //!
 //! MLX's CPU backend runs every matmul as `cblas_sgemm`. Debian 12's OpenBLAS (0.3.21)
-//! packs the weight matrix into a scratch buffer on every sgemm call, even when one side
-//! is a single row, as it is at batch-1 decode: that copy is most of a decode step's
-//! memory traffic. OpenBLAS >= 0.3.27 forwards such calls to gemv itself
-//! (GEMM_GEMV_FORWARD); this does the same for older ones. The executable exports
-//! `cblas_sgemm` (see build.rs), so the dynamic linker binds libmlx.so's calls here; other
-//! shapes go on to OpenBLAS's own sgemm.
+//! packs the weight matrix into a scratch buffer on every sgemm call, even when the other
+//! side is a handful of rows, as it is when decoding: that copy is most of a decode step's
+//! memory traffic. Single-row calls go to gemv (as OpenBLAS >= 0.3.27 does itself with
+//! GEMM_GEMV_FORWARD); calls with 2-16 rows (a batched decode step) go to [`small_m`], which streams each weight row once for all rows. The
+//! executable exports `cblas_sgemm` (see build.rs), so the dynamic linker binds libmlx.so's
+//! calls here; other shapes go on to OpenBLAS's own sgemm.
 use std::ffi::c_int;
 use std::sync::OnceLock;
+
+use super::small_m;
 
 const ROW_MAJOR: c_int = 101;
 const NO_TRANS: c_int = 111;
@@ -41,6 +43,10 @@ pub unsafe extern "C" fn cblas_sgemm(
             let incx = if trans_a == NO_TRANS { 1 } else { lda };
             let (t, rows, cols) = if trans_b == NO_TRANS { (TRANS, k, n) } else { (NO_TRANS, n, k) };
             return cblas_sgemv(ROW_MAJOR, t, rows, cols, alpha, b, ldb, a, incx, beta, c, 1);
+        }
+        if (2..=small_m::MAX_ROWS as c_int).contains(&m) && trans_a == NO_TRANS && trans_b == TRANS && alpha == 1.0 && beta == 0.0 && small_m::available() {
+            // c[m,n] = a[m,k] . b[n,k]^T with b the weights ([out, in]), read once.
+            return small_m::matmul_bt(a, lda as usize, b, ldb as usize, c, ldc as usize, m as usize, n as usize, k as usize);
         }
         if n == 1 {
             // c[m,1] = op(A)[m,k] . b[k,1]: gemv over A.

@@ -80,6 +80,12 @@ impl KvCache {
         self.layers.into_iter().filter_map(|l| l.keys.zip(l.values)).collect()
     }
 
+    /// Computes the buffers now (they may be lazy views of other arrays).
+    pub fn eval(&self) -> Result<()> {
+        mlx_rs::transforms::eval(self.layers.iter().flat_map(|l| [&l.keys, &l.values]).flatten())?;
+        Ok(())
+    }
+
     pub fn advance(&mut self, tokens: i32) {
         self.offset += tokens;
     }

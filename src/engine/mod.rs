@@ -1,9 +1,12 @@
 //! The inference engine: model, tokenizer and chat template, sampling, KV cache and the
 //! generation loop, on a thread of its own. [`Engine`] is the `Send + Sync` handle the
 //! HTTP side uses: it renders and counts prompts, and queues requests with back-pressure.
+pub mod batch_kv;
 pub mod chat_template;
 #[cfg(target_os = "linux")]
 pub mod gemv_forward;
+#[cfg(target_os = "linux")]
+pub mod small_m;
 pub mod kv_cache;
 pub mod loader;
 pub mod model;

@@ -6,7 +6,8 @@
 //! 3. runs one prefill chunk of the oldest newcomer (short when others are decoding, so
 //!    their inter-token latency stays steady),
 //! 4. runs one decode step for every sequence past its prefill, as one batched forward
-//!    pass; finished sequences leave, and their KV goes to the prefix cache.
+//!    pass over the batch's padded KV ([`BatchKv`]: a sequence's cache moves in when it
+//!    starts decoding); finished sequences move out, and their KV goes to the prefix cache.
 use std::collections::{BTreeSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use super::batch_kv::BatchKv;
 use super::kv_cache::KvCache;
 use super::model::Model;
 use super::prefix_cache::PrefixCache;
@@ -24,10 +26,11 @@ use super::text_stream::{Step, TextStream};
 use super::tokenizer::TextCodec;
 use super::{AdmissionGate, Shared};
 
-/// Prompt tokens per forward pass when nothing else runs: bounds attention scratch memory.
+/// Prompt tokens per prefill pass (shared by the newcomers in it) when nothing else runs:
+/// bounds attention scratch memory.
 const PREFILL_CHUNK: usize = 512;
-/// ... and while other sequences decode: each chunk delays their next token.
-const PREFILL_CHUNK_SHARED: usize = 64;
+/// ... and while other sequences decode: each pass delays their next token.
+const PREFILL_CHUNK_SHARED: usize = 256;
 /// How often a blocked admission (memory pressure) looks again.
 const BLOCKED_RECHECK: Duration = Duration::from_millis(200);
 
@@ -47,9 +50,12 @@ pub struct Limits {
 }
 
 struct Sequence {
+    /// Names the sequence's row in the decoding batch.
+    id: u64,
     req: GenerationRequest,
+    /// Empty while the sequence decodes: its KV is then a row of the [`BatchKv`].
     cache: KvCache,
-    /// The tokens whose keys and values `cache` holds, in order.
+    /// The tokens whose keys and values the cache holds, in order.
     tokens: Vec<u32>,
     sampler: Sampler,
     text: TextStream,
@@ -79,6 +85,8 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
     let mut pending: VecDeque<GenerationRequest> = VecDeque::new();
     let mut running: Vec<Sequence> = Vec::new();
     let mut prefix = PrefixCache::new(limits.prefix_cache_bytes);
+    let mut batch = BatchKv::default();
+    let mut next_id = 0u64;
     shared.stats.set_limits(limits.max_batch, limits.kv_budget_tokens);
     shared.stats.set_prefix(&prefix.stats());
     loop {
@@ -123,15 +131,17 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
         while !blocked && running.len() < limits.max_batch {
             let Some(front) = pending.front() else { break };
             let need = front.prompt_ids.len() + front.max_tokens;
-            let reserved: usize = running.iter().map(|s| s.reserved).sum();
-            if !running.is_empty() && reserved + need > limits.kv_budget_tokens {
+            // The decoding batch pads every sequence's KV to the longest one's.
+            let widest = running.iter().map(|s| s.reserved).max().unwrap_or(0).max(need);
+            if !running.is_empty() && (running.len() + 1) * widest > limits.kv_budget_tokens {
                 break; // waits until running requests free their share
             }
             let req = pending.pop_front().unwrap();
             shared.waiting.fetch_sub(1, Ordering::Relaxed);
             shared.running.fetch_add(1, Ordering::Relaxed);
             let events = req.events.clone();
-            match guarded(|| admit(&model, &mut prefix, req, need)) {
+            next_id += 1;
+            match guarded(|| admit(&model, &mut prefix, req, need, next_id)) {
                 Ok(seq) => running.push(seq),
                 Err(msg) => retire(&shared, || drop(events.send(Event::Error(msg)))),
             }
@@ -143,18 +153,30 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                     pending.push_back(req);
                 }
             }
-            publish(&shared, &running, &prefix);
+            publish(&shared, &running, &batch, &prefix);
             continue;
         }
         shared.steps.fetch_add(1, Ordering::Relaxed);
 
-        // 3. One prefill chunk for the oldest newcomer.
+        // 3. One prefill pass for the newcomers, oldest first, within the chunk budget:
+        //    newcomers that arrive together are prefilled together.
         let decoding = running.iter().filter(|s| s.prefilled()).count();
-        if let Some(i) = running.iter().position(|s| !s.prefilled()) {
-            let chunk = if decoding > 0 { PREFILL_CHUNK_SHARED } else { PREFILL_CHUNK };
-            if let Err(msg) = guarded(|| prefill(&model, &mut running[i], chunk)) {
-                let seq = running.remove(i);
-                retire(&shared, || drop(seq.req.events.send(Event::Error(msg))));
+        let mut budget = if decoding > 0 { PREFILL_CHUNK_SHARED } else { PREFILL_CHUNK };
+        let mut chunks: Vec<(usize, usize)> = vec![];
+        for (i, seq) in running.iter().enumerate().filter(|(_, s)| !s.prefilled()) {
+            if budget == 0 {
+                break;
+            }
+            let take = (seq.req.prompt_ids.len() - seq.tokens.len()).min(budget);
+            chunks.push((i, take));
+            budget -= take;
+        }
+        if !chunks.is_empty() {
+            if let Err(msg) = guarded(|| prefill(&model, &mut running, &chunks)) {
+                for &(i, _) in chunks.iter().rev() {
+                    let seq = running.remove(i);
+                    retire(&shared, || drop(seq.req.events.send(Event::Error(msg.clone()))));
+                }
             }
         }
 
@@ -170,23 +192,51 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 other => done.push((i, other)),
             }
         }
+        // Sequences that stopped decoding take their KV back out of the batch (for the
+        // prefix cache); newcomers move theirs in.
+        let decoding_ids: Vec<u64> = next.iter().map(|&(i, _)| running[i].id).collect();
+        for id in batch.ids().to_vec() {
+            if !decoding_ids.contains(&id) {
+                let left = guarded(|| batch.leave(id));
+                if let (Ok(cache), Some(seq)) = (left, running.iter_mut().find(|s| s.id == id)) {
+                    seq.cache = cache;
+                }
+            }
+        }
         if !next.is_empty() {
-            let tokens: Vec<u32> = next.iter().map(|&(_, t)| t).collect();
-            let mut batch: Vec<&mut Sequence> = running.iter_mut().enumerate().filter(|(i, _)| next.iter().any(|(j, _)| j == i)).map(|(_, s)| s).collect();
             let result = guarded(|| {
-                let mut caches: Vec<&mut KvCache> = batch.iter_mut().map(|s| &mut s.cache).collect();
-                let logits = model.decode(&tokens, &mut caches)?;
-                Ok(logits.as_slice::<f32>().to_vec())
-            });
-            match result {
-                Ok(all) => {
-                    let vocab = all.len() / tokens.len();
-                    for ((seq, row), token) in batch.iter_mut().zip(all.chunks(vocab)).zip(&tokens) {
-                        seq.logits = row.to_vec();
-                        seq.tokens.push(*token);
+                for &(i, _) in &next {
+                    let seq = &mut running[i];
+                    if !batch.contains(seq.id) {
+                        batch.join(seq.id, std::mem::replace(&mut seq.cache, KvCache::new(0)))?;
                     }
                 }
-                Err(msg) => done.extend(next.iter().map(|&(i, _)| (i, Err(msg.clone())))),
+                // Tokens in the batch's row order.
+                let tokens = batch
+                    .ids()
+                    .iter()
+                    .map(|id| next.iter().find(|&&(i, _)| running[i].id == *id).map(|&(_, t)| t))
+                    .collect::<Option<Vec<u32>>>()
+                    .ok_or_else(|| anyhow::anyhow!("the batch holds a sequence that is not decoding"))?;
+                let logits = model.decode(&tokens, &mut batch)?;
+                Ok((tokens, logits.as_slice::<f32>().to_vec()))
+            });
+            match result {
+                Ok((tokens, all)) => {
+                    let vocab = all.len() / tokens.len();
+                    for (id, (row, token)) in batch.ids().iter().zip(all.chunks(vocab).zip(&tokens)) {
+                        if let Some(seq) = running.iter_mut().find(|s| s.id == *id) {
+                            seq.logits = row.to_vec();
+                            seq.tokens.push(*token);
+                        }
+                    }
+                }
+                Err(msg) => {
+                    // After a failed step the batch's contents are unknown: drop it (those
+                    // sequences end with the error and leave nothing to the prefix cache).
+                    batch = BatchKv::default();
+                    done.extend(next.iter().map(|&(i, _)| (i, Err(msg.clone()))));
+                }
             }
         }
         // Remove from the back so the indices stay valid.
@@ -198,7 +248,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 // does, so a client's next turn, sent the moment it has this one, finds it.
                 Ok(Outcome::Finished(reason)) => {
                     keep_prefix(&mut prefix, &mut seq);
-                    publish(&shared, &running, &prefix);
+                    publish(&shared, &running, &batch, &prefix);
                     retire(&shared, || finish(&mut seq, reason));
                 }
                 Ok(Outcome::Cancelled) => {
@@ -209,13 +259,13 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 Err(msg) => retire(&shared, || drop(seq.req.events.send(Event::Error(msg)))),
             }
         }
-        publish(&shared, &running, &prefix);
+        publish(&shared, &running, &batch, &prefix);
     }
 }
 
-fn publish(shared: &Shared, running: &[Sequence], prefix: &PrefixCache) {
-    let tokens = running.iter().map(|s| s.cache.offset() as usize).sum();
-    let bytes = running.iter().map(|s| s.cache.nbytes()).sum();
+fn publish(shared: &Shared, running: &[Sequence], batch: &BatchKv, prefix: &PrefixCache) {
+    let tokens = running.iter().map(|s| s.cache.offset() as usize).sum::<usize>() + batch.tokens();
+    let bytes = running.iter().map(|s| s.cache.nbytes()).sum::<usize>() + batch.nbytes();
     let reserved = running.iter().map(|s| s.reserved).sum();
     shared.stats.set_kv(tokens, bytes, reserved);
     shared.stats.set_prefix(&prefix.stats());
@@ -244,13 +294,14 @@ fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T, String> {
 }
 
 /// A new sequence, starting from the longest cached prefix of its prompt.
-fn admit(model: &Model, prefix: &mut PrefixCache, req: GenerationRequest, reserved: usize) -> Result<Sequence> {
+fn admit(model: &Model, prefix: &mut PrefixCache, req: GenerationRequest, reserved: usize, id: u64) -> Result<Sequence> {
     let admitted_at = Instant::now();
     let (cache, tokens) = match prefix.lookup(&req.prompt_ids) {
         Some(hit) => (KvCache::from_prefix(hit.kv, hit.tokens as i32)?, req.prompt_ids[..hit.tokens].to_vec()),
         None => (model.new_cache(), Vec::with_capacity(req.prompt_ids.len() + req.max_tokens)),
     };
     Ok(Sequence {
+        id,
         cache,
         tokens,
         sampler: Sampler::new(req.sampling),
@@ -265,19 +316,30 @@ fn admit(model: &Model, prefix: &mut PrefixCache, req: GenerationRequest, reserv
     })
 }
 
-/// Runs up to `chunk` more prompt tokens; the last chunk leaves the first logits.
-fn prefill(model: &Model, seq: &mut Sequence, chunk: usize) -> Result<()> {
-    let start = seq.tokens.len();
-    let end = (start + chunk).min(seq.req.prompt_ids.len());
-    let part = &seq.req.prompt_ids[start..end];
-    let logits = model.forward(part, &mut seq.cache)?;
-    seq.tokens.extend_from_slice(part);
-    if seq.prefilled() {
-        if seq.req.inject_panic {
-            panic!("injected engine failure (test hook)");
+/// Runs the next `take` prompt tokens of each `(index, take)` sequence in one pass; a
+/// sequence whose prompt is through gets its first logits.
+fn prefill(model: &Model, running: &mut [Sequence], chunks: &[(usize, usize)]) -> Result<()> {
+    let tokens: Vec<Vec<u32>> = chunks.iter().map(|&(i, take)| {
+        let done = running[i].tokens.len();
+        running[i].req.prompt_ids[done..done + take].to_vec()
+    }).collect();
+    let mut caches: Vec<&mut KvCache> = running
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| chunks.iter().any(|(j, _)| j == i))
+        .map(|(_, s)| &mut s.cache)
+        .collect();
+    let slices: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+    let logits = model.prefill(&slices, &mut caches)?;
+    let vocab = logits.shape()[1] as usize;
+    let all = logits.as_slice::<f32>();
+    for (row, (&(i, _), part)) in chunks.iter().zip(&tokens).enumerate() {
+        let seq = &mut running[i];
+        seq.tokens.extend_from_slice(part);
+        if seq.prefilled() {
+            seq.logits = all[row * vocab..(row + 1) * vocab].to_vec();
+            seq.timings.prefill = seq.admitted_at.elapsed();
         }
-        seq.logits = logits.as_slice::<f32>().to_vec();
-        seq.timings.prefill = seq.admitted_at.elapsed();
     }
     Ok(())
 }
@@ -285,6 +347,9 @@ fn prefill(model: &Model, seq: &mut Sequence, chunk: usize) -> Result<()> {
 /// Samples the next token from the last logits and sends its text; says whether the
 /// sequence goes on (and with which token).
 fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, seq: &mut Sequence) -> Result<Outcome> {
+    if seq.req.inject_panic {
+        panic!("injected engine failure (test hook)");
+    }
     if seq.req.events.is_closed() {
         return Ok(Outcome::Cancelled);
     }

@@ -21,8 +21,9 @@ impl Quantized {
 /// The weight matrix of a projection.
 #[derive(Clone)]
 pub enum Weight {
-    /// Stored transposed and contiguous, `[in_features, out_features]`: BLAS streams it
-    /// row by row for `x @ W`, ~25% faster at batch 1 than a transposed view.
+    /// `[out_features, in_features]`, contiguous: each output is a dot product with one
+    /// contiguous row, which single-row decode (gemv) and batched decode
+    /// (`engine::small_m`) both stream once.
     Dense(Array),
     /// `[out_features, in_features/pack]` as MLX quantizes.
     Quantized(Quantized),
@@ -31,14 +32,13 @@ pub enum Weight {
 impl Weight {
     /// A dense weight from a `[out_features, in_features]` matrix (the files' layout).
     pub fn dense(w: Array) -> Result<Weight> {
-        let t = w.t().contiguous()?;
-        Ok(Weight::Dense(t))
+        Ok(Weight::Dense(w.contiguous()?))
     }
 
     /// `x @ W.T` in the files' terms.
     pub fn apply(&self, x: &Array) -> Result<Array> {
         Ok(match self {
-            Weight::Dense(wt) => ops::matmul(x, wt)?,
+            Weight::Dense(w) => ops::matmul(x, w.t())?,
             Weight::Quantized(q) => {
                 ops::quantized_matmul(x, &q.weight, &q.scales, &q.biases, true, q.group_size, q.bits)?
             }
@@ -47,7 +47,7 @@ impl Weight {
 
     pub fn out_features(&self) -> i32 {
         match self {
-            Weight::Dense(wt) => wt.shape()[1],
+            Weight::Dense(w) => w.shape()[0],
             Weight::Quantized(q) => q.weight.shape()[0],
         }
     }
@@ -80,7 +80,7 @@ impl Weight {
     pub fn concat_rows(parts: &[Weight]) -> Result<Option<Weight>> {
         if parts.iter().all(|p| matches!(p, Weight::Dense(_))) {
             let ws: Vec<&Array> = parts.iter().map(|p| match p { Weight::Dense(w) => w, _ => unreachable!() }).collect();
-            return Ok(Some(Weight::Dense(ops::concatenate(&ws, 1)?)));
+            return Ok(Some(Weight::Dense(ops::concatenate(&ws, 0)?)));
         }
         let qs: Option<Vec<&Quantized>> = parts.iter().map(|p| match p { Weight::Quantized(q) => Some(q), _ => None }).collect();
         let Some(qs) = qs else { return Ok(None) };
@@ -103,7 +103,7 @@ impl Weight {
     /// Reorders the output features by `perm` (indices into the current order).
     pub fn take_outputs(self, perm: &Array) -> Result<Weight> {
         Ok(match self {
-            Weight::Dense(wt) => Weight::Dense(wt.take_axis(perm, 1)?),
+            Weight::Dense(w) => Weight::Dense(w.take_axis(perm, 0)?),
             Weight::Quantized(q) => Weight::Quantized(Quantized {
                 weight: q.weight.take_axis(perm, 0)?,
                 scales: q.scales.take_axis(perm, 0)?,
@@ -165,8 +165,7 @@ impl Embedding {
     /// Rows for `ids` (`[L]` -> `[L, hidden]`).
     pub fn lookup(&self, ids: &Array) -> Result<Array> {
         Ok(match &self.0 {
-            // Stored [hidden, vocab]: gather columns.
-            Weight::Dense(wt) => wt.take_axis(ids, 1)?.t(),
+            Weight::Dense(w) => w.take_axis(ids, 0)?,
             Weight::Quantized(q) => {
                 let rows = |a: &Array| a.take_axis(ids, 0);
                 ops::dequantize(&rows(&q.weight)?, &rows(&q.scales)?, &rows(&q.biases)?, q.group_size, q.bits)?

@@ -12,8 +12,10 @@ pub mod rope;
 use std::collections::HashMap;
 
 use anyhow::{anyhow, Context, Result};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{fast, nn, ops, Array, Dtype};
 
+use super::batch_kv::BatchKv;
 use super::kv_cache::KvCache;
 use config::ModelConfig;
 use linear::{expect_shape, Embedding, Linear, Weight};
@@ -231,22 +233,46 @@ impl Model {
     /// Runs `tokens` through the model after what `cache` holds and returns the logits of
     /// the last position (`[vocab]`, float32), evaluated.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Array> {
+        let logits = self.prefill(&[tokens], &mut [cache])?;
+        Ok(logits.reshape(&[-1])?)
+    }
+
+    /// Prefills several sequences in one pass: `parts[i]` follows what `caches[i]` holds.
+    /// Token-wise work runs on all their tokens together, so the weights are read (and
+    /// BLAS packs them) once for all; attention runs per sequence over its own cache,
+    /// causally. Returns each part's last-position logits (`[parts, vocab]`, float32),
+    /// evaluated.
+    pub fn prefill(&self, parts: &[&[u32]], caches: &mut [&mut KvCache]) -> Result<Array> {
         let c = &self.config;
-        let len = tokens.len() as i32;
-        let ids = Array::from_slice(tokens, &[len]);
-        let mut h = self.embed.lookup(&ids)?.reshape(&[1, len, c.hidden_size])?;
-        let offset = cache.offset();
+        anyhow::ensure!(!parts.is_empty() && parts.len() == caches.len() && parts.iter().all(|p| !p.is_empty()), "one non-empty part per cache");
+        let lens: Vec<i32> = parts.iter().map(|p| p.len() as i32).collect();
+        let starts: Vec<i32> = lens.iter().scan(0, |acc, &l| Some(std::mem::replace(acc, *acc + l))).collect();
+        let total: i32 = lens.iter().sum();
+        let ids = Array::from_slice(&parts.concat(), &[total]);
+        let mut h = self.embed.lookup(&ids)?.reshape(&[1, total, c.hidden_size])?;
+        let offsets: Vec<i32> = caches.iter().map(|k| k.offset()).collect();
         for (i, b) in self.blocks.iter().enumerate() {
-            let a = self.attention(b, &fast::rms_norm(&h, Some(&b.attn_norm), c.rms_norm_eps)?, cache, i, offset)?;
-            h = h.add(&a)?;
+            let x = fast::rms_norm(&h, Some(&b.attn_norm), c.rms_norm_eps)?;
+            let qkv = b.qkv.forward(&x)?;
+            let mut outs = Vec::with_capacity(parts.len());
+            for (p, cache) in caches.iter_mut().enumerate() {
+                let (s, l) = (starts[p], lens[p]);
+                let mine: Vec<Array> = if parts.len() == 1 { qkv.clone() } else { qkv.iter().map(|a| a.index((.., s..s + l, ..))).collect() };
+                outs.push(self.attention(&mine, cache, i, offsets[p], l)?);
+            }
+            let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 1)? };
+            h = h.add(&b.o.forward(&o)?)?;
             let x = fast::rms_norm(&h, Some(&b.mlp_norm), c.rms_norm_eps)?;
             let gu = b.gate_up.forward(&x)?;
             let m = b.down.forward(&nn::silu(&gu[0])?.multiply(&gu[1])?)?;
             h = h.add(&m)?;
         }
-        cache.advance(len);
-        // Only the last position's logits are needed.
-        let last = h.reshape(&[len, c.hidden_size])?.take_axis(Array::from_int(len - 1), 0)?;
+        for (cache, &l) in caches.iter_mut().zip(&lens) {
+            cache.advance(l);
+        }
+        // Only each part's last position needs logits.
+        let last: Vec<i32> = starts.iter().zip(&lens).map(|(s, l)| s + l - 1).collect();
+        let last = h.reshape(&[total, c.hidden_size])?.take_axis(Array::from_slice(&last, &[last.len() as i32]), 0)?;
         let last = fast::rms_norm(&last, Some(&self.norm), c.rms_norm_eps)?;
         let logits = match &self.lm_head {
             Some(head) => head.apply(&last)?,
@@ -257,11 +283,12 @@ impl Model {
         Ok(logits)
     }
 
-    fn attention(&self, b: &Block, x: &Array, cache: &mut KvCache, layer: usize, offset: i32) -> Result<Array> {
+    /// One sequence's attention over `len` new positions (its slice of the q|k|v
+    /// projections), written into and read from its cache; `[1, len, heads*head_dim]`.
+    fn attention(&self, qkv: &[Array], cache: &mut KvCache, layer: usize, offset: i32, len: i32) -> Result<Array> {
         let c = &self.config;
-        let len = x.shape()[1];
-        let qkv = b.qkv.forward(x)?;
-        let (q, k, v) = self.heads(b, &qkv, [1, len], |a| self.rope(a, offset))?;
+        let b = &self.blocks[layer];
+        let (q, k, v) = self.heads(b, qkv, [1, len], |a| self.rope(a, offset))?;
         let (keys, values) = cache.update(layer, &k, &v)?;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let o = if len > 1 {
@@ -270,8 +297,7 @@ impl Model {
         } else {
             fast::scaled_dot_product_attention(&q, &keys, &values, scale, None, None)?
         };
-        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, len, c.num_heads * c.head_dim])?;
-        b.o.forward(&o)
+        Ok(o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, len, c.num_heads * c.head_dim])?)
     }
 
     /// The q, k, v projections `[1, batch*len, heads*head_dim]` as
@@ -292,28 +318,27 @@ impl Model {
         Ok((q, k, v))
     }
 
-    /// One decode step for several sequences at once: `tokens[i]` follows what `caches[i]`
-    /// holds. Token-wise work (embedding, norms, projections, MLP, head) runs on all of
-    /// them as one `[1, B, hidden]` batch, so each weight is read once per step whatever the
-    /// batch size; attention runs per sequence over its own cache and position. Returns
+    /// One decode step for every sequence in `kv`: `tokens[i]` follows what row i holds.
+    /// Token-wise work (embedding, norms, projections, MLP, head) runs on all of them as
+    /// one `[1, B, hidden]` batch, so each weight is read once per step whatever the batch
+    /// size; attention is one masked SDPA per layer over the padded batch cache. Returns
     /// the logits `[B, vocab]` (float32), evaluated.
-    pub fn decode(&self, tokens: &[u32], caches: &mut [&mut KvCache]) -> Result<Array> {
+    pub fn decode(&self, tokens: &[u32], kv: &mut BatchKv) -> Result<Array> {
         let c = &self.config;
         let n = tokens.len() as i32;
-        anyhow::ensure!(n > 0 && caches.len() == tokens.len(), "one cache per token");
+        anyhow::ensure!(n > 0 && kv.ids().len() == tokens.len(), "one batch row per token");
+        let (positions, mask) = kv.prepare_step()?;
         let ids = Array::from_slice(tokens, &[n]);
         let mut h = self.embed.lookup(&ids)?.reshape(&[1, n, c.hidden_size])?;
         for (i, b) in self.blocks.iter().enumerate() {
-            let a = self.batched_attention(b, &fast::rms_norm(&h, Some(&b.attn_norm), c.rms_norm_eps)?, caches, i)?;
+            let a = self.batched_attention(b, &fast::rms_norm(&h, Some(&b.attn_norm), c.rms_norm_eps)?, kv, i, &positions, &mask)?;
             h = h.add(&a)?;
             let x = fast::rms_norm(&h, Some(&b.mlp_norm), c.rms_norm_eps)?;
             let gu = b.gate_up.forward(&x)?;
             let m = b.down.forward(&nn::silu(&gu[0])?.multiply(&gu[1])?)?;
             h = h.add(&m)?;
         }
-        for cache in caches.iter_mut() {
-            cache.advance(1);
-        }
+        kv.advance();
         let h = fast::rms_norm(&h.reshape(&[n, c.hidden_size])?, Some(&self.norm), c.rms_norm_eps)?;
         let logits = match &self.lm_head {
             Some(head) => head.apply(&h)?,
@@ -324,23 +349,15 @@ impl Model {
         Ok(logits)
     }
 
-    fn batched_attention(&self, b: &Block, x: &Array, caches: &mut [&mut KvCache], layer: usize) -> Result<Array> {
+    fn batched_attention(&self, b: &Block, x: &Array, kv: &mut BatchKv, layer: usize, positions: &Array, mask: &Array) -> Result<Array> {
         let c = &self.config;
-        let n = caches.len() as i32;
+        let n = positions.shape()[0];
         let qkv = b.qkv.forward(x)?;
-        // The batch as n sequences of one token: reshapes, norms and RoPE once for all,
-        // each row rotated by its own position.
-        let offsets = Array::from_slice(&caches.iter().map(|k| k.offset()).collect::<Vec<i32>>(), &[n]);
-        let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, &offsets))?;
+        // The batch as n sequences of one token, each row rotated by its own position.
+        let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, positions))?;
+        let (keys, values) = kv.update(layer, &k, &v, positions)?;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let mut outs = Vec::with_capacity(caches.len());
-        for (s, cache) in caches.iter_mut().enumerate() {
-            let s = s as i32;
-            let row = |a: &Array| mlx_rs::ops::indexing::IndexOp::index(a, s..s + 1);
-            let (keys, values) = cache.update(layer, &row(&k), &row(&v))?;
-            outs.push(fast::scaled_dot_product_attention(row(&q), &keys, &values, scale, None, None)?);
-        }
-        let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 0)? };
+        let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
         let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?;
         b.o.forward(&o)
     }
