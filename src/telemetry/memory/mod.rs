@@ -44,6 +44,16 @@ impl PressureLevel {
             PressureLevel::Unknown => None,
         }
     }
+
+    /// As the API spells it: normal, warn, critical, unknown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PressureLevel::Normal => "normal",
+            PressureLevel::Warn => "warn",
+            PressureLevel::Critical => "critical",
+            PressureLevel::Unknown => "unknown",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
