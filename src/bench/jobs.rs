@@ -204,14 +204,17 @@ impl BenchJobs {
         let j = job.clone();
         tokio::spawn(async move {
             let record = this.execute(&j, plan, token, progress_tx).await;
-            *j.outcome.lock().unwrap() = Outcome { state: record.state, finished_unix: record.finished_unix, error: record.error.clone(), cells: record.cells.clone() };
+            let outcome = Outcome { state: record.state, finished_unix: record.finished_unix, error: record.error.clone(), cells: record.cells.clone() };
             let store = this.store.clone();
             let html = report::html(&record);
             if let Err(e) = tokio::task::spawn_blocking(move || store.save(&record, &html)).await.map_err(anyhow::Error::from).and_then(|r| r) {
                 tracing::error!("saving bench run {}: {e:#}", j.id);
             }
+            // In this order: whoever sees the run ended finds it in history and the
+            // engine free.
             this.active.send_replace(None);
             this.metrics.bench_running.set(0);
+            *j.outcome.lock().unwrap() = outcome;
             let _ = ended_tx.send(true);
         });
         Ok(job)
