@@ -302,20 +302,32 @@ async fn a_full_queue_answers_429_with_retry_after() {
     long["stream"] = json!(true);
     long["max_tokens"] = json!(4000);
     long["temperature"] = json!(0.8);
-    // 1: running (its first chunk has arrived)
+    // 1: running. The role chunk goes out before the engine takes the request; a token
+    // chunk after it means the engine has it.
     let running = c.post(format!("{base}/v1/chat/completions")).json(&long).send().await.unwrap();
     let mut running = running.bytes_stream();
-    running.next().await.unwrap().unwrap();
-    // 2: waits in the queue (capacity 1)
-    let waiting = c.post(format!("{base}/v1/chat/completions")).json(&long).send().await.unwrap();
-    assert_eq!(waiting.status(), 200);
-    // 3: no room
-    let resp = c.post(format!("{base}/v1/chat/completions")).json(&chat("hi")).send().await.unwrap();
-    assert_eq!(resp.status(), 429);
+    let mut seen = String::new();
+    while seen.matches("\"content\":\"").count() < 2 {
+        seen.push_str(&String::from_utf8_lossy(&running.next().await.unwrap().unwrap()));
+    }
+    // Then more streams: the engine drains its queue (capacity 1) once a step, so one of
+    // them finds it full. The ones queued are held open.
+    let mut held = vec![];
+    let mut refused = None;
+    for _ in 0..20 {
+        let resp = c.post(format!("{base}/v1/chat/completions")).json(&long).send().await.unwrap();
+        if resp.status() == 429 {
+            refused = Some(resp);
+            break;
+        }
+        assert_eq!(resp.status(), 200);
+        held.push(resp);
+    }
+    let resp = refused.expect("a full queue answers 429");
     assert_eq!(resp.headers()["retry-after"], "1");
     let body: Value = resp.json().await.unwrap();
     assert_error(&body, "rate_limit_error");
     assert_eq!(body["error"]["code"], "queue_full");
     drop(running);
-    drop(waiting);
+    drop(held);
 }
