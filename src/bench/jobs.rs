@@ -11,7 +11,6 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::machine::Machine;
 use super::plan::{self, Plan};
 use super::record::{new_run_id, now_unix, CellResult, RunRecord, RunState};
 use super::runner::{self, Progress};
@@ -221,19 +220,7 @@ impl BenchJobs {
     }
 
     async fn execute(&self, job: &Job, plan: Plan, token: String, progress: watch::Sender<Progress>) -> RunRecord {
-        let mut record = RunRecord {
-            id: job.id.clone(),
-            profile: plan.name.clone(),
-            plan: plan.clone(),
-            state: RunState::Running,
-            started_unix: job.started_unix,
-            finished_unix: None,
-            mlxbar_version: env!("CARGO_PKG_VERSION").into(),
-            machine: Machine::this(),
-            targets: vec![],
-            cells: vec![],
-            error: None,
-        };
+        let mut record = RunRecord::start(job.id.clone(), &plan, job.started_unix);
         let client = match self.client(&token) {
             Ok(c) => c,
             Err(e) => {

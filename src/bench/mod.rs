@@ -23,7 +23,6 @@ use crate::config::Config;
 use crate::engine::WeightFormat;
 use crate::Server;
 use client::Target;
-use machine::Machine;
 use plan::Plan;
 use record::{new_run_id, now_unix, RunRecord, RunState};
 use runner::Progress;
@@ -145,19 +144,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         targets.push(Target::parse(c)?);
     }
     let client = reqwest::Client::builder().timeout(Duration::from_secs(3600)).build()?;
-    let mut record = RunRecord {
-        id: new_run_id(),
-        profile: plan.name.clone(),
-        plan: plan.clone(),
-        state: RunState::Running,
-        started_unix: now_unix(),
-        finished_unix: None,
-        mlxbar_version: env!("CARGO_PKG_VERSION").into(),
-        machine: Machine::this(),
-        targets: vec![],
-        cells: vec![],
-        error: None,
-    };
+    let mut record = RunRecord::start(new_run_id(), &plan, now_unix());
     for t in &targets {
         let info = runner::describe(&client, t).await;
         if info.model_id.is_none() && info.mlxbar.is_none() {

@@ -135,6 +135,23 @@ pub struct HistoryCell {
 }
 
 impl RunRecord {
+    /// A run of `plan` starting now on this machine, before any target is described.
+    pub fn start(id: String, plan: &Plan, started_unix: u64) -> RunRecord {
+        RunRecord {
+            id,
+            profile: plan.name.clone(),
+            plan: plan.clone(),
+            state: RunState::Running,
+            started_unix,
+            finished_unix: None,
+            mlxbar_version: env!("CARGO_PKG_VERSION").into(),
+            machine: Machine::this(),
+            targets: vec![],
+            cells: vec![],
+            error: None,
+        }
+    }
+
     pub fn history_entry(&self) -> HistoryEntry {
         HistoryEntry {
             id: self.id.clone(),
