@@ -125,15 +125,12 @@ impl Server {
 
     pub fn status(&self) -> ServerStatus {
         let sys = self.telemetry.latest();
-        let series = self.state.metrics.live.throughput().tokens_per_second;
-        // The last point is the still-filling second: average the five before it.
-        let recent: Vec<u64> = series.iter().rev().skip(1).take(5).copied().collect();
         ServerStatus {
             url: self.url(),
             state: self.engine.state(),
             paused: self.is_paused(),
             pressure: sys.memory.as_ref().map(|m| m.pressure).unwrap_or_default(),
-            tokens_per_second: if recent.is_empty() { 0.0 } else { recent.iter().sum::<u64>() as f64 / recent.len() as f64 },
+            tokens_per_second: self.state.metrics.live.tokens_per_second_now(),
             running: self.engine.running(),
             waiting: self.engine.waiting(),
             alerts_firing: self.alerts.view().iter().filter(|a| a.firing && !a.snoozed).count(),

@@ -19,6 +19,8 @@ fn prometheus_config_and_alert_rules_pass_promtool() {
     promtool(&["check", "config", "prometheus.yml"]);
     promtool(&["check", "rules", "alerts.yml"]);
     promtool(&["test", "rules", "alerts_test.yml"]);
+    promtool(&["check", "rules", "mlx_flash_compat.yml"]);
+    promtool(&["test", "rules", "mlx_flash_compat_test.yml"]);
 }
 
 /// `mlxbar_…` names in a PromQL expression, histogram suffixes stripped.
@@ -54,6 +56,17 @@ async fn every_dashboard_query_names_an_exported_metric() {
     assert!(missing.is_empty(), "queried but not exported: {missing:?}");
     // the dashboard covers many Macs through its instance variable
     assert!(text.contains("label_values(mlxbar_info, instance)"));
+}
+
+#[tokio::test]
+async fn every_exported_metric_is_documented() {
+    reqwest::get(format!("{}/v1/models", common::server())).await.unwrap();
+    let scrape = reqwest::get(format!("{}/metrics", common::server())).await.unwrap().text().await.unwrap();
+    let readme = std::fs::read_to_string(dashboards().join("README.md")).unwrap();
+    let families: Vec<&str> = scrape.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap()).collect();
+    assert!(families.len() > 40, "{families:?}");
+    let undocumented: Vec<_> = families.iter().filter(|name| !readme.contains(&format!("| `{name}` |"))).collect();
+    assert!(undocumented.is_empty(), "exported but without a row in dashboards/README.md: {undocumented:?}");
 }
 
 #[test]

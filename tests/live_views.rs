@@ -47,7 +47,7 @@ async fn snapshot_and_stream_follow_a_request() {
     // A request makes the stream move; events come at most twice a second.
     let req = json!({"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24, "temperature": 0});
     let done = tokio::spawn({
-        let (client, base) = (client.clone(), base.clone());
+        let (client, base, req) = (client.clone(), base.clone(), req.clone());
         async move { client.post(format!("{base}/v1/chat/completions")).json(&req).send().await.unwrap().json::<Value>().await.unwrap() }
     });
     let mut snapshots = vec![first];
@@ -76,4 +76,57 @@ async fn snapshot_and_stream_follow_a_request() {
     assert_eq!(snap["timings"]["ttft_seconds"]["count"], 1);
     assert_eq!(snap["timings"]["window_minutes"], 5);
     assert_eq!(snap["scheduler"]["queue_capacity"], 64);
+    assert!(snap["scheduler"]["tokens_per_second"].as_f64().unwrap() >= 0.0);
+    let series = &snap["throughput"];
+    let len = series["tokens_per_second"].as_array().unwrap().len();
+    assert!(series["running"].as_array().unwrap().len() == len && series["waiting"].as_array().unwrap().len() == len);
+
+    // The request is listed as it ended, with the figures its answer reported.
+    assert_eq!(answer["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let recent = snap["requests"]["recent"].as_array().unwrap();
+    assert_eq!(recent.len(), 1);
+    let r = &recent[0];
+    let result = answer["choices"][0]["finish_reason"].as_str().unwrap();
+    assert_eq!(r["result"], result);
+    assert_eq!(snap["requests"]["by_result"][result], 1);
+    assert_eq!((r["endpoint"].as_str(), r["stream"].as_bool()), (Some("chat"), Some(false)));
+    assert_eq!(r["prompt_tokens"], answer["usage"]["prompt_tokens"]);
+    assert_eq!(r["completion_tokens"], answer["usage"]["completion_tokens"]);
+    assert_eq!(r["cached_prompt_tokens"], 0);
+    assert!(r["decode_tokens_per_second"].as_f64().unwrap() > 0.0 && r["prefill_tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(r["ttft_seconds"].as_f64().unwrap() <= r["e2e_seconds"].as_f64().unwrap());
+    assert_eq!(snap["timings"]["cached_prompt_share"], 0.0);
+
+    // The same prompt again starts from the prefix cache: the answer, the request's line
+    // and the window's cached share all say how much.
+    let again: Value = client.post(format!("{base}/v1/chat/completions")).json(&req).send().await.unwrap().json().await.unwrap();
+    let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let prompt = again["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(cached >= 16 && cached < prompt, "{cached} of {prompt} prompt tokens cached");
+    let snap: Value = client.get(format!("{base}/api/metrics/snapshot")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(snap["requests"]["recent"][1]["cached_prompt_tokens"], cached);
+    let share = snap["timings"]["cached_prompt_share"].as_f64().unwrap();
+    assert!((share - cached as f64 / (2 * prompt) as f64).abs() < 1e-9, "share {share}");
+    assert_eq!(snap["timings"]["requests"], 2);
+    assert!(snap["prefix_cache_hit_rate"].as_f64().unwrap() > 0.0);
+
+    // A client that leaves mid-stream is counted as cancelled, with what it got.
+    let stream_req = json!({"messages": [{"role": "user", "content": "Count to one hundred."}], "max_tokens": 200, "stream": true});
+    let resp = client.post(format!("{base}/v1/chat/completions")).json(&stream_req).send().await.unwrap();
+    let mut tokens = resp.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("\"content\":\"") || seen.matches("data: ").count() < 3 {
+        seen.push_str(&String::from_utf8_lossy(&tokens.next().await.unwrap().unwrap()));
+    }
+    drop(tokens);
+    let cancelled = loop {
+        let s = next_snapshot(&mut body, &mut buf).await;
+        if s["requests"]["by_result"]["cancelled"] == 1 {
+            break s;
+        }
+    };
+    let r = cancelled["requests"]["recent"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!((r["result"].as_str(), r["stream"].as_bool()), (Some("cancelled"), Some(true)));
+    assert!(r["completion_tokens"].as_u64().unwrap() >= 1 && r["prompt_tokens"].is_null());
+    assert_eq!(cancelled["timings"]["requests"], 2, "only completed requests make the distributions");
 }

@@ -27,8 +27,11 @@ fn free_port() -> u16 {
 
 fn start_prometheus(target: &str) -> Prometheus {
     let dir = tempfile::tempdir().unwrap();
+    // The MLX-Flash compat rules from dashboards/ run too, on live data.
+    let compat = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/prometheus/mlx_flash_compat.yml");
+    std::fs::copy(compat, dir.path().join("mlx_flash_compat.yml")).unwrap();
     let config = format!(
-        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: mlxbar\n    static_configs:\n      - targets: ['{}']\n",
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - mlx_flash_compat.yml\nscrape_configs:\n  - job_name: mlxbar\n    static_configs:\n      - targets: ['{}']\n",
         target.trim_start_matches("http://")
     );
     std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
@@ -110,6 +113,12 @@ async fn prometheus_scrapes_counters_and_histograms() {
     assert!(total > 1e9);
     wait_for(&prom, "mlxbar_model_loaded", |v| v == 1.0).await;
     wait_for(&prom, "mlxbar_mlx_memory_bytes{kind=\"active\"}", |v| v > 1e8).await;
+    // MLX-Flash's names, recorded by the compat rules from the same scrapes
+    let flash_tokens = wait_for(&prom, "mlxbar_tokens_generated_total", |v| v >= generated as f64).await;
+    assert_eq!(flash_tokens, generated as f64);
+    let flash_total = wait_for(&prom, "mlxbar_memory_total_bytes", |v| v > 0.0).await;
+    assert_eq!(flash_total, total);
+    wait_for(&prom, "mlxbar_workers_total - mlxbar_workers_healthy", |v| v == 0.0).await;
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! The loop that feeds the alert engine once a second from the server's live state and
-//! mirrors the result into `mlxbar_alerts_firing`.
+//! mirrors the result into `mlxbar_alerts_firing`. The same tick samples the scheduler's
+//! queue into the live series.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,7 @@ pub fn spawn(alerts: Arc<Alerts>, engine: Arc<Engine>, telemetry: Arc<Telemetry>
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
+            metrics.live.sample_scheduler(engine.running(), engine.waiting());
             let r = reading(&engine, &telemetry, &metrics);
             for n in alerts.evaluate(&r, Instant::now()) {
                 match n.kind {

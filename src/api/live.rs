@@ -16,20 +16,38 @@ use super::AppState;
 const MIN_INTERVAL: Duration = Duration::from_millis(500);
 /// A comment line keeps idle connections (and proxies) alive.
 const HEARTBEAT: Duration = Duration::from_secs(15);
+const RETRY: Duration = Duration::from_millis(1500);
 
 pub fn snapshot(state: &AppState) -> Value {
     let e = &state.engine;
     let m = &state.metrics;
     let sys = state.telemetry.latest();
     let (requests, tokens) = m.live.totals();
+    let caches = e.stats();
+    let lookups = caches.prefix_hits + caches.prefix_misses;
+    let now_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     json!({
         "version": env!("CARGO_PKG_VERSION"),
+        "at": now_unix,
+        "started_at": state.started_unix,
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
         "device": e.device().as_str(),
-        "models": e.model().map(|info| vec![json!({"info": info, "state": e.state()})]).unwrap_or_default(),
+        "models": e.model().map(|info| vec![json!({
+            "info": info,
+            "state": e.state(),
+            "kv_bytes": caches.kv_bytes,
+            "prefix_cache_bytes": caches.prefix_bytes,
+        })]).unwrap_or_default(),
         "state": e.state(),
-        "scheduler": {"waiting": e.waiting(), "running": e.running(), "queue_capacity": e.options().queue_capacity, "max_batch": e.options().max_batch},
-        "caches": e.stats(),
+        "scheduler": {
+            "waiting": e.waiting(),
+            "running": e.running(),
+            "queue_capacity": e.options().queue_capacity,
+            "max_batch": e.options().max_batch,
+            "tokens_per_second": m.live.tokens_per_second_now(),
+        },
+        "caches": caches,
+        "prefix_cache_hit_rate": (lookups > 0).then(|| caches.prefix_hits as f64 / lookups as f64),
         "memory": {
             "system": sys.memory,
             "mlx": sys.mlx,
@@ -45,6 +63,7 @@ pub fn snapshot(state: &AppState) -> Value {
         },
         "paused": state.paused.load(std::sync::atomic::Ordering::Relaxed),
         "totals": {"requests": requests, "completion_tokens": tokens, "errors": m.live.errors_total()},
+        "requests": {"by_result": m.live.by_result(), "recent": m.live.recent()},
         "links": {"metrics": "/metrics", "grafana": state.config.grafana_url},
         "timings": m.live.distributions(),
         "throughput": m.live.throughput(),
@@ -84,7 +103,8 @@ fn fingerprint(state: &AppState) -> Fingerprint {
 }
 
 pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let first = Event::default().event("snapshot").data(snapshot(&state).to_string());
+    // `retry` tells EventSource to reconnect after 1.5 s when the server goes away.
+    let first = Event::default().event("snapshot").retry(RETRY).data(snapshot(&state).to_string());
     let state_stopping = state.stopping.clone();
     let seen = Some(fingerprint(&state));
     let now = tokio::time::Instant::now();

@@ -126,6 +126,7 @@ pub fn usage_json(c: &Completion) -> Value {
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
         "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": c.cached_prompt_tokens},
     })
 }
 

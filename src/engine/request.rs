@@ -41,6 +41,8 @@ pub enum FinishReason {
 pub struct Completion {
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache (not recomputed).
+    pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
     pub timings: Timings,
 }

@@ -57,6 +57,8 @@ struct Sequence {
     cache: KvCache,
     /// The tokens whose keys and values the cache holds, in order.
     tokens: Vec<u32>,
+    /// Prompt tokens taken from the prefix cache at admission.
+    cached: usize,
     sampler: Sampler,
     text: TextStream,
     /// Logits for the next token; empty until the prompt is through.
@@ -303,6 +305,7 @@ fn admit(model: &Model, prefix: &mut PrefixCache, req: GenerationRequest, reserv
     Ok(Sequence {
         id,
         cache,
+        cached: tokens.len(),
         tokens,
         sampler: Sampler::new(req.sampling),
         text: TextStream::new(req.stop.clone()),
@@ -390,6 +393,7 @@ fn finish(seq: &mut Sequence, finish_reason: FinishReason) {
     let _ = seq.req.events.send(Event::Done(Completion {
         finish_reason,
         prompt_tokens: seq.req.prompt_ids.len(),
+        cached_prompt_tokens: seq.cached,
         completion_tokens: seq.generated,
         timings: seq.timings.clone(),
     }));

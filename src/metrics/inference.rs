@@ -2,6 +2,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::live::FinishedRequest;
 use super::Metrics;
 use crate::engine::{Completion, Event, FinishReason};
 
@@ -10,14 +11,17 @@ pub struct InferenceRecorder {
     metrics: Arc<Metrics>,
     model: String,
     endpoint: &'static str,
-    stream: &'static str,
+    stream: bool,
+    started: Instant,
+    first_token: Option<Instant>,
     last_token: Option<Instant>,
+    tokens: u64,
     finished: bool,
 }
 
 impl InferenceRecorder {
     pub fn new(metrics: Arc<Metrics>, model: &str, endpoint: &'static str, stream: bool) -> Self {
-        InferenceRecorder { metrics, model: model.to_owned(), endpoint, stream: if stream { "true" } else { "false" }, last_token: None, finished: false }
+        InferenceRecorder { metrics, model: model.to_owned(), endpoint, stream, started: Instant::now(), first_token: None, last_token: None, tokens: 0, finished: false }
     }
 
     /// Takes note of the next engine event (None: the engine dropped the request).
@@ -40,7 +44,9 @@ impl InferenceRecorder {
             self.metrics.inter_token_latency_seconds.with_label_values(&[&self.model]).observe(gap.as_secs_f64());
         }
         self.metrics.live.token(gap);
+        self.first_token.get_or_insert(now);
         self.last_token = Some(now);
+        self.tokens += 1;
     }
 
     fn done(&mut self, c: &Completion) {
@@ -55,14 +61,33 @@ impl InferenceRecorder {
         m.prefill_duration_seconds.with_label_values(&model).observe(t.prefill.as_secs_f64());
         m.time_to_first_token_seconds.with_label_values(&model).observe(t.time_to_first_token.as_secs_f64());
         m.request_duration_seconds.with_label_values(&model).observe((t.time_to_first_token + t.decode).as_secs_f64());
-        m.live.request(t.time_to_first_token, t.time_to_first_token + t.decode);
         m.prompt_tokens_total.with_label_values(&model).inc_by(c.prompt_tokens as u64);
         m.generation_tokens_total.with_label_values(&model).inc_by(c.completion_tokens as u64);
         let result = match c.finish_reason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
         };
+        let record = FinishedRequest { result, ..self.record() }.with_completion(c);
+        m.live.finished(record);
         self.finish(result);
+    }
+
+    /// What the API side saw of the request; the engine's [`Completion`] adds the rest.
+    fn record(&self) -> FinishedRequest {
+        FinishedRequest {
+            finished_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+            endpoint: self.endpoint,
+            stream: self.stream,
+            result: "cancelled",
+            prompt_tokens: None,
+            cached_prompt_tokens: None,
+            completion_tokens: self.tokens,
+            queue_seconds: None,
+            ttft_seconds: self.first_token.map(|t| (t - self.started).as_secs_f64()),
+            prefill_tokens_per_second: None,
+            decode_tokens_per_second: None,
+            e2e_seconds: self.started.elapsed().as_secs_f64(),
+        }
     }
 
     fn error(&mut self) {
@@ -72,10 +97,34 @@ impl InferenceRecorder {
         self.finish("error");
     }
 
-    fn finish(&mut self, result: &str) {
+    fn finish(&mut self, result: &'static str) {
         if !self.finished && self.metrics.per_request {
             self.finished = true;
-            self.metrics.requests_total.with_label_values(&[&self.model, self.endpoint, self.stream, result]).inc();
+            if result == "cancelled" || result == "error" {
+                self.metrics.live.finished(FinishedRequest { result, ..self.record() });
+            }
+            let stream = if self.stream { "true" } else { "false" };
+            self.metrics.requests_total.with_label_values(&[&self.model, self.endpoint, stream, result]).inc();
+        }
+    }
+}
+
+impl FinishedRequest {
+    /// The engine's own figures: token counts and timings from enqueue to last token.
+    fn with_completion(self, c: &Completion) -> FinishedRequest {
+        let t = &c.timings;
+        let rate = |tokens: usize, time: std::time::Duration| (tokens > 0 && !time.is_zero()).then(|| tokens as f64 / time.as_secs_f64());
+        FinishedRequest {
+            prompt_tokens: Some(c.prompt_tokens as u64),
+            cached_prompt_tokens: Some(c.cached_prompt_tokens as u64),
+            completion_tokens: c.completion_tokens as u64,
+            queue_seconds: Some(t.queue.as_secs_f64()),
+            ttft_seconds: Some(t.time_to_first_token.as_secs_f64()),
+            prefill_tokens_per_second: rate(c.prompt_tokens - c.cached_prompt_tokens, t.prefill),
+            // Tokens after the first, over the time after the first.
+            decode_tokens_per_second: rate(c.completion_tokens.saturating_sub(1), t.decode),
+            e2e_seconds: (t.time_to_first_token + t.decode).as_secs_f64(),
+            ..self
         }
     }
 }
