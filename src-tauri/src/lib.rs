@@ -5,7 +5,7 @@
 //! - `commands.rs`:    the app's commands (also what the tray menu calls)
 //! - `tray.rs`:        icon, title and menu, refreshed once a second
 //! - `popover.rs`:     the popover window
-//! - `notify.rs`:      alert notices → native notifications
+//! - `notify.rs`:      alert notices (and the tray's bench results) → native notifications
 pub mod commands;
 pub mod notify;
 pub mod popover;

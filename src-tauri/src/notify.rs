@@ -1,5 +1,6 @@
-//! Alert notices from the server's alert engine become native notifications
-//! (Notification Center on macOS, org.freedesktop.Notifications over D-Bus on Linux).
+//! Alert notices from the server's alert engine, and how a bench run from the tray ended,
+//! become native notifications (Notification Center on macOS, org.freedesktop.Notifications
+//! over D-Bus on Linux).
 use mlxbar::alerts::Notice;
 use tauri::{AppHandle, Runtime};
 use tokio::sync::broadcast::{error::RecvError, Receiver};

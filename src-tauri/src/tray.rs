@@ -156,11 +156,17 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
             }
         }
         "bench" => {
-            // Starts the built-in quick profile; the popover shows its progress and results.
+            // Starts the quick profile; the popover shows its progress and results, and a
+            // notification says how it ended (whoever started it may have looked away).
             if let Some(bench) = slot.with(|s| s.bench().clone()) {
+                let notifier = app.clone();
                 tauri::async_runtime::spawn(async move {
-                    if let Err(e) = bench.start("quick") {
-                        tracing::warn!("starting the benchmark: {e}");
+                    match bench.start("quick") {
+                        Ok(job) => {
+                            let (title, body) = job.ended().await.notice();
+                            crate::notify::show(&notifier, &title, &body);
+                        }
+                        Err(e) => tracing::warn!("starting the benchmark: {e}"),
                     }
                 });
                 crate::popover::show(app, None);

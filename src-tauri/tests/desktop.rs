@@ -1,8 +1,8 @@
 //! The real app binary on a real (virtual) desktop: Xvfb, a private D-Bus session with the
 //! dunst notification daemon, and trayer as the XEmbed tray host. The tray menu opens the
 //! popover (screenshot in test-artifacts/), a forced alert becomes a native notification
-//! that dunst records, the in-process server answers, the menu starts a benchmark, and Quit
-//! from the menu ends the app.
+//! that dunst records, the in-process server answers, the menu starts a benchmark whose end
+//! is notified too, and Quit from the menu ends the app.
 //!
 //! Needs `cargo build --release -p mlxbar-app` first and Debian's xvfb, dbus, dunst,
 //! trayer, xdotool and imagemagick (scripts/test.sh installs them).
@@ -141,6 +141,10 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     let config = dir.join("config.toml");
     // An alert that fires on the first request: the notification path end to end.
     std::fs::write(&config, "[alerts.ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n").unwrap();
+    // A user plan named "quick" replaces the built-in one, so the tray's run ends in seconds.
+    let plans = dir.join("metrics/bench/plans");
+    std::fs::create_dir_all(&plans).unwrap();
+    std::fs::write(plans.join("quick.json"), r#"{"name": "quick", "concurrency": [1], "prompt_tokens": [16], "output_tokens": [4], "repetitions": 1, "warmup": 0}"#).unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let log = std::fs::File::create(artifacts.join("app-desktop.log")).unwrap();
@@ -198,6 +202,14 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     let jobs = wait_for("the benchmark to start", Duration::from_secs(15), || get(&format!("{base}/api/bench")).filter(|j| j.contains("\"profile\":\"quick\"")));
     let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
     assert_eq!(jobs["data"][0]["profile"], "quick", "{jobs}");
+    // When it ends, a notification says how it went.
+    let history = wait_for("the benchmark's notification in dunst", Duration::from_secs(60), || {
+        desk.output("dunstctl", &["history"]).filter(|h| h.contains("Benchmark finished"))
+    });
+    let history: serde_json::Value = serde_json::from_str(&history).unwrap();
+    let note = history["data"][0].as_array().unwrap().iter().find(|n| n["summary"]["data"] == "Benchmark finished").unwrap().clone();
+    let body = note["body"]["data"].as_str().unwrap();
+    assert!(body.starts_with("quick: 1×16→4: ") && body.contains(" tok/s, TTFT "), "{body}");
 
     // Quit (the last item) stops the server and ends the process.
     desk.tray_menu(&["Up", "Return"]);

@@ -80,6 +80,39 @@ pub struct JobView {
     pub report_url: String,
 }
 
+impl JobView {
+    /// How the run ended, in a notification's title and body: per cell the aggregate
+    /// tok/s and TTFT p50 (the first three cells; the popover shows them all).
+    pub fn notice(&self) -> (String, String) {
+        const SHOWN: usize = 3;
+        let title = match self.state {
+            RunState::Done => "Benchmark finished",
+            RunState::Cancelled => "Benchmark cancelled",
+            RunState::Failed => "Benchmark failed",
+            RunState::Running => "Benchmark running",
+        };
+        let mut lines: Vec<String> = self
+            .cells
+            .iter()
+            .take(SHOWN)
+            .map(|c| {
+                let errors = if c.errors > 0 { format!(", {} errors", c.errors) } else { String::new() };
+                format!("{}: {:.1} tok/s, TTFT {:.2} s{errors}", c.cell.spec().label(), c.aggregate_tok_s, c.ttft_p50)
+            })
+            .collect();
+        if self.cells.len() > SHOWN {
+            lines.push(format!("and {} more cells", self.cells.len() - SHOWN));
+        }
+        if let Some(e) = &self.error {
+            lines.push(e.clone());
+        }
+        if lines.is_empty() {
+            lines.push("No cell was measured.".into());
+        }
+        (title.to_string(), format!("{}: {}", self.profile, lines.join("; ")))
+    }
+}
+
 impl Job {
     pub fn view(&self) -> JobView {
         let o = self.outcome.lock().unwrap().clone();
@@ -98,6 +131,13 @@ impl Job {
 
     pub fn is_running(&self) -> bool {
         !*self.ended.borrow()
+    }
+
+    /// Waits until the run has ended and its record is saved.
+    pub async fn ended(&self) -> JobView {
+        let mut ended = self.ended.clone();
+        let _ = ended.wait_for(|e| *e).await;
+        self.view()
     }
 
     /// Cancels the run and waits (bounded) until its requests are dropped and it is saved.
@@ -276,5 +316,69 @@ impl BenchJobs {
         } else {
             Err(self.active().map(|a| a.remaining_seconds()).unwrap_or(1))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::record::CellSpecField;
+
+    fn cell(concurrency: usize, tok_s: f64, ttft: f64, errors: usize) -> CellResult {
+        CellResult {
+            target: "mlxbar".into(),
+            cell: CellSpecField { concurrency, prompt_tokens: 128, output_tokens: 64 },
+            requests: 3,
+            errors,
+            error: None,
+            prompt_tokens_counted: Some(128),
+            completion_tokens: 192,
+            ttft_p50: ttft,
+            ttft_p90: ttft,
+            itl_p50: 0.05,
+            itl_p90: 0.06,
+            tpot_p50: 0.05,
+            e2e_p50: 3.0,
+            e2e_p90: 3.1,
+            stream_tok_s_p50: tok_s,
+            aggregate_tok_s: tok_s,
+            prompt_tok_s_p50: 400.0,
+            peak_mlx_bytes: None,
+            peak_rss_bytes: None,
+            pressure_max: None,
+            wall_seconds: 3.1,
+        }
+    }
+
+    fn view(state: RunState, cells: Vec<CellResult>, error: Option<&str>) -> JobView {
+        JobView {
+            id: "r1".into(),
+            profile: "quick".into(),
+            state,
+            started_unix: 0,
+            finished_unix: Some(1),
+            progress: Progress::default(),
+            error: error.map(str::to_owned),
+            cells,
+            report_url: "/api/bench/r1/report".into(),
+        }
+    }
+
+    #[test]
+    fn a_finished_run_reads_as_its_cells() {
+        let (title, body) = view(RunState::Done, vec![cell(1, 20.64, 0.271, 0), cell(8, 54.6, 2.0, 1)], None).notice();
+        assert_eq!(title, "Benchmark finished");
+        assert_eq!(body, "quick: 1×128→64: 20.6 tok/s, TTFT 0.27 s; 8×128→64: 54.6 tok/s, TTFT 2.00 s, 1 errors");
+    }
+
+    #[test]
+    fn long_failed_and_empty_runs_stay_short_and_say_why() {
+        let many = (1..=5).map(|n| cell(n, 10.0, 0.5, 0)).collect();
+        let (_, body) = view(RunState::Done, many, None).notice();
+        assert!(body.ends_with("; and 2 more cells"), "{body}");
+        let (title, body) = view(RunState::Failed, vec![], Some("every request failed")).notice();
+        assert_eq!((title.as_str(), body.as_str()), ("Benchmark failed", "quick: every request failed"));
+        let (title, body) = view(RunState::Cancelled, vec![], None).notice();
+        assert_eq!((title.as_str(), body.as_str()), ("Benchmark cancelled", "quick: No cell was measured."));
     }
 }

@@ -175,13 +175,45 @@ mod tests {
         assert!((m.used_ratio() - 0.1393).abs() < 1e-3);
     }
 
+    /// Recorded on an 8 GiB Apple Silicon Mac under heavy load (16 KiB pages, 10 GiB squeezed
+    /// into the compressor, millions of swap-ins): a `vm_stat` capture published as a test
+    /// fixture (`parseMacMemoryFromVmStat`'s tests in a public repository). `vm.swapusage`
+    /// and the pressure level were not recorded.
+    fn apple_silicon_under_load() -> MacVmRaw {
+        MacVmRaw {
+            page_size: 16384,
+            memsize: 8 << 30,
+            free_count: 5_076,
+            active_count: 107_971,
+            inactive_count: 106_508,
+            speculative_count: 844,
+            wire_count: 111_522,
+            compressor_page_count: 148_632,
+            purgeable_count: 429,
+            external_page_count: 70_018,
+            swapins: 10_554_789,
+            swapouts: 11_137_186,
+            swap_total: 0,
+            swap_used: 0,
+            pressure_level: None,
+        }
+    }
+
     #[test]
     fn apple_silicon_pages_are_16k_and_compressed_memory_is_not_app_memory() {
-        // Apple Silicon reports pages of 16384 bytes; a machine under load with a big compressor.
-        let r = MacVmRaw { page_size: 16384, compressor_page_count: 400_000, memsize: 25_769_803_776, ..intel_mac() };
-        let m = from_mac(&r);
-        assert_eq!(m.compressed, 400_000 * 16384);
+        let m = from_mac(&apple_silicon_under_load());
+        // used = (107971 + 106508 + 844 + 111522 + 148632 - 429 - 70018) pages
+        assert_eq!(m.used, 405_030 * 16384);
+        assert_eq!(m.compressed, 148_632 * 16384);
+        // App memory is what Activity Monitor shows: anonymous pages (145305) less purgeable.
+        assert_eq!(m.app, (145_305 - 429) * 16384);
         assert_eq!(m.app + m.wired + m.compressed, m.used);
+        assert_eq!(m.cached_files, (429 + 70_018) * 16384);
+        // Free pages say 1 %; the machine is 77 % used.
+        assert!(m.free * 100 / m.total < 2);
+        assert!((m.used_ratio() - 0.7726).abs() < 1e-3, "{}", m.used_ratio());
+        assert_eq!((m.swap_ins, m.swap_outs), (10_554_789, 11_137_186));
+        assert_eq!((m.pressure, m.pressure_source), (PressureLevel::Unknown, PressureSource::Unknown));
     }
 
     #[test]
