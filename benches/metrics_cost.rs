@@ -1,6 +1,7 @@
 //! What observability costs: `cargo bench --bench metrics_cost`.
 //!
-//! - /metrics scrape time (p50/p99) while 8 streams are queued and generating; with
+//! - /metrics scrape time (p50/p99) while 8 streams are queued and generating, and the
+//!   live snapshot's build time under the same load; with
 //!   `MLXBAR_PEER_METRICS=URL` a peer's /metrics is scraped in the same run for a ratio
 //!   (e.g. vllm-mlx started by ../shared/peers/serve.sh);
 //! - decode tok/s of one stream with per-request instrumentation on vs off;
@@ -16,13 +17,17 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-async fn scrape_times(client: &reqwest::Client, url: &str, n: usize) -> Vec<f64> {
-    let mut out = Vec::with_capacity(n);
+/// Milliseconds per GET of each URL, `n` rounds, the URLs taken in turn within a round (so
+/// each sees the same load).
+async fn scrape_times<const K: usize>(client: &reqwest::Client, urls: [&str; K], n: usize) -> [Vec<f64>; K] {
+    let mut out: [Vec<f64>; K] = std::array::from_fn(|_| Vec::with_capacity(n));
     for _ in 0..n {
-        let t = Instant::now();
-        let body = client.get(url).send().await.unwrap().text().await.unwrap();
-        assert!(!body.is_empty());
-        out.push(t.elapsed().as_secs_f64() * 1e3);
+        for (url, times) in urls.iter().zip(&mut out) {
+            let t = Instant::now();
+            let body = client.get(*url).send().await.unwrap().text().await.unwrap();
+            assert!(!body.is_empty());
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
     }
     out
 }
@@ -57,15 +62,18 @@ async fn main() {
             client.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap().text().await.unwrap()
         }));
     }
-    let mut ours = scrape_times(&client, &format!("{base}/metrics"), 200).await;
+    let [mut ours, mut snapshots] = scrape_times(&client, [&format!("{base}/metrics"), &format!("{base}/api/metrics/snapshot")], 200).await;
     let lines = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap().lines().count();
+    let busy = client.get(format!("{base}/api/metrics/snapshot")).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["scheduler"]["running"].as_u64().unwrap();
     for s in streams {
         s.await.unwrap();
     }
     let (p50, p99) = (pct(&mut ours, 0.5), pct(&mut ours, 0.99));
     println!("/metrics under 8 streams: {lines} lines, p50 {p50:.3} ms, p99 {p99:.3} ms (200 scrapes)");
+    let (s50, s99) = (pct(&mut snapshots, 0.5), pct(&mut snapshots, 0.99));
+    println!("/api/metrics/snapshot, read in turn with each scrape: p50 {s50:.3} ms, p99 {s99:.3} ms ({busy} of 8 streams still running after the last read)");
     if let Ok(peer) = std::env::var("MLXBAR_PEER_METRICS") {
-        let mut theirs = scrape_times(&client, &peer, 200).await;
+        let [mut theirs] = scrape_times(&client, [&peer], 200).await;
         let (q50, q99) = (pct(&mut theirs, 0.5), pct(&mut theirs, 0.99));
         println!("peer {peer}: p50 {q50:.3} ms, p99 {q99:.3} ms -> mlxbar's scrape is {:.1}x faster at p50, {:.1}x at p99", q50 / p50, q99 / p99);
     }

@@ -18,7 +18,7 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 pub fn reading(engine: &Engine, telemetry: &Telemetry, metrics: &Metrics) -> Reading {
     let sys = telemetry.latest();
     let mem = sys.memory.as_ref();
-    let ttft = metrics.live.distributions().ttft_seconds;
+    let ttft = metrics.live.ttft_seconds();
     Reading {
         pressure: mem.and_then(|m| m.pressure.as_number()).map(f64::from),
         swap_used_bytes: mem.map(|m| m.swap_used as f64),

@@ -181,6 +181,16 @@ fn rate_units(tokens_per_second: f64) -> u64 {
     ((tokens_per_second * RATE_SCALE) as u64).clamp(1, RATE_MAX)
 }
 
+/// One kind of histogram of every minute in the window, merged and summarized.
+fn merge(minutes: &[&MinuteHists], pick: fn(&MinuteHists) -> &Histogram<u64>, unit: f64) -> Percentiles {
+    let Some(first) = minutes.first() else { return Percentiles::default() };
+    let mut all = Histogram::<u64>::new_from(pick(first));
+    for h in minutes {
+        all.add(pick(h)).unwrap();
+    }
+    summarize(&all, unit)
+}
+
 fn summarize(h: &Histogram<u64>, unit: f64) -> Percentiles {
     if h.is_empty() {
         return Percentiles::default();
@@ -318,15 +328,8 @@ impl LiveStats {
     pub fn distributions(&self) -> Distributions {
         let now = self.now_secs();
         let inner = self.inner.lock().unwrap();
-        let live: Vec<&MinuteHists> = inner.minutes.iter().filter(|h| h.minute + WINDOW_MINUTES as u64 > now / 60).collect();
-        let merged = |pick: fn(&MinuteHists) -> &Histogram<u64>, unit: f64| {
-            let Some(first) = live.first() else { return Percentiles::default() };
-            let mut all = Histogram::<u64>::new_from(pick(first));
-            for h in &live {
-                all.add(pick(h)).unwrap();
-            }
-            summarize(&all, unit)
-        };
+        let live = Self::window(&inner, now);
+        let merged = |pick: fn(&MinuteHists) -> &Histogram<u64>, unit| merge(&live, pick, unit);
         let (prompt, cached) = live.iter().fold((0, 0), |(p, c), h| (p + h.prompt_tokens, c + h.cached_prompt_tokens));
         let e2e = merged(|h| &h.e2e, 1e6);
         Distributions {
@@ -340,6 +343,17 @@ impl LiveStats {
             decode_tokens_per_second: merged(|h| &h.decode_rate, RATE_SCALE),
             cached_prompt_share: (prompt > 0).then(|| cached as f64 / prompt as f64),
         }
+    }
+
+    /// TTFT over the window alone (what the alert engine reads every second).
+    pub fn ttft_seconds(&self) -> Percentiles {
+        let now = self.now_secs();
+        let inner = self.inner.lock().unwrap();
+        merge(&Self::window(&inner, now), |h| &h.ttft, 1e6)
+    }
+
+    fn window(inner: &Inner, now: u64) -> Vec<&MinuteHists> {
+        inner.minutes.iter().filter(|h| h.minute + WINDOW_MINUTES as u64 > now / 60).collect()
     }
 
     /// The last [`SERIES_SECONDS`] seconds (fewer right after start). A second without a
@@ -412,6 +426,7 @@ mod tests {
         assert!((d.ttft_seconds.p95 - 0.095).abs() < 0.001);
         assert!((d.ttft_seconds.mean - 0.0505).abs() < 0.001);
         assert!((d.ttft_seconds.max - 0.100).abs() < 0.001);
+        assert_eq!(s.ttft_seconds(), d.ttft_seconds);
         assert!((d.e2e_seconds.p99 - 0.990).abs() < 0.01);
         assert!((d.queue_seconds.p50 - 0.001).abs() < 1e-5);
         // Rates keep two significant digits.
