@@ -120,7 +120,7 @@ impl FinishedRequest {
             completion_tokens: c.completion_tokens as u64,
             queue_seconds: Some(t.queue.as_secs_f64()),
             ttft_seconds: Some(t.time_to_first_token.as_secs_f64()),
-            prefill_tokens_per_second: rate(c.prompt_tokens - c.cached_prompt_tokens, t.prefill),
+            prefill_tokens_per_second: rate(c.prompt_tokens.saturating_sub(c.cached_prompt_tokens), t.prefill),
             // Tokens after the first, over the time after the first.
             decode_tokens_per_second: rate(c.completion_tokens.saturating_sub(1), t.decode),
             e2e_seconds: (t.time_to_first_token + t.decode).as_secs_f64(),
