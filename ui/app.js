@@ -278,8 +278,7 @@ function render(s) {
   text("itl-p50", fmtSecs(t.itl_seconds.p50, t.itl_seconds.count));
   text("itl-p90", fmtSecs(t.itl_seconds.p90, t.itl_seconds.count));
   const c = s.caches;
-  const lookups = c.prefix_hits + c.prefix_misses;
-  text("caches", `KV ${fmtInt(c.kv_tokens)} tok · prefix ${c.prefix_entries} held, ${lookups ? Math.round((100 * c.prefix_hits) / lookups) : 0}% hits`
+  text("caches", `KV ${fmtInt(c.kv_tokens)} tok · prefix ${c.prefix_entries} held, ${Math.round(100 * (s.prefix_cache_hit_rate ?? 0))}% hits`
     + (c.admission_blocked ? " · admission held" : ""));
   text("running", s.scheduler.running);
   text("waiting", s.scheduler.waiting);

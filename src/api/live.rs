@@ -25,10 +25,9 @@ pub fn snapshot(state: &AppState) -> Value {
     let (requests, tokens) = m.live.totals();
     let caches = e.stats();
     let lookups = caches.prefix_hits + caches.prefix_misses;
-    let now_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     json!({
         "version": env!("CARGO_PKG_VERSION"),
-        "at": now_unix,
+        "at": crate::metrics::live::unix_seconds(),
         "started_at": state.started_unix,
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
         "device": e.device().as_str(),

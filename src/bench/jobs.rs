@@ -143,8 +143,7 @@ impl Job {
     /// Cancels the run and waits (bounded) until its requests are dropped and it is saved.
     pub async fn cancel(&self) {
         self.cancel.cancel();
-        let mut ended = self.ended.clone();
-        let _ = tokio::time::timeout(Duration::from_secs(10), ended.wait_for(|e| *e)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.ended()).await;
     }
 }
 

@@ -58,3 +58,10 @@ pub struct Timings {
     /// First token -> last token.
     pub decode: Duration,
 }
+
+impl Timings {
+    /// Enqueued -> last token.
+    pub fn end_to_end(&self) -> Duration {
+        self.time_to_first_token + self.decode
+    }
+}

@@ -60,7 +60,7 @@ impl InferenceRecorder {
         m.queue_wait_seconds.with_label_values(&model).observe(t.queue.as_secs_f64());
         m.prefill_duration_seconds.with_label_values(&model).observe(t.prefill.as_secs_f64());
         m.time_to_first_token_seconds.with_label_values(&model).observe(t.time_to_first_token.as_secs_f64());
-        m.request_duration_seconds.with_label_values(&model).observe((t.time_to_first_token + t.decode).as_secs_f64());
+        m.request_duration_seconds.with_label_values(&model).observe(t.end_to_end().as_secs_f64());
         m.prompt_tokens_total.with_label_values(&model).inc_by(c.prompt_tokens as u64);
         m.generation_tokens_total.with_label_values(&model).inc_by(c.completion_tokens as u64);
         let result = match c.finish_reason {
@@ -75,7 +75,7 @@ impl InferenceRecorder {
     /// What the API side saw of the request; the engine's [`Completion`] adds the rest.
     fn record(&self) -> FinishedRequest {
         FinishedRequest {
-            finished_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+            finished_at: super::live::unix_seconds(),
             endpoint: self.endpoint,
             stream: self.stream,
             result: "cancelled",
@@ -123,7 +123,7 @@ impl FinishedRequest {
             prefill_tokens_per_second: rate(c.prompt_tokens.saturating_sub(c.cached_prompt_tokens), t.prefill),
             // Tokens after the first, over the time after the first.
             decode_tokens_per_second: rate(c.completion_tokens.saturating_sub(1), t.decode),
-            e2e_seconds: (t.time_to_first_token + t.decode).as_secs_f64(),
+            e2e_seconds: t.end_to_end().as_secs_f64(),
             ..self
         }
     }

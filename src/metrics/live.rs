@@ -173,6 +173,11 @@ impl Default for LiveStats {
     }
 }
 
+/// Now, in Unix seconds (the live views' timestamps).
+pub fn unix_seconds() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
 fn micros(seconds: f64) -> u64 {
     ((seconds * 1e6) as u64).clamp(1, MICROS_MAX)
 }
@@ -379,15 +384,18 @@ impl LiveStats {
         t
     }
 
-    /// Tokens per second over the last five whole seconds (the still-filling one left out).
+    /// Tokens per second over the last five whole seconds (the still-filling one left out;
+    /// fewer right after start).
     pub fn tokens_per_second_now(&self) -> f64 {
-        let series = self.throughput().tokens_per_second;
-        let whole: Vec<u64> = series.iter().rev().skip(1).take(5).copied().collect();
-        if whole.is_empty() {
-            0.0
-        } else {
-            whole.iter().sum::<u64>() as f64 / whole.len() as f64
+        const SECONDS: u64 = 5;
+        let now = self.now_secs();
+        let whole = now.min(SECONDS);
+        if whole == 0 {
+            return 0.0;
         }
+        let inner = self.inner.lock().unwrap();
+        let tokens: u64 = inner.seconds.iter().filter(|s| s.at < now && s.at >= now - whole).map(|s| s.tokens).sum();
+        tokens as f64 / whole as f64
     }
 }
 
