@@ -13,6 +13,8 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     m.scheduler_waiting_requests.set(e.waiting() as i64);
     m.scheduler_running_requests.set(e.running() as i64);
     crate::metrics::advance_to(&m.engine_steps_total, e.steps());
+    m.engine_last_step_age_seconds.set(e.stall_seconds());
+    m.engine_failed.set(i64::from(matches!(e.state(), LoadState::Failed(_))));
     if let Some(model) = e.model() {
         let id = [model.id.as_str()];
         m.init_model(&model.id);

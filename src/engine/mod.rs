@@ -208,6 +208,15 @@ impl Engine {
         self.shared.stats.view()
     }
 
+    /// Seconds the engine has gone without finishing an iteration while work waits or
+    /// runs; 0 when idle. The stall watchdog (`/health`, `engine_stalled`) reads it.
+    pub fn stall_seconds(&self) -> f64 {
+        if self.waiting() + self.running() == 0 {
+            return 0.0;
+        }
+        self.shared.stats.since_progress()
+    }
+
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }
@@ -220,7 +229,10 @@ impl Engine {
             LoadState::Failed(e) => return Err(SubmitError::Unavailable(e)),
             LoadState::Stopped => return Err(SubmitError::Unavailable("stopped".into())),
         }
-        self.shared.waiting.fetch_add(1, Ordering::Relaxed);
+        // Work arriving at an idle engine starts the stall clock afresh.
+        if self.shared.waiting.fetch_add(1, Ordering::Relaxed) == 0 && self.running() == 0 {
+            self.shared.stats.mark_progress();
+        }
         self.jobs.try_send(worker::Job::Generate(req)).map_err(|e| {
             self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
             match e {

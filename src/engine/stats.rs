@@ -1,6 +1,8 @@
 //! What the engine thread publishes about its caches and admission, for /metrics, the
 //! live snapshot and the alert engine: plain atomics, written once per engine iteration.
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -22,6 +24,22 @@ pub struct EngineStats {
     prefix_tokens_saved: AtomicU64,
     /// New work is held back (memory pressure critical).
     admission_blocked: AtomicBool,
+    /// Requests the engine ended with an error, counted whatever `metrics_enabled` says
+    /// (the `engine_error` alert reads it).
+    failed_requests: AtomicU64,
+    /// When the engine last showed progress (finished an iteration, or was handed work
+    /// while idle), in microseconds since [`clock_base`]; the stall watchdog reads it.
+    progress_micros: AtomicU64,
+}
+
+/// The origin of the engine's progress clock (monotonic, process-wide).
+fn clock_base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+fn now_micros() -> u64 {
+    clock_base().elapsed().as_micros() as u64
 }
 
 /// A copy of [`EngineStats`] at one moment.
@@ -41,6 +59,7 @@ pub struct StatsView {
     pub prefix_evictions: u64,
     pub prefix_tokens_saved: u64,
     pub admission_blocked: bool,
+    pub failed_requests: u64,
 }
 
 impl EngineStats {
@@ -70,6 +89,20 @@ impl EngineStats {
         self.admission_blocked.store(blocked, Ordering::Relaxed);
     }
 
+    pub fn count_failure(&self) {
+        self.failed_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The engine finished an iteration (or was handed work while idle).
+    pub fn mark_progress(&self) {
+        self.progress_micros.store(now_micros(), Ordering::Relaxed);
+    }
+
+    /// Seconds since the engine last showed progress.
+    pub fn since_progress(&self) -> f64 {
+        now_micros().saturating_sub(self.progress_micros.load(Ordering::Relaxed)) as f64 / 1e6
+    }
+
     pub fn view(&self) -> StatsView {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsView {
@@ -86,6 +119,7 @@ impl EngineStats {
             prefix_evictions: get(&self.prefix_evictions),
             prefix_tokens_saved: get(&self.prefix_tokens_saved),
             admission_blocked: self.admission_blocked.load(Ordering::Relaxed),
+            failed_requests: get(&self.failed_requests),
         }
     }
 }

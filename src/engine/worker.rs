@@ -145,7 +145,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             next_id += 1;
             match guarded(|| admit(&model, &mut prefix, req, need, next_id)) {
                 Ok(seq) => running.push(seq),
-                Err(msg) => retire(&shared, || drop(events.send(Event::Error(msg)))),
+                Err(msg) => fail(&shared, &events, msg),
             }
         }
         if running.is_empty() {
@@ -156,6 +156,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 }
             }
             publish(&shared, &running, &batch, &prefix);
+            shared.stats.mark_progress();
             continue;
         }
         shared.steps.fetch_add(1, Ordering::Relaxed);
@@ -177,7 +178,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             if let Err(msg) = guarded(|| prefill(&model, &mut running, &chunks)) {
                 for &(i, _) in chunks.iter().rev() {
                     let seq = running.remove(i);
-                    retire(&shared, || drop(seq.req.events.send(Event::Error(msg.clone()))));
+                    fail(&shared, &seq.req.events, msg.clone());
                 }
             }
         }
@@ -258,10 +259,11 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                     retire(&shared, || ());
                 }
                 Ok(Outcome::Continue(_)) => unreachable!("continuing sequences are not done"),
-                Err(msg) => retire(&shared, || drop(seq.req.events.send(Event::Error(msg)))),
+                Err(msg) => fail(&shared, &seq.req.events, msg),
             }
         }
         publish(&shared, &running, &batch, &prefix);
+        shared.stats.mark_progress();
     }
 }
 
@@ -278,6 +280,12 @@ fn publish(shared: &Shared, running: &[Sequence], batch: &BatchKv, prefix: &Pref
 fn retire(shared: &Shared, last_words: impl FnOnce()) {
     shared.running.fetch_sub(1, Ordering::Relaxed);
     last_words();
+}
+
+/// Ends a request with the engine's error, counted for the `engine_error` alert.
+fn fail(shared: &Shared, events: &tokio::sync::mpsc::UnboundedSender<Event>, msg: String) {
+    shared.stats.count_failure();
+    retire(shared, || drop(events.send(Event::Error(msg))));
 }
 
 /// Runs `f`, turning an error or a panic into a message for the requests involved.

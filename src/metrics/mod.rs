@@ -39,6 +39,9 @@ pub struct Metrics {
     pub scheduler_waiting_requests: IntGauge,
     pub scheduler_running_requests: IntGauge,
     pub engine_steps_total: IntCounter,
+    pub engine_failed_requests_total: IntCounter,
+    pub engine_last_step_age_seconds: Gauge,
+    pub engine_failed: IntGauge,
     // model
     pub model_loaded: IntGaugeVec,
     pub model_load_duration_seconds: GaugeVec,
@@ -116,6 +119,9 @@ impl Metrics {
             scheduler_waiting_requests: reg!(IntGauge::new("scheduler_waiting_requests", "Requests queued, not yet taken by the engine.")),
             scheduler_running_requests: reg!(IntGauge::new("scheduler_running_requests", "Requests being generated.")),
             engine_steps_total: reg!(IntCounter::new("engine_steps_total", "Engine steps run (each steps every running request once).")),
+            engine_failed_requests_total: reg!(IntCounter::new("engine_failed_requests_total", "Requests the engine ended with an error (counted even with metrics_enabled = false).")),
+            engine_last_step_age_seconds: reg!(Gauge::new("engine_last_step_age_seconds", "Seconds since the engine last finished a step while work waits or runs; 0 when idle. At stall_seconds /health says stalled.")),
+            engine_failed: reg!(IntGauge::new("engine_failed", "1 when the engine has failed (the model did not load, or the engine thread died), else 0.")),
             model_loaded: reg!(IntGaugeVec::new(Opts::new("model_loaded", "1 when the model is loaded and serving."), &["model"])),
             model_load_duration_seconds: reg!(GaugeVec::new(Opts::new("model_load_duration_seconds", "How long loading the model took."), &["model"])),
             model_weight_bytes: reg!(IntGaugeVec::new(Opts::new("model_weight_bytes", "Bytes of model weights as held in memory."), &["model"])),
@@ -186,6 +192,7 @@ impl Metrics {
         self.kv_cache_reserved_tokens.set(e.kv_reserved_tokens as i64);
         self.scheduler_max_batch.set(e.max_batch as i64);
         self.admission_blocked.set(e.admission_blocked as i64);
+        advance_to(&self.engine_failed_requests_total, e.failed_requests);
         self.prefix_cache_entries.set(e.prefix_entries as i64);
         self.prefix_cache_bytes.set(e.prefix_bytes as i64);
         self.prefix_cache_utilization_ratio.set(if e.prefix_budget_bytes > 0 { e.prefix_bytes as f64 / e.prefix_budget_bytes as f64 } else { 0.0 });
