@@ -24,6 +24,8 @@
 //! admission = "refuse"            # under critical memory pressure: refuse (503) | wait
 //! data_dir = "/path"              # bench runs and history; default: the user data dir + mlxbar
 //! bench_wait_seconds = 10         # while a bench run holds the engine, requests wait this long, then 503
+//! stall_seconds = 30              # no engine step for this long with work waiting: /health says stalled
+//! shutdown_grace_seconds = 10     # on SIGTERM / Quit, in-flight requests get this long to finish
 //!
 //! [alerts.queue_backlog]          # override a built-in alert rule (see src/alerts/rules.rs)
 //! threshold = 4
@@ -68,13 +70,14 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
     /// While a bench run holds the engine, generation requests wait up to this long, then 503.
     pub bench_wait_seconds: f64,
+    /// With work waiting and no engine step for this long, `/health` says `stalled` (503).
+    pub stall_seconds: f64,
+    /// On SIGTERM or Quit, in-flight requests may finish for this long; new ones get 503.
+    pub shutdown_grace_seconds: f64,
     /// Where the user's Grafana dashboard lives; the popover links to it.
     pub grafana_url: Option<String>,
     /// Alert rule overrides by rule id, applied over the built-in defaults.
     pub alerts: BTreeMap<String, RuleOverride>,
-    /// Test hook, see `EngineOptions::test_fail_marker`.
-    #[serde(skip)]
-    pub test_fail_marker: Option<String>,
 }
 
 impl Default for Config {
@@ -101,8 +104,9 @@ impl Default for Config {
             admission: Admission::Refuse,
             data_dir: None,
             bench_wait_seconds: 10.0,
+            stall_seconds: 30.0,
+            shutdown_grace_seconds: 10.0,
             alerts: BTreeMap::new(),
-            test_fail_marker: None,
         }
     }
 }
@@ -225,6 +229,12 @@ impl Config {
         }
         if self.queue_capacity == 0 {
             bail!("queue_capacity must be at least 1");
+        }
+        if !(self.stall_seconds > 0.0 && self.stall_seconds <= 86400.0) {
+            bail!("stall_seconds must be in (0, 86400]");
+        }
+        if !(0.0..=3600.0).contains(&self.shutdown_grace_seconds) {
+            bail!("shutdown_grace_seconds must be between 0 and 3600");
         }
         Ok(())
     }

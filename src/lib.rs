@@ -8,6 +8,7 @@ pub mod doctor;
 pub mod engine;
 pub mod metrics;
 pub mod model_store;
+pub mod private_fs;
 pub mod server;
 pub mod telemetry;
 

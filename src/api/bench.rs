@@ -53,6 +53,7 @@ pub async fn start(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<St
         }
         Err(e @ StartError::Busy(_)) => Err(ApiError::conflict(e.to_string()).code("bench_running")),
         Err(e @ StartError::UnknownProfile(_)) => Err(ApiError::not_found(e.to_string()).param("profile").code("profile_not_found")),
+        Err(e @ StartError::DataDir(_)) => Err(ApiError::insufficient_storage(e.to_string(), "data_dir_unwritable")),
     }
 }
 

@@ -21,7 +21,7 @@ pub async fn chat_completions(State(state): State<AppState>, OpenAiJson(req): Op
         .ok_or_else(|| ApiError::bad_request("This model has no chat template; use /v1/completions").param("messages"))?;
     let prompt = template.render(&messages, true).map_err(|e| ApiError::bad_request(format!("{e:#}")).param("messages"))?;
     let ids = codec.encode(&prompt).map_err(|e| ApiError::internal(format!("{e:#}")))?;
-    let prepared = prepare(&state, &info, ids, &prompt, req.common)?;
+    let prepared = prepare(&state, &info, ids, req.common)?;
     respond(&state, new_meta(Endpoint::Chat, &info.id), prepared).await
 }
 

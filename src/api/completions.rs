@@ -10,21 +10,18 @@ use super::AppState;
 
 pub async fn completions(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<CompletionRequest>) -> Result<Response, ApiError> {
     let (info, codec) = resolve_model(&state, req.model.as_deref())?;
-    let (ids, text) = match req.prompt {
-        Prompt::Text(t) => (codec.encode(&t).map_err(|e| ApiError::internal(format!("{e:#}")))?, t),
-        Prompt::Texts(mut v) if v.len() == 1 => {
-            let t = v.remove(0);
-            (codec.encode(&t).map_err(|e| ApiError::internal(format!("{e:#}")))?, t)
-        }
+    let ids = match req.prompt {
+        Prompt::Text(t) => codec.encode(&t).map_err(|e| ApiError::internal(format!("{e:#}")))?,
+        Prompt::Texts(v) if v.len() == 1 => codec.encode(&v[0]).map_err(|e| ApiError::internal(format!("{e:#}")))?,
         Prompt::Texts(_) => return Err(ApiError::bad_request("Only one prompt per request is supported").param("prompt")),
         Prompt::Tokens(ids) => {
             let vocab = codec.vocab_size() as u32;
             if let Some(bad) = ids.iter().find(|&&i| i >= vocab) {
                 return Err(ApiError::bad_request(format!("Token id {bad} is outside the vocabulary (size {vocab})")).param("prompt"));
             }
-            (ids, String::new())
+            ids
         }
     };
-    let prepared = prepare(&state, &info, ids, &text, req.common)?;
+    let prepared = prepare(&state, &info, ids, req.common)?;
     respond(&state, new_meta(Endpoint::Completions, &info.id), prepared).await
 }

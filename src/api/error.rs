@@ -37,15 +37,44 @@ impl ApiError {
             .code("payload_too_large")
     }
 
-    pub fn queue_full(waiting: usize) -> Self {
+    pub fn queue_full(waiting: usize, retry_after_secs: u64) -> Self {
         let mut e = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
-            format!("The server is busy: {waiting} requests are already waiting. Retry shortly."),
+            format!("The server is busy: {waiting} requests are already waiting (queue_capacity). Retry in about {retry_after_secs} s."),
         )
         .code("queue_full");
-        e.retry_after_secs = Some(1);
+        e.retry_after_secs = Some(retry_after_secs);
         e
+    }
+
+    /// 507: memory for a request, or disk for a bench run's results, is lacking.
+    pub fn insufficient_storage(message: impl Into<String>, code: &'static str) -> Self {
+        Self::new(StatusCode::INSUFFICIENT_STORAGE, "server_error", message).code(code)
+    }
+
+    pub fn insufficient_memory(message: impl Into<String>) -> Self {
+        Self::insufficient_storage(message, "insufficient_memory")
+    }
+
+    pub fn shutting_down() -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "The server is shutting down; in-flight requests finish, new ones are refused.").code("shutting_down");
+        e.retry_after_secs = Some(10);
+        e
+    }
+
+    pub fn unsupported_media_type(got: Option<&str>) -> Self {
+        let got = got.map_or("none".to_string(), |g| format!("'{g}'"));
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            format!("This route takes a JSON body: send 'Content-Type: application/json' (got {got})"),
+        )
+        .code("unsupported_media_type")
+    }
+
+    pub fn forbidden_origin(why: String) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "invalid_request_error", why).code("origin_not_allowed")
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
@@ -133,9 +162,20 @@ impl From<crate::engine::SubmitError> for ApiError {
     fn from(e: crate::engine::SubmitError) -> Self {
         use crate::engine::SubmitError::*;
         match e {
-            QueueFull(n) => ApiError::queue_full(n),
+            QueueFull { waiting, retry_after_secs } => ApiError::queue_full(waiting, retry_after_secs),
             Loading => ApiError::unavailable("The model is still loading; retry shortly"),
             Unavailable(why) => ApiError::unavailable(format!("The engine is not available: {why}")),
+        }
+    }
+}
+
+impl From<crate::engine::EngineError> for ApiError {
+    fn from(e: crate::engine::EngineError) -> Self {
+        use crate::engine::ErrorKind::*;
+        match e.kind {
+            Internal => ApiError::internal(format!("The engine failed on this request: {}", e.message)),
+            OutOfMemory => ApiError::insufficient_memory(format!("Not enough memory for this request: {}", e.message)),
+            ShuttingDown => ApiError::shutting_down(),
         }
     }
 }

@@ -17,14 +17,16 @@ use crate::metrics::inference::InferenceRecorder;
 
 /// Resolves the request's `model`: absent, "default" or the loaded model's id.
 pub fn resolve_model(state: &AppState, requested: Option<&str>) -> Result<(ModelInfo, Arc<TextCodec>), ApiError> {
+    if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(ApiError::shutting_down());
+    }
     if state.paused.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(ApiError::paused());
     }
     let engine = &state.engine;
-    let loaded = engine.model().zip(engine.codec());
-    match (requested, loaded) {
+    match (requested, engine.loaded()) {
         (Some(m), Some((info, _))) if m != "default" && m != info.id => Err(ApiError::model_not_found(m)),
-        (_, Some((info, codec))) => Ok((info.clone(), codec)),
+        (_, Some(loaded)) => Ok(loaded),
         (_, None) => Err(ApiError::from(match engine.state() {
             crate::engine::LoadState::Loading => crate::engine::SubmitError::Loading,
             other => crate::engine::SubmitError::Unavailable(format!("{other:?}")),
@@ -40,10 +42,13 @@ pub struct Prepared {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
-    pub inject_panic: bool,
 }
 
-pub fn prepare(state: &AppState, info: &ModelInfo, prompt_ids: Vec<u32>, prompt_text: &str, p: CommonParams) -> Result<Prepared, ApiError> {
+/// Longest stop string, in bytes: each is matched against the text on every token, on the
+/// engine thread every request shares.
+pub const MAX_STOP_BYTES: usize = 256;
+
+pub fn prepare(state: &AppState, info: &ModelInfo, prompt_ids: Vec<u32>, p: CommonParams) -> Result<Prepared, ApiError> {
     if p.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("Only n=1 is supported").param("n"));
     }
@@ -58,6 +63,12 @@ pub fn prepare(state: &AppState, info: &ModelInfo, prompt_ids: Vec<u32>, prompt_
     let stop = p.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > 4 {
         return Err(ApiError::bad_request("At most 4 stop sequences are allowed").param("stop"));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad_request(format!("A stop sequence may be at most {MAX_STOP_BYTES} bytes long; one is {} bytes", long.len())).param("stop"));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request("A stop sequence must not be empty").param("stop"));
     }
     if prompt_ids.is_empty() {
         return Err(ApiError::bad_request("The prompt is empty").param("prompt"));
@@ -84,7 +95,6 @@ pub fn prepare(state: &AppState, info: &ModelInfo, prompt_ids: Vec<u32>, prompt_
         stop,
         stream: p.stream,
         include_usage: p.stream_options.is_some_and(|o| o.include_usage),
-        inject_panic: state.engine.options().test_fail_marker.as_deref().is_some_and(|m| prompt_text.contains(m)),
     })
 }
 
@@ -100,8 +110,7 @@ pub async fn respond(state: &AppState, meta: ResponseMeta, p: Prepared) -> Resul
         state.metrics.admission_refused_total.with_label_values(&["memory_pressure"]).inc();
         return Err(ApiError::memory_pressure());
     }
-    let (mut req, rx) = state.engine.new_request(p.prompt_ids, p.max_tokens, p.sampling, p.stop);
-    req.inject_panic = p.inject_panic;
+    let (req, rx) = state.engine.new_request(p.prompt_ids, p.max_tokens, p.sampling, p.stop);
     state.engine.submit(req)?;
     let recorder = InferenceRecorder::new(state.metrics.clone(), &meta.model, meta.endpoint.name(), p.stream);
     if p.stream {
@@ -119,7 +128,7 @@ async fn collect(mut rx: UnboundedReceiver<Event>, mut recorder: InferenceRecord
         match ev {
             Some(Event::Token { text: t } | Event::Text(t)) => text.push_str(&t),
             Some(Event::Done(done)) => return Ok((text, done)),
-            Some(Event::Error(e)) => return Err(ApiError::internal(format!("The engine failed on this request: {e}"))),
+            Some(Event::Error(e)) => return Err(ApiError::from(e)),
             None => break,
         }
     }
@@ -151,9 +160,7 @@ fn sse(meta: ResponseMeta, rx: UnboundedReceiver<Event>, recorder: InferenceReco
                     out.push(done_marker());
                     (out, true)
                 }
-                Some(Event::Error(e)) => {
-                    (vec![data(ApiError::internal(format!("The engine failed on this request: {e}")).body()), done_marker()], true)
-                }
+                Some(Event::Error(e)) => (vec![data(ApiError::from(e).body()), done_marker()], true),
                 None => (vec![data(ApiError::internal("The engine stopped before finishing this request").body()), done_marker()], true),
             };
             Some((events, (rx, recorder, ended)))

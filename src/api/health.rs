@@ -1,6 +1,9 @@
-//! `GET /health`: load state, model, device and queue.
+//! `GET /health`: load state, model, device and queue, and the stall watchdog.
+//!
+//! With an API key configured (the server is reachable beyond this machine) a caller
+//! without the key learns only the one-word status, never paths or error text.
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::json;
@@ -8,11 +11,29 @@ use serde_json::json;
 use super::AppState;
 use crate::engine::LoadState;
 
-/// 200 when the model is ready, 503 while loading or after a failed load; the body says which.
-pub async fn health(State(state): State<AppState>) -> impl IntoResponse {
+/// The one word `/health` answers with; 200 only for `ok`.
+pub fn status_word(state: &AppState) -> &'static str {
+    let engine = &state.engine;
+    match engine.state() {
+        LoadState::Loading => "loading",
+        LoadState::Failed(_) => "failed",
+        LoadState::Stopped => "stopped",
+        LoadState::Ready if state.draining.load(std::sync::atomic::Ordering::Relaxed) => "stopping",
+        LoadState::Ready if engine.stall_seconds() >= state.config.stall_seconds => "stalled",
+        LoadState::Ready => "ok",
+    }
+}
+
+/// 200 when the model is ready and the engine makes progress; 503 while loading, after a
+/// failure, while stalled (no step for `stall_seconds` with work waiting) or stopping.
+pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
+    let word = status_word(&state);
+    let status = if word == "ok" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    if !super::security::key_given(&state, &headers) {
+        return (status, Json(json!({"status": word})));
+    }
     let engine = &state.engine;
     let load = engine.state();
-    let status = if load == LoadState::Ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let (name, detail) = match &load {
         LoadState::Loading => ("loading", None),
         LoadState::Ready => ("ready", None),
@@ -20,13 +41,14 @@ pub async fn health(State(state): State<AppState>) -> impl IntoResponse {
         LoadState::Stopped => ("stopped", None),
     };
     let body = json!({
-        "status": if status == StatusCode::OK { "ok" } else { "unavailable" },
+        "status": word,
         "state": name,
         "detail": detail,
         "model": engine.model(),
         "device": engine.device().as_str(),
         "version": env!("CARGO_PKG_VERSION"),
         "queue": {"waiting": engine.waiting(), "running": engine.running(), "capacity": engine.options().queue_capacity},
+        "last_step_age_seconds": engine.stall_seconds(),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
     });
     (status, Json(body))

@@ -42,6 +42,8 @@ pub fn snapshot(state: &AppState) -> Value {
             "waiting": e.waiting(),
             "running": e.running(),
             "queue_capacity": e.options().queue_capacity,
+            "last_step_age_seconds": e.stall_seconds(),
+            "health": super::health::status_word(state),
             "max_batch": e.options().max_batch,
             "tokens_per_second": m.live.tokens_per_second_now(),
         },

@@ -3,6 +3,8 @@ pub mod alerts;
 pub mod bench;
 pub mod chat;
 pub mod completions;
+pub mod cross_site;
+pub mod engine;
 pub mod error;
 pub mod generation;
 pub mod health;
@@ -42,6 +44,8 @@ pub struct AppState {
     pub bench: Arc<BenchJobs>,
     /// Set from the menu bar: generation requests get 503 until resumed.
     pub paused: Arc<AtomicBool>,
+    /// Set when shutdown begins: in-flight requests finish, new ones get 503.
+    pub draining: Arc<AtomicBool>,
     /// Turns true when the server shuts down: long-lived streams end so shutdown can finish.
     pub stopping: tokio::sync::watch::Receiver<bool>,
     pub started: Instant,
@@ -72,17 +76,20 @@ pub fn router(state: AppState) -> Router {
         .route("/api/bench/{id}/report", get(bench::report))
         .route("/api/history", get(bench::history))
         .route("/api/history/{id}", get(bench::history_run))
+        .route("/api/engine/reload", post(engine::reload))
         .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
             e
         })
-        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::http::track))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(Extension(json::BodyLimit(config.max_body_bytes)))
+        .layer(middleware::from_fn_with_state(state.clone(), cross_site::check))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key))
-        .layer(middleware::from_fn_with_state(state.clone(), security::check_host));
+        .layer(middleware::from_fn_with_state(state.clone(), security::check_host))
+        // Outermost, so requests the guards refuse are counted too.
+        .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::http::track));
     // No CORS headers at all unless origins are configured: browsers then refuse
     // cross-origin reads. Never a wildcard.
     let origins: Vec<HeaderValue> = config.cors_origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();

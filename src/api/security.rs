@@ -45,22 +45,20 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
-/// With an API key configured, every route but `/health` needs `Authorization: Bearer <key>`.
+/// With an API key configured, every route but `/health` needs `Authorization: Bearer <key>`
+/// (`/health` then answers only its one-word state without it).
 pub async fn check_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &state.config.api_key {
-        if req.uri().path() != "/health" {
-            let given = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|h| h.to_str().ok())
-                .and_then(|h| h.strip_prefix("Bearer "))
-                .unwrap_or("");
-            if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
-                return ApiError::unauthorized().into_response();
-            }
-        }
+    if req.uri().path() != "/health" && !key_given(&state, req.headers()) {
+        return ApiError::unauthorized().into_response();
     }
     next.run(req).await
+}
+
+/// True when no key is configured, or the request carries it (compared in constant time).
+pub fn key_given(state: &AppState, headers: &axum::http::HeaderMap) -> bool {
+    let Some(key) = &state.config.api_key else { return true };
+    let given = headers.get(header::AUTHORIZATION).and_then(|h| h.to_str().ok()).and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
+    bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
 
 #[cfg(test)]

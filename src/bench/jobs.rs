@@ -153,6 +153,9 @@ pub enum StartError {
     Busy(String),
     #[error("no bench profile named '{0}'; GET /api/bench/profiles lists them")]
     UnknownProfile(String),
+    /// The run's results could not be saved: refused before it takes the engine.
+    #[error("bench results cannot be saved: {0}; set data_dir (or MLXBAR_DATA_DIR) to a writable folder")]
+    DataDir(String),
 }
 
 pub struct BenchJobs {
@@ -207,6 +210,7 @@ impl BenchJobs {
     /// Starts `profile` in the background; must be called inside a tokio runtime.
     pub fn start(self: &Arc<Self>, profile: &str) -> Result<Arc<Job>, StartError> {
         let plan = plan::find(&self.store.plans_dir(), profile).ok_or_else(|| StartError::UnknownProfile(profile.to_string()))?;
+        self.store.check_writable().map_err(|e| StartError::DataDir(format!("{e:#}")))?;
         let id = new_run_id();
         let token = hex::encode(rand::random::<[u8; 16]>());
         let (progress_tx, progress_rx) = watch::channel(Progress::default());

@@ -120,6 +120,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let plan = args.plan(&store)?;
+    // Minutes of measuring are lost if the results cannot be saved: say so before.
+    store.check_writable().with_context(|| format!("bench results go to {} (set --data-dir or MLXBAR_DATA_DIR)", data_dir.display()))?;
     let mut local = None;
     let main = match &args.target {
         Some(spec) => {

@@ -38,6 +38,11 @@ impl BenchStore {
         self.runs_dir().join(format!("{id}.html"))
     }
 
+    /// Fails with the reason when a run's files could not be saved (checked before a run).
+    pub fn check_writable(&self) -> Result<()> {
+        crate::private_fs::check_writable(&self.runs_dir()).and_then(|()| crate::private_fs::check_writable(&self.history_dir()))
+    }
+
     /// Saves the full record, its report, and (for a finished run) the history entry.
     pub fn save(&self, record: &RunRecord, report_html: &str) -> Result<()> {
         write_atomic(&self.runs_dir().join(format!("{}.json", record.id)), serde_json::to_vec_pretty(record)?.as_slice())?;
@@ -64,16 +69,7 @@ impl BenchStore {
     }
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let dir = path.parent().context("no parent dir")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tmp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
-}
+use crate::private_fs::write_atomic;
 
 fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;

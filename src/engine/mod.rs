@@ -3,6 +3,8 @@
 //! HTTP side uses: it renders and counts prompts, and queues requests with back-pressure.
 pub mod batch_kv;
 pub mod chat_template;
+#[cfg(feature = "test-hooks")]
+pub mod faults;
 #[cfg(target_os = "linux")]
 pub mod gemv_forward;
 #[cfg(target_os = "linux")]
@@ -20,7 +22,7 @@ mod worker;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, OnceLock, RwLock};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use anyhow::Result;
@@ -28,7 +30,7 @@ use serde::Serialize;
 
 pub use loader::ModelInfo;
 pub use model::WeightFormat;
-pub use request::{Completion, Event, FinishReason, GenerationRequest, Timings};
+pub use request::{Completion, EngineError, ErrorKind, Event, FinishReason, GenerationRequest, Timings};
 pub use sampling::SamplingParams;
 pub use stats::StatsView;
 pub use tokenizer::TextCodec;
@@ -54,8 +56,6 @@ pub struct EngineOptions {
     pub mlx_memory_limit: Option<usize>,
     pub mlx_cache_limit: Option<usize>,
     pub admission_gate: Option<AdmissionGate>,
-    /// Test hook: a prompt containing this string makes the engine panic on it.
-    pub test_fail_marker: Option<String>,
 }
 
 impl std::fmt::Debug for EngineOptions {
@@ -109,7 +109,7 @@ pub enum LoadState {
 /// State shared between the engine thread and its handles.
 pub struct Shared {
     state: RwLock<LoadState>,
-    loaded: OnceLock<(ModelInfo, Arc<TextCodec>)>,
+    loaded: RwLock<Option<(ModelInfo, Arc<TextCodec>)>>,
     /// Requests queued, not yet taken by the engine.
     pub waiting: AtomicUsize,
     /// Sequences being generated.
@@ -125,29 +125,42 @@ pub struct Shared {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {
-    #[error("the request queue is full ({0} waiting)")]
-    QueueFull(usize),
+    /// `queue_capacity` requests already wait; `retry_after_secs` is estimated from the pace.
+    #[error("the request queue is full ({waiting} waiting)")]
+    QueueFull { waiting: usize, retry_after_secs: u64 },
     #[error("the model is still loading")]
     Loading,
     #[error("the engine is not running: {0}")]
     Unavailable(String),
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("the model is already loading")]
+    AlreadyLoading,
+    #[error("the engine has been shut down")]
+    Stopped,
+    #[error("starting the engine thread: {0}")]
+    Spawn(String),
+}
+
 pub struct Engine {
-    jobs: mpsc::SyncSender<worker::Job>,
+    /// Replaced with the thread on a reload.
+    jobs: Mutex<mpsc::SyncSender<worker::Job>>,
     shared: Arc<Shared>,
     options: EngineOptions,
     device: DeviceKind,
-    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Serializes reloads and shutdown.
+    lifecycle: Mutex<()>,
 }
 
 impl Engine {
     /// Starts the engine thread, which loads the model; [`Engine::wait_ready`] waits for it.
     pub fn start(options: EngineOptions) -> Result<Engine> {
-        let (tx, rx) = mpsc::sync_channel(options.queue_capacity.max(1));
         let shared = Arc::new(Shared {
             state: RwLock::new(LoadState::Loading),
-            loaded: OnceLock::new(),
+            loaded: RwLock::new(None),
             waiting: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             steps: Default::default(),
@@ -156,11 +169,43 @@ impl Engine {
             ready: tokio::sync::Notify::new(),
         });
         let device = DeviceKind::for_this_platform();
-        let thread = {
-            let (shared, options) = (shared.clone(), options.clone());
-            std::thread::Builder::new().name("mlxbar-engine".into()).spawn(move || engine_thread(options, device, rx, shared))?
-        };
-        Ok(Engine { jobs: tx, shared, options, device, thread: std::sync::Mutex::new(Some(thread)) })
+        let (tx, thread) = spawn_thread(&options, device, &shared)?;
+        Ok(Engine { jobs: Mutex::new(tx), shared, options, device, thread: Mutex::new(Some(thread)), lifecycle: Mutex::new(()) })
+    }
+
+    /// Stops the engine thread if it runs (its requests end with a 503), then loads the
+    /// model afresh on a new one: the way back from a failed load or a dead engine.
+    /// Blocks for at most one engine step; the load itself goes on in the background.
+    pub fn reload(&self) -> Result<(), ReloadError> {
+        let _one_at_a_time = self.lifecycle.lock().unwrap();
+        match self.state() {
+            LoadState::Loading => return Err(ReloadError::AlreadyLoading),
+            LoadState::Stopped => return Err(ReloadError::Stopped),
+            LoadState::Ready | LoadState::Failed(_) => {}
+        }
+        self.stop_thread();
+        let s = &self.shared;
+        s.stopping.store(false, Ordering::Relaxed);
+        s.waiting.store(0, Ordering::Relaxed);
+        s.running.store(0, Ordering::Relaxed);
+        *s.loaded.write().unwrap() = None;
+        *s.state.write().unwrap() = LoadState::Loading;
+        let (tx, thread) = spawn_thread(&self.options, self.device, &self.shared).map_err(|e| {
+            *s.state.write().unwrap() = LoadState::Failed(format!("starting the engine thread: {e}"));
+            ReloadError::Spawn(e.to_string())
+        })?;
+        *self.jobs.lock().unwrap() = tx;
+        *self.thread.lock().unwrap() = Some(thread);
+        Ok(())
+    }
+
+    /// Asks the engine thread to stop within one step and waits for it.
+    fn stop_thread(&self) {
+        let Some(thread) = self.thread.lock().unwrap().take() else { return };
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        // A full queue or a dead thread: the stopping flag alone ends the loop.
+        let _ = self.jobs.lock().unwrap().try_send(worker::Job::Shutdown);
+        let _ = thread.join();
     }
 
     /// Waits until the model is loaded (Ok) or failed to load (Err).
@@ -184,12 +229,17 @@ impl Engine {
         self.device
     }
 
-    pub fn model(&self) -> Option<&ModelInfo> {
-        self.shared.loaded.get().map(|(info, _)| info)
+    pub fn model(&self) -> Option<ModelInfo> {
+        self.shared.loaded.read().unwrap().as_ref().map(|(info, _)| info.clone())
     }
 
     pub fn codec(&self) -> Option<Arc<TextCodec>> {
-        self.shared.loaded.get().map(|(_, c)| c.clone())
+        self.shared.loaded.read().unwrap().as_ref().map(|(_, c)| c.clone())
+    }
+
+    /// The loaded model and its codec, read together (a reload replaces both).
+    pub fn loaded(&self) -> Option<(ModelInfo, Arc<TextCodec>)> {
+        self.shared.loaded.read().unwrap().clone()
     }
 
     pub fn waiting(&self) -> usize {
@@ -229,32 +279,46 @@ impl Engine {
             LoadState::Failed(e) => return Err(SubmitError::Unavailable(e)),
             LoadState::Stopped => return Err(SubmitError::Unavailable("stopped".into())),
         }
+        // `waiting` counts every request not yet admitted, queued in the channel or held
+        // by the engine, so the capacity bounds them all.
+        let capacity = self.options.queue_capacity.max(1);
+        let before = self
+            .shared
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| (w < capacity).then_some(w + 1))
+            .map_err(|waiting| SubmitError::QueueFull { waiting, retry_after_secs: self.retry_after_secs(waiting) })?;
         // Work arriving at an idle engine starts the stall clock afresh.
-        if self.shared.waiting.fetch_add(1, Ordering::Relaxed) == 0 && self.running() == 0 {
+        if before == 0 && self.running() == 0 {
             self.shared.stats.mark_progress();
         }
-        self.jobs.try_send(worker::Job::Generate(req)).map_err(|e| {
+        self.jobs.lock().unwrap().try_send(worker::Job::Generate(req)).map_err(|e| {
             self.shared.waiting.fetch_sub(1, Ordering::Relaxed);
             match e {
-                mpsc::TrySendError::Full(_) => SubmitError::QueueFull(self.waiting()),
+                mpsc::TrySendError::Full(_) => SubmitError::QueueFull { waiting: self.waiting(), retry_after_secs: 1 },
                 mpsc::TrySendError::Disconnected(_) => SubmitError::Unavailable("engine thread exited".into()),
             }
         })
     }
 
+    /// When a request turned away now could expect room: the queue ahead of it, served
+    /// `max_batch` at a time at the recent pace of one request (1 s before any finished).
+    pub fn retry_after_secs(&self, waiting: usize) -> u64 {
+        let per_request = self.shared.stats.service_seconds().unwrap_or(1.0);
+        let rounds = (waiting as f64 / self.options.max_batch.max(1) as f64).ceil().max(1.0);
+        (per_request * rounds).ceil().clamp(1.0, 300.0) as u64
+    }
+
     /// Stops the engine thread within one step (running requests get an error) and waits for it.
     pub fn shutdown(&self) {
-        let Some(thread) = self.thread.lock().unwrap().take() else { return };
-        self.shared.stopping.store(true, Ordering::Relaxed);
-        // Blocking send: waits for room if the queue is full.
-        let _ = self.jobs.send(worker::Job::Shutdown);
-        let _ = thread.join();
+        let _one_at_a_time = self.lifecycle.lock().unwrap();
+        self.stop_thread();
         *self.shared.state.write().unwrap() = LoadState::Stopped;
+        self.shared.ready.notify_waiters();
     }
 
     pub fn new_request(&self, prompt_ids: Vec<u32>, max_tokens: usize, sampling: SamplingParams, stop: Vec<String>) -> (GenerationRequest, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let req = GenerationRequest { prompt_ids, max_tokens, sampling, stop, events: tx, enqueued_at: Instant::now(), inject_panic: false };
+        let req = GenerationRequest { prompt_ids, max_tokens, sampling, stop, events: tx, enqueued_at: Instant::now() };
         (req, rx)
     }
 }
@@ -301,7 +365,23 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
         per_token >> 10,
         options.prefix_cache_bytes >> 20
     );
-    worker::Limits { max_batch: options.max_batch.max(1), kv_budget_tokens, prefix_cache_bytes: options.prefix_cache_bytes, gate: options.admission_gate.clone() }
+    worker::Limits {
+        max_batch: options.max_batch.max(1),
+        kv_budget_tokens,
+        prefix_cache_bytes: options.prefix_cache_bytes,
+        gate: options.admission_gate.clone(),
+        request_memory_bytes: memory_limit.saturating_sub(info.weight_bytes),
+        kv_bytes_per_token: per_token,
+        attention_heads: model.config.num_heads.max(1) as usize,
+    }
+}
+
+/// A new engine thread with its queue (capacity: `queue_capacity`).
+fn spawn_thread(options: &EngineOptions, device: DeviceKind, shared: &Arc<Shared>) -> std::io::Result<(mpsc::SyncSender<worker::Job>, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = mpsc::sync_channel(options.queue_capacity.max(1) + 1);
+    let (shared, options) = (shared.clone(), options.clone());
+    let thread = std::thread::Builder::new().name("mlxbar-engine".into()).spawn(move || engine_thread(options, device, rx, shared))?;
+    Ok((tx, thread))
 }
 
 fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receiver<worker::Job>, shared: Arc<Shared>) {
@@ -336,7 +416,21 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     );
     let limits = limits(&options, &model, &info);
     let codec = Arc::new(codec);
-    let _ = shared.loaded.set((info, codec.clone()));
+    *shared.loaded.write().unwrap() = Some((info, codec.clone()));
     set_state(LoadState::Ready);
-    worker::run(model, codec, jobs, shared.clone(), limits);
+    shared.stats.mark_progress();
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(model, codec, jobs, shared.clone(), limits)));
+    if shared.stopping.load(Ordering::Relaxed) {
+        return;
+    }
+    // The loop ended without being asked to: whatever was queued or running is gone with
+    // it (their clients see the stream end), and the engine reports itself failed.
+    let reason = match ran {
+        Ok(()) => "the engine thread ended unexpectedly".to_string(),
+        Err(panic) => format!("the engine thread died: {}", worker::panic_message(panic.as_ref())),
+    };
+    tracing::error!("{reason}; reload the model (POST /api/engine/reload, or the menu bar's Reload model)");
+    shared.waiting.store(0, Ordering::Relaxed);
+    shared.running.store(0, Ordering::Relaxed);
+    set_state(LoadState::Failed(reason));
 }

@@ -14,8 +14,6 @@ pub struct GenerationRequest {
     /// Dropping the receiver cancels the request within one decode step.
     pub events: mpsc::UnboundedSender<Event>,
     pub enqueued_at: Instant,
-    /// Test hook: the engine panics while serving this request (see `EngineOptions::test_fail_marker`).
-    pub inject_panic: bool,
 }
 
 #[derive(Debug)]
@@ -27,7 +25,47 @@ pub enum Event {
     Text(String),
     Done(Completion),
     /// The engine failed this request; the server keeps running.
-    Error(String),
+    Error(EngineError),
+}
+
+/// Why the engine ended a request early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A bug or an MLX error: 500.
+    Internal,
+    /// The request's KV and activations do not fit in MLX's memory limit: 507.
+    OutOfMemory,
+    /// The server is stopping (or the engine is being reloaded): 503.
+    ShuttingDown,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl EngineError {
+    pub fn internal(message: impl Into<String>) -> Self {
+        EngineError { kind: ErrorKind::Internal, message: message.into() }
+    }
+
+    pub fn shutting_down() -> Self {
+        EngineError { kind: ErrorKind::ShuttingDown, message: "the server is shutting down".into() }
+    }
+
+    /// Tells an MLX allocation failure from other errors by its message.
+    pub fn from_message(message: String) -> Self {
+        let m = message.to_ascii_lowercase();
+        let oom = ["unable to allocate", "out of memory", "bad_alloc", "memory limit"].iter().any(|k| m.contains(k));
+        EngineError { kind: if oom { ErrorKind::OutOfMemory } else { ErrorKind::Internal }, message }
+    }
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

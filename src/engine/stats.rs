@@ -30,6 +30,9 @@ pub struct EngineStats {
     /// When the engine last showed progress (finished an iteration, or was handed work
     /// while idle), in microseconds since [`clock_base`]; the stall watchdog reads it.
     progress_micros: AtomicU64,
+    /// Moving average of a finished request's time in the engine (admitted to done), in
+    /// microseconds; 0 before the first. Paces the queue's Retry-After.
+    service_micros: AtomicU64,
 }
 
 /// The origin of the engine's progress clock (monotonic, process-wide).
@@ -96,6 +99,20 @@ impl EngineStats {
     /// The engine finished an iteration (or was handed work while idle).
     pub fn mark_progress(&self) {
         self.progress_micros.store(now_micros(), Ordering::Relaxed);
+    }
+
+    /// A request finished after `seconds` in the engine.
+    pub fn record_service(&self, seconds: f64) {
+        let sample = (seconds * 1e6) as u64;
+        let old = self.service_micros.load(Ordering::Relaxed);
+        let new = if old == 0 { sample } else { (old * 7 + sample) / 8 };
+        self.service_micros.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// The recent time one request spends in the engine; None before the first finished.
+    pub fn service_seconds(&self) -> Option<f64> {
+        let v = self.service_micros.load(Ordering::Relaxed);
+        (v > 0).then(|| v as f64 / 1e6)
     }
 
     /// Seconds since the engine last showed progress.

@@ -20,7 +20,7 @@ use super::batch_kv::BatchKv;
 use super::kv_cache::KvCache;
 use super::model::Model;
 use super::prefix_cache::PrefixCache;
-use super::request::{Completion, Event, FinishReason, GenerationRequest, Timings};
+use super::request::{Completion, EngineError, ErrorKind, Event, FinishReason, GenerationRequest, Timings};
 use super::sampling::Sampler;
 use super::text_stream::{Step, TextStream};
 use super::tokenizer::TextCodec;
@@ -47,6 +47,20 @@ pub struct Limits {
     pub kv_budget_tokens: usize,
     pub prefix_cache_bytes: usize,
     pub gate: Option<AdmissionGate>,
+    /// What MLX's memory limit leaves beside the weights (0: unknown, no check): a request
+    /// whose KV and prefill scratch alone exceed it is refused instead of failing mid-way.
+    pub request_memory_bytes: usize,
+    pub kv_bytes_per_token: usize,
+    pub attention_heads: usize,
+}
+
+impl Limits {
+    /// Bytes a request needs at most: its KV (prompt + max_tokens) and the attention
+    /// scores of one prefill chunk against the whole sequence.
+    fn request_bytes(&self, tokens: usize) -> usize {
+        let scores = PREFILL_CHUNK.min(tokens) * tokens * self.attention_heads * std::mem::size_of::<f32>();
+        tokens * self.kv_bytes_per_token + scores
+    }
 }
 
 struct Sequence {
@@ -69,6 +83,8 @@ struct Sequence {
     first_token_at: Option<Instant>,
     /// KV tokens promised to this request.
     reserved: usize,
+    #[cfg(feature = "test-hooks")]
+    fault: Option<super::faults::Fault>,
 }
 
 impl Sequence {
@@ -94,11 +110,14 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
     loop {
         if shared.stopping.load(Ordering::Relaxed) {
             for seq in running.drain(..) {
-                retire(&shared, || drop(seq.req.events.send(Event::Error("the server is shutting down".into()))));
+                retire(&shared, || drop(seq.req.events.send(Event::Error(EngineError::shutting_down()))));
             }
-            for req in pending.drain(..) {
+            for req in pending.drain(..).chain(jobs.try_iter().filter_map(|j| match j {
+                Job::Generate(req) => Some(req),
+                Job::Shutdown => None,
+            })) {
                 shared.waiting.fetch_sub(1, Ordering::Relaxed);
-                let _ = req.events.send(Event::Error("the server is shutting down".into()));
+                let _ = req.events.send(Event::Error(EngineError::shutting_down()));
             }
             return;
         }
@@ -142,10 +161,20 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             shared.waiting.fetch_sub(1, Ordering::Relaxed);
             shared.running.fetch_add(1, Ordering::Relaxed);
             let events = req.events.clone();
+            let bytes = limits.request_bytes(need);
+            if limits.request_memory_bytes > 0 && bytes > limits.request_memory_bytes {
+                let message = format!(
+                    "this request needs ~{} MB for its KV cache and prefill ({need} tokens), more than the {} MB MLX's memory limit leaves beside the model; shorten the prompt or max_tokens",
+                    bytes.div_ceil(1 << 20),
+                    limits.request_memory_bytes >> 20
+                );
+                fail(&shared, &events, EngineError { kind: ErrorKind::OutOfMemory, message });
+                continue;
+            }
             next_id += 1;
-            match guarded(|| admit(&model, &mut prefix, req, need, next_id)) {
+            match guarded(|| admit(&model, &codec, &mut prefix, req, need, next_id)) {
                 Ok(seq) => running.push(seq),
-                Err(msg) => fail(&shared, &events, msg),
+                Err(e) => fail(&shared, &events, e),
             }
         }
         if running.is_empty() {
@@ -161,6 +190,23 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
         }
         shared.steps.fetch_add(1, Ordering::Relaxed);
 
+        // Clients that left during their prefill stop it here, before the next chunk;
+        // their KV goes with them.
+        let mut i = 0;
+        while i < running.len() {
+            if !running[i].prefilled() && running[i].req.events.is_closed() {
+                drop(running.remove(i));
+                retire(&shared, || ());
+            } else {
+                i += 1;
+            }
+        }
+        if running.is_empty() {
+            publish(&shared, &running, &batch, &prefix);
+            shared.stats.mark_progress();
+            continue;
+        }
+
         // 3. One prefill pass for the newcomers, oldest first, within the chunk budget:
         //    newcomers that arrive together are prefilled together.
         let decoding = running.iter().filter(|s| s.prefilled()).count();
@@ -175,17 +221,17 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             budget -= take;
         }
         if !chunks.is_empty() {
-            if let Err(msg) = guarded(|| prefill(&model, &mut running, &chunks)) {
+            if let Err(e) = guarded(|| prefill(&model, &mut running, &chunks)) {
                 for &(i, _) in chunks.iter().rev() {
                     let seq = running.remove(i);
-                    fail(&shared, &seq.req.events, msg.clone());
+                    fail(&shared, &seq.req.events, e.clone());
                 }
             }
         }
 
         // 4. One decode step for everyone past prefill.
         let mut next: Vec<(usize, u32)> = Vec::new();
-        let mut done: Vec<(usize, Result<Outcome, String>)> = Vec::new();
+        let mut done: Vec<(usize, Result<Outcome, EngineError>)> = Vec::new();
         for (i, seq) in running.iter_mut().enumerate() {
             if !seq.prefilled() || seq.logits.is_empty() {
                 continue;
@@ -193,6 +239,17 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             match guarded(|| emit(&codec, &codec.stop_ids, seq)) {
                 Ok(Outcome::Continue(token)) => next.push((i, token)),
                 other => done.push((i, other)),
+            }
+        }
+        #[cfg(feature = "test-hooks")]
+        for seq in running.iter_mut() {
+            match seq.fault {
+                Some(super::faults::Fault::KillEngine) => panic!("injected engine thread death (test hook)"),
+                Some(super::faults::Fault::Stall) => {
+                    seq.fault = None;
+                    super::faults::stall();
+                }
+                _ => {}
             }
         }
         // Sequences that stopped decoding take their KV back out of the batch (for the
@@ -234,11 +291,11 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                         }
                     }
                 }
-                Err(msg) => {
+                Err(e) => {
                     // After a failed step the batch's contents are unknown: drop it (those
                     // sequences end with the error and leave nothing to the prefix cache).
                     batch = BatchKv::default();
-                    done.extend(next.iter().map(|&(i, _)| (i, Err(msg.clone()))));
+                    done.extend(next.iter().map(|&(i, _)| (i, Err(e.clone()))));
                 }
             }
         }
@@ -250,6 +307,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 // The KV goes to the prefix cache (and the stats out) before the answer
                 // does, so a client's next turn, sent the moment it has this one, finds it.
                 Ok(Outcome::Finished(reason)) => {
+                    shared.stats.record_service(seq.admitted_at.elapsed().as_secs_f64());
                     keep_prefix(&mut prefix, &mut seq);
                     publish(&shared, &running, &batch, &prefix);
                     retire(&shared, || finish(&mut seq, reason));
@@ -259,7 +317,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                     retire(&shared, || ());
                 }
                 Ok(Outcome::Continue(_)) => unreachable!("continuing sequences are not done"),
-                Err(msg) => fail(&shared, &seq.req.events, msg),
+                Err(e) => fail(&shared, &seq.req.events, e),
             }
         }
         publish(&shared, &running, &batch, &prefix);
@@ -283,28 +341,38 @@ fn retire(shared: &Shared, last_words: impl FnOnce()) {
 }
 
 /// Ends a request with the engine's error, counted for the `engine_error` alert.
-fn fail(shared: &Shared, events: &tokio::sync::mpsc::UnboundedSender<Event>, msg: String) {
+fn fail(shared: &Shared, events: &tokio::sync::mpsc::UnboundedSender<Event>, e: EngineError) {
     shared.stats.count_failure();
-    retire(shared, || drop(events.send(Event::Error(msg))));
+    retire(shared, || drop(events.send(Event::Error(e))));
 }
 
-/// Runs `f`, turning an error or a panic into a message for the requests involved.
-fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T, String> {
+/// Runs `f`, turning an error or a panic into an error for the requests involved (an MLX
+/// allocation failure is told apart, so the client hears it was memory).
+fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T, EngineError> {
     let msg = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => return Ok(v),
         Ok(Err(e)) => format!("{e:#}"),
-        Err(panic) => panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "engine panicked".into()),
+        Err(panic) => panic_message(panic.as_ref()),
     };
     tracing::error!("generation failed: {msg}");
-    Err(msg)
+    Err(EngineError::from_message(msg))
+}
+
+/// The text a panic carried.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "engine panicked".into())
 }
 
 /// A new sequence, starting from the longest cached prefix of its prompt.
-fn admit(model: &Model, prefix: &mut PrefixCache, req: GenerationRequest, reserved: usize, id: u64) -> Result<Sequence> {
+fn admit(model: &Model, codec: &TextCodec, prefix: &mut PrefixCache, req: GenerationRequest, reserved: usize, id: u64) -> Result<Sequence> {
+    #[cfg(feature = "test-hooks")]
+    let fault = super::faults::for_prompt(&codec.decode(&req.prompt_ids)?);
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = codec;
     let admitted_at = Instant::now();
     let (cache, tokens) = match prefix.lookup(&req.prompt_ids) {
         Some(hit) => (KvCache::from_prefix(hit.kv, hit.tokens as i32)?, req.prompt_ids[..hit.tokens].to_vec()),
@@ -324,6 +392,8 @@ fn admit(model: &Model, prefix: &mut PrefixCache, req: GenerationRequest, reserv
         first_token_at: None,
         reserved,
         req,
+        #[cfg(feature = "test-hooks")]
+        fault,
     })
 }
 
@@ -358,7 +428,8 @@ fn prefill(model: &Model, running: &mut [Sequence], chunks: &[(usize, usize)]) -
 /// Samples the next token from the last logits and sends its text; says whether the
 /// sequence goes on (and with which token).
 fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, seq: &mut Sequence) -> Result<Outcome> {
-    if seq.req.inject_panic {
+    #[cfg(feature = "test-hooks")]
+    if seq.fault == Some(super::faults::Fault::PanicInRequest) {
         panic!("injected engine failure (test hook)");
     }
     if seq.req.events.is_closed() {

@@ -32,13 +32,19 @@ pub struct Telemetry {
     latest: RwLock<Arc<SystemSample>>,
     stop: AtomicBool,
     /// Test hook: a pressure level that replaces the measured one.
+    #[cfg(feature = "test-hooks")]
     forced_pressure: RwLock<Option<memory::PressureLevel>>,
 }
 
 impl Telemetry {
     /// Starts sampling every `interval` on a thread of its own.
     pub fn start(interval: Duration) -> Arc<Telemetry> {
-        let t = Arc::new(Telemetry { latest: RwLock::new(Arc::new(sample(None, Duration::ZERO))), stop: AtomicBool::new(false), forced_pressure: RwLock::new(None) });
+        let t = Arc::new(Telemetry {
+            latest: RwLock::new(Arc::new(sample(None, Duration::ZERO))),
+            stop: AtomicBool::new(false),
+            #[cfg(feature = "test-hooks")]
+            forced_pressure: RwLock::new(None),
+        });
         let weak = Arc::downgrade(&t);
         std::thread::Builder::new()
             .name("mlxbar-telemetry".into())
@@ -63,6 +69,9 @@ impl Telemetry {
 
     pub fn latest(&self) -> Arc<SystemSample> {
         let s = self.latest.read().unwrap().clone();
+        #[cfg(not(feature = "test-hooks"))]
+        return s;
+        #[cfg(feature = "test-hooks")]
         match *self.forced_pressure.read().unwrap() {
             Some(level) => {
                 let mut s = (*s).clone();
@@ -75,7 +84,7 @@ impl Telemetry {
     }
 
     /// Test hook: report `level` as the memory pressure until called with None.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn force_pressure(&self, level: Option<memory::PressureLevel>) {
         *self.forced_pressure.write().unwrap() = level;
     }

@@ -14,8 +14,8 @@ pub fn reference() -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// The marker that makes the test servers' engine panic on a request.
-pub const FAIL_MARKER: &str = "__mlxbar_test_engine_failure__";
+/// The marker that makes the test servers' engine panic on a request (test-hooks feature).
+pub const FAIL_MARKER: &str = mlxbar::engine::faults::PANIC_IN_REQUEST;
 
 /// A server on 127.0.0.1:<free port> with the default model, alive for the whole test
 /// binary (its own runtime on its own thread, so any test runtime can talk to it).
@@ -34,7 +34,7 @@ pub fn start_server(config: Config) -> String {
 }
 
 pub fn test_config() -> Config {
-    Config { port: 0, model: Some(model_path()), test_fail_marker: Some(FAIL_MARKER.into()), ..Config::default() }
+    Config { port: 0, model: Some(model_path()), ..Config::default() }
 }
 
 /// The shared server (queue of 64).

@@ -1,6 +1,7 @@
 // The popover in headless Chromium (Playwright) against a real mlxbar server with the
 // default model: live values match /metrics, the page follows the stream, an alert shows
-// and is snoozed, and a dead server shows as such. Screenshots go to test-artifacts/.
+// and is snoozed, a dead server shows as such with its last figures greyed out, and the
+// page goes live again when the server is back. Screenshots go to test-artifacts/.
 //
 // Run: npm test (in ui/), after `cargo build --release`. MLXBAR_BIN overrides the binary.
 import { test, before, after } from "node:test";
@@ -17,7 +18,7 @@ const BIN = process.env.MLXBAR_BIN ?? join(ROOT, "target/release/mlxbar");
 const ARTIFACTS = join(ROOT, "test-artifacts");
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 
-let server, base, browser, page, serverLog = "";
+let server, base, port, dataDir, config, browser, page, serverLog = "";
 
 const freePort = () => new Promise((ok) => {
   const s = createServer().listen(0, "127.0.0.1", () => { const p = s.address().port; s.close(() => ok(p)); });
@@ -55,22 +56,33 @@ async function chat(content, max_tokens = 12) {
   return r.json();
 }
 
+/** Starts `mlxbar serve` on `port` and waits until its model is loaded. */
+async function startServer() {
+  server = spawn(BIN, ["serve", "--config", config, "--port", String(port), "--data-dir", dataDir], { stdio: ["ignore", "pipe", "pipe"] });
+  server.stdout.on("data", (d) => { serverLog += d; });
+  server.stderr.on("data", (d) => { serverLog += d; });
+  await until("the server to load the model", async () => (await (await fetch(`${base}/health`)).json()).status === "ok", 120000);
+}
+async function stopServer() {
+  const exited = new Promise((ok) => server.once("exit", ok));
+  server.kill("SIGTERM");
+  await exited;
+}
+
 before(async () => {
   mkdirSync(ARTIFACTS, { recursive: true });
   const dir = mkdtempSync(join(tmpdir(), "mlxbar-ui-"));
-  const config = join(dir, "config.toml");
+  dataDir = dir;
+  config = join(dir, "config.toml");
   // An alert that fires on the first request, so the page has one to show and snooze.
   writeFileSync(config, '[alerts.ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n');
   // A small bench plan, long enough (a few seconds) that the page shows it running.
   mkdirSync(join(dir, "metrics/bench/plans"), { recursive: true });
   writeFileSync(join(dir, "metrics/bench/plans/ui-small.toml"),
     'description = "UI test"\nconcurrency = [1, 2]\nprompt_tokens = [48]\noutput_tokens = [32]\nwarmup = 1\nrepetitions = 2\n');
-  const port = await freePort();
+  port = await freePort();
   base = `http://127.0.0.1:${port}`;
-  server = spawn(BIN, ["serve", "--config", config, "--port", String(port), "--data-dir", dir], { stdio: ["ignore", "pipe", "pipe"] });
-  server.stdout.on("data", (d) => { serverLog += d; });
-  server.stderr.on("data", (d) => { serverLog += d; });
-  await until("the server to load the model", async () => (await (await fetch(`${base}/health`)).json()).status === "ok", 120000);
+  await startServer();
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
@@ -155,9 +167,58 @@ test("a bench run starts from the popover, shows progress, and compares with the
   await shot("popover-bench-done");
 });
 
-test("a dead server shows as not reachable", async () => {
-  server.kill("SIGTERM");
+test("a dead server shows as not reachable, with every figure greyed out as of the last snapshot", async () => {
+  assert.equal(await page.locator("#app.stale").count(), 0, "live page marked stale");
+  assert.equal(await testid("as-of").isVisible(), false);
+  await stopServer();
   await until("the down state", async () => (await page.locator("#app").getAttribute("data-state")) === "down");
   assert.match(await testid("banner").textContent(), /not answering/);
+  assert.equal(await page.locator("#app.stale").count(), 1);
+  // "as of" the local time of the last snapshot the page rendered
+  const { asOf, updated } = await page.evaluate(() => {
+    const d = new Date(Number(document.getElementById("app").dataset.updated));
+    const hms = [d.getHours(), d.getMinutes(), d.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
+    return { asOf: document.querySelector('[data-testid="as-of"]').textContent, updated: hms };
+  });
+  assert.match(asOf, /as of \d{2}:\d{2}:\d{2}/);
+  assert.equal(asOf.match(/as of (\S+)/)[1], updated);
+  assert.equal(await testid("as-of").isVisible(), true);
+  // nothing reads as current: no tok/s figure, no green "normal", every card faded
+  assert.equal(await testid("tok-now").textContent(), "–");
+  const look = await page.evaluate(() => {
+    const probe = (v) => {
+      const el = document.createElement("span");
+      el.style.color = v;
+      document.body.append(el);
+      const c = getComputedStyle(el).color;
+      el.remove();
+      return c;
+    };
+    const pressure = document.querySelector('[data-testid="pressure"]');
+    return {
+      level: getComputedStyle(pressure).color, ok: probe("var(--ok)"), sub: probe("var(--sub)"),
+      cards: [...document.querySelectorAll(".card")].map((c) => Number(getComputedStyle(c).opacity)),
+    };
+  });
+  assert.notEqual(look.level, look.ok, "the pressure level still shows in the live colour");
+  assert.equal(look.level, look.sub);
+  assert.ok(look.cards.length >= 4 && look.cards.every((o) => o < 1), `card opacities ${look.cards}`);
+  // actions that need the server are off while it is down
+  assert.equal(await testid("bench-start").isDisabled(), true);
+  const snoozes = page.locator('[data-testid="alerts"] button');
+  assert.ok(await snoozes.count() >= 1, "the snoozed alert from the earlier test is listed");
+  for (const b of await snoozes.all()) assert.equal(await b.isDisabled(), true);
   await shot("popover-down");
+});
+
+test("when the server is back, the page goes live again by itself", async () => {
+  await startServer();
+  // EventSource reconnects by itself (the server asks for a 1.5 s retry)
+  await until("the page to leave the stale state", async () =>
+    (await page.locator("#app.stale").count()) === 0 && (await page.locator("#app").getAttribute("data-state")) === "serving", 30000);
+  assert.equal(await testid("as-of").isVisible(), false);
+  assert.equal(await testid("banner").isVisible(), false);
+  assert.match(await testid("tok-now").textContent(), /^\d+(\.\d)?$/);
+  assert.equal(await testid("bench-start").isDisabled(), false);
+  await shot("popover-back");
 });
