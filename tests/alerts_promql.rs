@@ -1,7 +1,7 @@
 //! The Prometheus rules agree with the in-app alert engine. The scenarios of
-//! src/alerts/scenarios.rs run through the app's engine; the seconds it starts and stops
-//! firing become a promtool test of the generated rules (src/alerts/promtool.rs), which
-//! promtool must pass. The checked-in dashboards/prometheus/alerts_test.yml is that file
+//! src/alerts/scenarios.rs run through the app's engine; whether it fires, and with what
+//! value, at every second becomes a promtool test of the generated rules
+//! (src/alerts/promtool.rs), which promtool must pass. The checked-in dashboards/prometheus/alerts_test.yml is that file
 //! (`UPDATE_ALERT_TESTS=1` rewrites it). promtool must be on PATH (scripts/test.sh
 //! installs it): without it this fails rather than skips.
 use std::path::Path;
@@ -25,9 +25,13 @@ fn promtool_test(rules_file: &str, tests: &str) -> (bool, String) {
 #[test]
 fn prometheus_fires_and_resolves_the_generated_rules_when_the_app_does() {
     let defaults = rules::defaults();
-    let tests = promtool::rule_tests(&defaults, &scenarios::all());
-    let (ok, out) = promtool_test(&rules::prometheus_rules(&defaults), &tests);
+    let rules_file = rules::prometheus_rules(&defaults);
+    let every_second = promtool::rule_tests(&defaults, &scenarios::all(), true);
+    let (ok, out) = promtool_test(&rules_file, &every_second);
     assert!(ok, "promtool disagrees with the app's alert engine:\n{out}");
+    let tests = promtool::rule_tests(&defaults, &scenarios::all(), false);
+    let (ok, out) = promtool_test(&rules_file, &tests);
+    assert!(ok, "{out}");
 
     let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/prometheus/alerts_test.yml");
     if std::env::var_os("UPDATE_ALERT_TESTS").is_some() {
@@ -40,7 +44,7 @@ fn prometheus_fires_and_resolves_the_generated_rules_when_the_app_does() {
 #[test]
 fn the_check_catches_rules_that_differ_from_the_app() {
     let defaults = rules::defaults();
-    let tests = promtool::rule_tests(&defaults, &scenarios::all());
+    let tests = promtool::rule_tests(&defaults, &scenarios::all(), false);
     // without the 30 s recovery, Prometheus resolves as soon as the value drops
     let mut hasty = defaults.clone();
     for r in &mut hasty {
