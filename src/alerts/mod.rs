@@ -4,7 +4,10 @@
 //! headless server logs them); state shows in `/metrics`, the live snapshot and
 //! `/api/alerts`.
 pub mod monitor;
+pub mod prometheus;
+pub mod promtool;
 pub mod rules;
+pub mod scenarios;
 pub mod signals;
 pub mod state;
 

@@ -14,21 +14,26 @@ use crate::telemetry::Telemetry;
 
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
-/// What the alert rules read, taken from the engine, telemetry and live metrics.
+/// What the alert rules read, taken from the engine, telemetry and live metrics. Each field
+/// is also exported on `/metrics` (see `scenarios::Scenario::reading` for which series), so
+/// the Prometheus rules see the same numbers. Failures and stalls come from the engine
+/// itself: they count even with `metrics_enabled = false`.
 pub fn reading(engine: &Engine, telemetry: &Telemetry, metrics: &Metrics) -> Reading {
     let sys = telemetry.latest();
     let mem = sys.memory.as_ref();
     let ttft = metrics.live.ttft_seconds();
+    let stats = engine.stats();
     Reading {
         pressure: mem.and_then(|m| m.pressure.as_number()).map(f64::from),
         swap_used_bytes: mem.map(|m| m.swap_used as f64),
         swap_in_pages_per_second: mem.map(|_| sys.swap_in_rate),
-        model_failed: matches!(engine.state(), LoadState::Failed(_)),
-        errors_total: metrics.live.errors_total(),
+        engine_failed: matches!(engine.state(), LoadState::Failed(_)),
+        failed_requests: stats.failed_requests,
         ttft_p90_seconds: (ttft.count > 0).then_some(ttft.p90),
         waiting_requests: engine.waiting() as f64,
-        admission_blocked: engine.stats().admission_blocked,
+        admission_blocked: stats.admission_blocked,
         refused_total: metrics.admission_refused_total.with_label_values(&["memory_pressure"]).get(),
+        engine_stall_seconds: engine.stall_seconds(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Turns one reading of the server's state into each rule's signal value; windowed signals
-//! (swap growth, recent errors) look back over a short history of readings.
+//! (swap growth, recent errors, recent refusals) look back over a short history of readings.
+//! Each signal is the number its PromQL twin in `prometheus.rs` computes from `/metrics`.
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -11,17 +12,22 @@ pub struct Reading {
     /// 0 normal, 1 warn, 2 critical; None when the platform cannot tell.
     pub pressure: Option<f64>,
     pub swap_used_bytes: Option<f64>,
+    /// Between the last two telemetry samples (a second apart).
     pub swap_in_pages_per_second: Option<f64>,
-    pub model_failed: bool,
-    /// Failed inference requests since start.
-    pub errors_total: u64,
+    /// The engine failed: the model did not load or the engine thread died.
+    pub engine_failed: bool,
+    /// Requests the engine ended with an error since start (counted on the engine thread,
+    /// whatever `metrics_enabled` says).
+    pub failed_requests: u64,
     /// None until a request finished within the live window.
     pub ttft_p90_seconds: Option<f64>,
     pub waiting_requests: f64,
     /// Admission is holding new work back now.
     pub admission_blocked: bool,
-    /// Requests refused for memory pressure since start.
+    /// Requests refused for memory pressure since start (not those refused for a bench run).
     pub refused_total: u64,
+    /// Seconds without engine progress while work waits or runs; 0 when idle.
+    pub engine_stall_seconds: f64,
 }
 
 /// Readings kept for windowed signals.
@@ -35,7 +41,7 @@ pub struct History {
 
 impl History {
     pub fn push(&mut self, now: Instant, r: &Reading) {
-        self.points.push_back((now, r.swap_used_bytes, r.errors_total, r.refused_total));
+        self.points.push_back((now, r.swap_used_bytes, r.failed_requests, r.refused_total));
         while self.points.front().is_some_and(|(t, ..)| now.saturating_duration_since(*t) > MAX_LOOKBACK) {
             self.points.pop_front();
         }
@@ -57,9 +63,9 @@ impl History {
             }
             Signal::SwapInRate => r.swap_in_pages_per_second,
             Signal::EngineErrors => {
-                let first = self.within(now, rule.window_seconds).map(|p| p.2).min().unwrap_or(r.errors_total);
-                let recent = r.errors_total.saturating_sub(first) as f64;
-                Some(if r.model_failed { recent.max(1.0) } else { recent })
+                let first = self.within(now, rule.window_seconds).map(|p| p.2).min().unwrap_or(r.failed_requests);
+                let recent = r.failed_requests.saturating_sub(first) as f64;
+                Some(if r.engine_failed { recent.max(1.0) } else { recent })
             }
             Signal::TtftP90 => r.ttft_p90_seconds,
             Signal::QueueBacklog => Some(r.waiting_requests),
@@ -68,6 +74,7 @@ impl History {
                 let refused = r.refused_total.saturating_sub(first) as f64;
                 Some(if r.admission_blocked { refused.max(1.0) } else { refused })
             }
+            Signal::EngineStalled => Some(r.engine_stall_seconds),
         }
     }
 }
@@ -90,6 +97,7 @@ pub fn describe(signal: Signal, v: f64) -> String {
         Signal::QueueBacklog => format!("{v:.0} waiting"),
         Signal::AdmissionHeld if v == 0.0 => "admitting".into(),
         Signal::AdmissionHeld => format!("held back ({v:.0})"),
+        Signal::EngineStalled => format!("{v:.0} s without progress"),
     }
 }
 
@@ -127,7 +135,7 @@ mod tests {
         let (r, t0) = (rule("engine_error"), Instant::now());
         let mut h = History::default();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        let read = |errors_total, model_failed| Reading { errors_total, model_failed, ..Default::default() };
+        let read = |failed_requests, engine_failed| Reading { failed_requests, engine_failed, ..Default::default() };
         h.push(at(0), &read(5, false));
         assert_eq!(h.value(&r, &read(5, false), at(0)), Some(0.0), "errors before the window started do not count");
         h.push(at(10), &read(7, false));
