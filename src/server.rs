@@ -90,7 +90,14 @@ impl Server {
             admission_gate: Some(Arc::new(move || gate_telemetry.pressure_critical())),
         })?);
         let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
-        let alerts = Alerts::new(alerts::rules::resolve(&config.alerts)?);
+        let mut rules = alerts::rules::resolve(&config.alerts)?;
+        // The watchdog's alert fires when /health says stalled, unless the config sets its own.
+        let own = config.alerts.get("engine_stalled").is_some_and(|o| o.threshold.is_some() || o.recover_below.is_some());
+        if let Some(r) = rules.iter_mut().find(|r| r.id == "engine_stalled").filter(|_| !own) {
+            (r.threshold, r.recover_below) = (config.stall_seconds, config.stall_seconds);
+            r.summary = alerts::rules::summary(r.signal, r.threshold, r.window_seconds);
+        }
+        let alerts = Alerts::new(rules);
         let monitor = alerts::monitor::spawn(alerts.clone(), engine.clone(), telemetry.clone(), metrics.clone());
         // The bench talks to this server over loopback (or the bound address if it is not
         // a wildcard).

@@ -250,6 +250,11 @@ async fn a_stalled_engine_is_noticed_by_the_watchdog() {
     assert!(sample(&metrics(&base).await, "mlxbar_engine_last_step_age_seconds") >= 1.0);
     let (_, snap) = get_json(&format!("{base}/api/metrics/snapshot")).await;
     assert_eq!(snap["scheduler"]["health"], "stalled");
+    until("engine_stalled to fire", 60, async || {
+        let (_, a) = get_json(&format!("{base}/api/alerts")).await;
+        a["data"].as_array().unwrap().iter().any(|a| a["id"] == "engine_stalled" && a["firing"] == true).then_some(())
+    })
+    .await;
     faults::release_stalls();
     assert_eq!(stuck.await.unwrap(), 200, "the stalled request completes once the step goes on");
     until("health to recover", 30, async || (get_json(&format!("{base}/health")).await.0 == 200).then_some(())).await;

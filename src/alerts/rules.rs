@@ -95,7 +95,7 @@ fn rule(id: &str, signal: Signal, severity: Severity, threshold: f64, recover_be
 }
 
 /// A rule's one-line description, written from its signal and threshold.
-fn summary(signal: Signal, threshold: f64, window_seconds: f64) -> String {
+pub fn summary(signal: Signal, threshold: f64, window_seconds: f64) -> String {
     let t = super::signals::describe(signal, threshold);
     match signal {
         Signal::MemoryPressure if threshold >= 2.0 => "Memory pressure is critical".into(),
