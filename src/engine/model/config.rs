@@ -119,7 +119,6 @@ impl QuantizationConfig {
 /// The subset of HF's `config.json` that the llama family needs.
 #[derive(Debug, Deserialize)]
 struct HfConfig {
-    model_type: String,
     hidden_size: i32,
     num_hidden_layers: usize,
     intermediate_size: i32,

@@ -386,7 +386,8 @@ pub fn safetensors<R: Read>(reader: R, len: u64) -> Result<SafetensorsSummary> {
     let mut ranges = Vec::with_capacity(header.len());
     for (name, entry) in header {
         if name == "__metadata__" {
-            let ok = entry.as_object().is_some_and(|m| m.values().all(|v| v.is_string()));
+            // MLX writes null when there is none.
+            let ok = entry.is_null() || entry.as_object().is_some_and(|m| m.values().all(|v| v.is_string()));
             if !ok {
                 bail!("safetensors __metadata__ is not an object of strings");
             }
@@ -556,6 +557,10 @@ mod tests {
             "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]}});
         let s = check_st(&tiny_safetensors(ok.clone(), 22)).unwrap();
         assert_eq!((s.tensors, s.data_bytes), (2, 22));
+        let mlx = json!({"__metadata__": null, "a": {"dtype": "I32", "shape": [2], "data_offsets": [0, 8]}});
+        assert_eq!(check_st(&tiny_safetensors(mlx, 8)).unwrap().tensors, 1);
+        let bad_meta = json!({"__metadata__": {"n": 1}});
+        assert!(check_st(&tiny_safetensors(bad_meta, 0)).unwrap_err().to_string().contains("__metadata__"));
 
         let err = check_st(&tiny_safetensors(ok, 20)).unwrap_err().to_string();
         assert!(err.starts_with("safetensors truncated: tensor b needs bytes"), "{err}");
