@@ -169,7 +169,7 @@ fn check(resp: &Response) -> Result<(), String> {
     }
     if resp.status >= 400 && !resp.body.is_empty() {
         let v: Value = serde_json::from_slice(&resp.body).map_err(|e| format!("a {} error body is not JSON ({e})", resp.status))?;
-        if !v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()) {
+        if v["error"]["message"].as_str().is_none_or(|m| m.is_empty()) {
             return Err(format!("a {} error body has no error.message: {v}", resp.status));
         }
     }

@@ -26,7 +26,7 @@ fn config(cases: u32) -> ProptestConfig {
 fn codec() -> &'static TextCodec {
     static CODEC: OnceLock<TextCodec> = OnceLock::new();
     CODEC.get_or_init(|| {
-        let g = mlx_rs::io::GgufFile::load(&common::model_path()).unwrap();
+        let g = mlx_rs::io::GgufFile::load(common::model_path()).unwrap();
         tokenizer::from_gguf(&g).unwrap()
     })
 }
