@@ -119,7 +119,6 @@ impl QuantizationConfig {
 /// The subset of HF's `config.json` that the llama family needs.
 #[derive(Debug, Deserialize)]
 struct HfConfig {
-    model_type: String,
     hidden_size: i32,
     num_hidden_layers: usize,
     intermediate_size: i32,
@@ -152,8 +151,15 @@ fn default_ctx() -> usize {
 
 /// Parses `config.json`; returns the model config and its quantization, if any.
 pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
+    // The architecture first: another family's config lacks llama's fields, and "missing
+    // field hidden_size" would hide the real reason.
+    #[derive(Deserialize)]
+    struct ModelType {
+        model_type: String,
+    }
+    let kind: ModelType = serde_json::from_str(json).context("config.json")?;
+    let arch = Arch::parse(&kind.model_type).context("config.json model_type")?;
     let hf: HfConfig = serde_json::from_str(json).context("config.json")?;
-    let arch = Arch::parse(&hf.model_type)?;
     let mut rope = RopeConfig {
         theta: hf.rope_theta,
         traditional: hf.rope_traditional,
@@ -251,5 +257,9 @@ mod tests {
         assert!(q.is_none());
         assert_eq!(cfg.rope.llama3_scaling.unwrap().factor, 32.0);
         assert!(from_hf_config(&json.replace("\"llama\"", "\"gpt2\"")).is_err());
+        // GPT-2's own config has none of llama's fields: the architecture is still what is named.
+        let gpt2 = r#"{"model_type":"gpt2","n_embd":768,"n_head":12,"n_layer":12,"vocab_size":50257}"#;
+        let err = format!("{:#}", from_hf_config(gpt2).unwrap_err());
+        assert!(err.contains("unsupported architecture 'gpt2'"), "{err}");
     }
 }

@@ -36,6 +36,8 @@ pub struct LoadedGguf {
 }
 
 pub fn load(path: &Path) -> Result<LoadedGguf> {
+    // MLX's reader trusts the file; a truncated or lying one must not reach it.
+    super::validate::gguf_file(path)?;
     let g = GgufFile::load(path).with_context(|| format!("reading GGUF {}", path.display()))?;
     let arch_name = g.get_metadata_string("general.architecture")?.context("no general.architecture")?;
     let arch = Arch::parse(&arch_name)?;

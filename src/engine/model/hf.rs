@@ -22,6 +22,8 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
     }
     let mut raw = std::collections::HashMap::new();
     for f in &files {
+        // MLX's reader trusts the header; one lying about sizes must not reach it.
+        super::validate::safetensors_file(f)?;
         raw.extend(Array::load_safetensors(f).with_context(|| format!("reading {}", f.display()))?);
     }
 

@@ -8,6 +8,7 @@ pub mod gguf;
 pub mod hf;
 pub mod linear;
 pub mod rope;
+pub mod validate;
 
 use std::collections::HashMap;
 
