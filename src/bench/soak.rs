@@ -3,7 +3,8 @@
 //! streamed chats of random sizes (some disconnect mid-stream), bursts overflow the queue
 //! (429 with Retry-After expected), and `/metrics` is scraped every second for RSS and MLX
 //! memory. Every request ends in exactly one bucket; the run fails if any was lost or
-//! failed, a scrape failed, the server did not drain, or resident memory grew past a bound.
+//! failed, a scrape failed, the server did not drain, more requests waited than the
+//! in-process server's queue capacity, or resident memory grew past a bound.
 //! The bound is on RSS less the two caches that fill up to a limit by design over the first
 //! minutes of load (MLX's buffer cache, 1 GiB by default, and the prefix cache's KV, 256 MB):
 //! growth, but not a leak.
@@ -155,6 +156,8 @@ pub struct Sample {
     pub mlx_active: Option<f64>,
     pub mlx_cache: Option<f64>,
     pub prefix_cache: Option<f64>,
+    /// Requests queued, not yet taken by the engine.
+    pub waiting: Option<f64>,
 }
 
 impl Sample {
@@ -175,6 +178,7 @@ pub fn parse_sample(t: f64, text: &str) -> Option<Sample> {
         mlx_active: value("mlxbar_mlx_memory_bytes{kind=\"active\"}"),
         mlx_cache: value("mlxbar_mlx_memory_bytes{kind=\"cache\"}"),
         prefix_cache: value("mlxbar_prefix_cache_bytes"),
+        waiting: value("mlxbar_scheduler_waiting_requests"),
     })
 }
 
@@ -224,8 +228,9 @@ pub fn mem_stats(points: &[(f64, f64)], warmup: f64) -> Option<MemStats> {
 }
 
 /// Why the run failed; empty means it passed.
-/// `resident` is the series the growth bound applies to (RSS less the capped caches).
-pub fn verdict(tally: &Tally, scrapes_failed: u64, drain: &Result<(), String>, resident: Option<&MemStats>, max_growth_mb: f64) -> Vec<String> {
+/// `resident` is the series the growth bound applies to (RSS less the capped caches);
+/// `queue` the most requests seen waiting and, when known, the server's queue capacity.
+pub fn verdict(tally: &Tally, scrapes_failed: u64, drain: &Result<(), String>, queue: (u64, Option<u64>), resident: Option<&MemStats>, max_growth_mb: f64) -> Vec<String> {
     let mut why = vec![];
     let lost = tally.lost + tally.unaccounted();
     if lost > 0 {
@@ -242,6 +247,11 @@ pub fn verdict(tally: &Tally, scrapes_failed: u64, drain: &Result<(), String>, r
     }
     if let Err(e) = drain {
         why.push(format!("the server did not drain: {e}"));
+    }
+    if let (peak, Some(capacity)) = queue {
+        if peak > capacity {
+            why.push(format!("{peak} requests waited at once, past the queue capacity of {capacity} (they should have had 429)"));
+        }
     }
     match resident {
         None => why.push("no RSS samples".into()),
@@ -494,6 +504,9 @@ pub struct SoakReport {
     pub requests_per_second: f64,
     pub tokens_per_second: f64,
     pub scrapes_ok: usize,
+    /// The most requests the scrapes saw waiting, and the queue capacity when known.
+    pub max_waiting: u64,
+    pub queue_capacity: Option<u64>,
     pub scrapes_failed: u64,
     pub scrape_errors: Vec<String>,
     pub drain: Result<(), String>,
@@ -523,6 +536,8 @@ impl SoakReport {
         s += &format!("| cancelled (client disconnects) | {} |\n| failed | {} |\n| lost | {} |\n", t.cancelled, t.failed, t.lost + t.unaccounted());
         s += &format!("| requests/s (whole run) | {:.2} |\n| tokens received | {} ({:.1} tok/s) |\n", self.requests_per_second, t.tokens, self.tokens_per_second);
         s += &format!("| /metrics scrapes ok / failed | {} / {} |\n", self.scrapes_ok, self.scrapes_failed);
+        let capacity = self.queue_capacity.map(|c| format!(" (capacity {c})")).unwrap_or_default();
+        s += &format!("| most requests waiting at once{capacity} | {} |\n", self.max_waiting);
         s += &format!("| drained after the load | {} |\n", if self.drain.is_ok() { "yes" } else { "no" });
         s += "\n| memory (MB) | start | end | max | growth after warm-up | slope after warm-up (MB/h) |\n|---|---:|---:|---:|---:|---:|\n";
         let rows = [
@@ -647,7 +662,9 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     let series = |f: &dyn Fn(&Sample) -> Option<f64>| mem_stats(&samples.iter().filter_map(|s| Some((s.t, f(s)?))).collect::<Vec<_>>(), WARMUP_FRACTION);
     let (rss, rss_less_caches) = (series(&|s| Some(s.rss)), series(&|s| Some(s.rss_less_caches())));
     let (mlx_active, mlx_cache, prefix_cache) = (series(&|s| s.mlx_active), series(&|s| s.mlx_cache), series(&|s| s.prefix_cache));
-    let failures = verdict(&tally, scrapes_failed, &drained, rss_less_caches.as_ref(), args.max_growth_mb);
+    let max_waiting = samples.iter().filter_map(|s| s.waiting).fold(0.0, f64::max) as u64;
+    let queue_capacity = args.target.is_none().then_some(args.queue_capacity as u64);
+    let failures = verdict(&tally, scrapes_failed, &drained, (max_waiting, queue_capacity), rss_less_caches.as_ref(), args.max_growth_mb);
     let seconds = start.elapsed().as_secs_f64();
     let report = SoakReport {
         command,
@@ -661,6 +678,8 @@ pub async fn run(args: SoakArgs) -> Result<()> {
         tokens_per_second: tally.tokens as f64 / seconds,
         tally,
         scrapes_ok: samples.len(),
+        max_waiting,
+        queue_capacity,
         scrapes_failed,
         scrape_errors,
         drain: drained,
@@ -728,31 +747,34 @@ mod tests {
     }
 
     #[test]
-    fn verdict_fails_on_loss_failure_scrapes_drain_and_growth() {
+    fn verdict_fails_on_loss_failure_scrapes_drain_queue_and_growth() {
+        const Q: (u64, Option<u64>) = (16, Some(16));
         let ok_mem = MemStats { start_mb: 100.0, end_mb: 300.0, max_mb: 310.0, growth_mb: 20.0, slope_mb_per_hour: Some(1.0) };
         let good = Tally { sent: 3, completed: 2, rejected_429: 1, ..Tally::default() };
-        assert!(verdict(&good, 0, &Ok(()), Some(&ok_mem), 200.0).is_empty());
+        assert!(verdict(&good, 0, &Ok(()), Q, Some(&ok_mem), 200.0).is_empty());
 
         let lost = Tally { sent: 4, lost: 1, ..good.clone() };
-        assert!(verdict(&lost, 0, &Ok(()), Some(&ok_mem), 200.0)[0].contains("1 request(s) lost"));
+        assert!(verdict(&lost, 0, &Ok(()), Q, Some(&ok_mem), 200.0)[0].contains("1 request(s) lost"));
         let unaccounted = Tally { sent: 4, ..good.clone() };
-        assert!(verdict(&unaccounted, 0, &Ok(()), Some(&ok_mem), 200.0)[0].contains("lost"));
+        assert!(verdict(&unaccounted, 0, &Ok(()), Q, Some(&ok_mem), 200.0)[0].contains("lost"));
         let failed = Tally { sent: 4, failed: 1, ..good.clone() };
-        assert!(verdict(&failed, 0, &Ok(()), Some(&ok_mem), 200.0)[0].contains("failed"));
-        assert!(verdict(&good, 2, &Ok(()), Some(&ok_mem), 200.0)[0].contains("scrape"));
-        assert!(verdict(&good, 0, &Err("running 1".into()), Some(&ok_mem), 200.0)[0].contains("drain"));
+        assert!(verdict(&failed, 0, &Ok(()), Q, Some(&ok_mem), 200.0)[0].contains("failed"));
+        assert!(verdict(&good, 2, &Ok(()), Q, Some(&ok_mem), 200.0)[0].contains("scrape"));
+        assert!(verdict(&good, 0, &Err("running 1".into()), Q, Some(&ok_mem), 200.0)[0].contains("drain"));
         let grown = MemStats { growth_mb: 250.0, ..ok_mem.clone() };
-        assert!(verdict(&good, 0, &Ok(()), Some(&grown), 200.0)[0].contains("grew 250 MB"));
-        assert!(!verdict(&good, 0, &Ok(()), None, 200.0).is_empty());
-        assert!(!verdict(&Tally { sent: 1, rejected_429: 1, ..Tally::default() }, 0, &Ok(()), Some(&ok_mem), 200.0).is_empty());
+        assert!(verdict(&good, 0, &Ok(()), Q, Some(&grown), 200.0)[0].contains("grew 250 MB"));
+        assert!(!verdict(&good, 0, &Ok(()), Q, None, 200.0).is_empty());
+        assert!(verdict(&good, 0, &Ok(()), (17, Some(16)), Some(&ok_mem), 200.0)[0].contains("past the queue capacity of 16"));
+        assert!(verdict(&good, 0, &Ok(()), (99, None), Some(&ok_mem), 200.0).is_empty());
+        assert!(!verdict(&Tally { sent: 1, rejected_429: 1, ..Tally::default() }, 0, &Ok(()), Q, Some(&ok_mem), 200.0).is_empty());
     }
 
     #[test]
     fn parses_memory_from_prometheus_text() {
-        let text = "# HELP x\nmlxbar_mlx_memory_bytes{kind=\"active\"} 1048576\nmlxbar_mlx_memory_bytes{kind=\"cache\"} 2097152\nmlxbar_process_resident_memory_bytes 8388608\nmlxbar_process_resident_memory_bytes_x 9\nmlxbar_prefix_cache_bytes 1048576\n";
+        let text = "# HELP x\nmlxbar_mlx_memory_bytes{kind=\"active\"} 1048576\nmlxbar_mlx_memory_bytes{kind=\"cache\"} 2097152\nmlxbar_process_resident_memory_bytes 8388608\nmlxbar_process_resident_memory_bytes_x 9\nmlxbar_prefix_cache_bytes 1048576\nmlxbar_scheduler_waiting_requests 3\n";
         let s = parse_sample(2.0, text).unwrap();
         assert_eq!((s.t, s.rss, s.mlx_active, s.mlx_cache, s.prefix_cache), (2.0, 8.0 * MB, Some(MB), Some(2.0 * MB), Some(MB)));
-        assert_eq!(s.rss_less_caches(), 5.0 * MB);
+        assert_eq!((s.rss_less_caches(), s.waiting), (5.0 * MB, Some(3.0)));
         assert!(parse_sample(0.0, "mlxbar_mlx_memory_bytes{kind=\"active\"} 1\n").is_none());
     }
 }
