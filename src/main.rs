@@ -16,8 +16,8 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI-compatible API (default model unless --model)
     Serve(ServeArgs),
-    /// Measure TTFT and decode tok/s, beside peer servers measured in the same run
-    Bench(bench::BenchArgs),
+    /// Measure TTFT and decode tok/s, beside peer servers measured in the same run (`bench soak`: a soak test)
+    Bench(bench::BenchCli),
     /// Show the MLX build, device, BLAS and model cache in use
     Doctor,
     /// Download and verify the default model into the cache
@@ -52,7 +52,7 @@ async fn main() -> Result<()> {
             }
             other => other,
         },
-        Command::Bench(args) => bench::run(args).await,
+        Command::Bench(args) => bench::cli(args).await,
         Command::Doctor => {
             print!("{}", doctor::report());
             Ok(())

@@ -2,7 +2,8 @@
 //! any OpenAI-compatible server over HTTP, run records with history, and reports.
 //! `mlxbar bench` runs a plan against an in-process mlxbar (or `--target`), optionally
 //! interleaved with `--compare` servers, and prints ratios; [`jobs`] runs plans inside a
-//! server for `POST /api/bench`.
+//! server for `POST /api/bench`. `mlxbar bench soak` ([`soak`]) keeps mixed load on a
+//! server for minutes and checks that no request is lost and memory stays flat.
 pub mod client;
 pub mod jobs;
 pub mod machine;
@@ -11,6 +12,7 @@ pub mod prompt;
 pub mod record;
 pub mod report;
 pub mod runner;
+pub mod soak;
 pub mod store;
 
 use std::path::PathBuf;
@@ -27,6 +29,30 @@ use plan::Plan;
 use record::{new_run_id, now_unix, RunRecord, RunState};
 use runner::Progress;
 use store::BenchStore;
+
+/// `mlxbar bench [PLAN FLAGS]` runs a plan; `mlxbar bench soak [...]` a soak run.
+#[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BenchCli {
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    #[command(flatten)]
+    pub plan: BenchArgs,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Minutes of mixed load (streams, disconnects, bursts past the queue, scrapes); fails if
+    /// a request was lost or failed or memory grew past a bound
+    Soak(soak::SoakArgs),
+}
+
+pub async fn cli(cli: BenchCli) -> Result<()> {
+    match cli.command {
+        Some(BenchCommand::Soak(args)) => soak::run(args).await,
+        None => run(cli.plan).await,
+    }
+}
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
