@@ -160,11 +160,6 @@ impl Server {
         }
     }
 
-    /// Loads the model afresh on a new engine thread (after a failure, or at will).
-    pub async fn reload_model(&self) -> Result<(), crate::engine::ReloadError> {
-        let engine = self.engine.clone();
-        tokio::task::spawn_blocking(move || engine.reload()).await.unwrap_or(Err(crate::engine::ReloadError::Stopped))
-    }
 
     /// Bench runs: start one from the menu bar with `server.bench().start("quick")`.
     pub fn bench(&self) -> &Arc<BenchJobs> {

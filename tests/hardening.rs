@@ -301,6 +301,10 @@ async fn an_unwritable_data_dir_refuses_a_bench_and_serving_goes_on() {
 #[tokio::test]
 async fn request_limits_are_clear_400s() {
     let base = common::server();
+    // Two JSON values in one body (the second would otherwise be ignored).
+    let r = client().post(format!("{base}/v1/completions")).header("content-type", "application/json").body(r#"{"prompt":"a","max_tokens":1}{"prompt":"b"}"#).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("after the JSON body"));
     for (extra, param) in [
         (json!({"stop": ["x".repeat(300)]}), "stop"),
         (json!({"stop": [""]}), "stop"),

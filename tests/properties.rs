@@ -523,3 +523,41 @@ proptest! {
         prop_assert!(!host_allowed(&host, &configured) || ok, "accepted {:?} with mac.local configured", host);
     }
 }
+
+/// Origins a page could send: foreign sites, other ports of loopback, lookalikes.
+fn origin_header() -> impl Strategy<Value = String> {
+    let scheme = prop::sample::select(vec!["http://", "https://", "tauri://", "file://", "", "null"]);
+    let host = prop::sample::select(vec!["127.0.0.1", "localhost", "evil.example", "127.0.0.1.evil", "localhost", "tauri.localhost", "[::1]"]);
+    let port = prop::sample::select(vec!["", ":8080", ":8081", ":80", ":18080", ":8080/", ":8080.evil"]);
+    prop_oneof![
+        4 => (scheme, host, port).prop_map(|(s, h, p)| format!("{s}{h}{p}")),
+        1 => "[ -~]{0,30}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(config(1024))]
+
+    /// A state-changing request with an Origin passes only from this server's own page
+    /// (http:// + its Host), the Tauri app, or a configured origin; never when the
+    /// browser says cross-site, unless configured.
+    #[test]
+    fn only_own_app_or_configured_origins_change_state(origin in origin_header(), cross_site in any::<bool>(), configure in any::<bool>()) {
+        use axum::http::{HeaderMap, HeaderValue, Method};
+        let Ok(value) = HeaderValue::from_str(&origin) else { return Ok(()) };
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("127.0.0.1:8080"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("origin", value);
+        if cross_site {
+            h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
+        }
+        let configured: Vec<String> = if configure { vec!["https://evil.example".into()] } else { vec![] };
+        let passed = mlxbar::api::cross_site::verdict(&Method::POST, &h, &configured).is_ok();
+        let is_configured = configure && origin.eq_ignore_ascii_case("https://evil.example");
+        let own = origin.eq_ignore_ascii_case("http://127.0.0.1:8080");
+        let app = ["tauri://localhost", "http://tauri.localhost", "https://tauri.localhost"].contains(&origin.as_str());
+        let allowed = is_configured || (!cross_site && (own || app));
+        prop_assert_eq!(passed, allowed, "origin {:?} cross-site {} configured {}", origin, cross_site, configure);
+    }
+}

@@ -2,7 +2,8 @@
 //! dunst notification daemon, and trayer as the XEmbed tray host. The tray menu opens the
 //! popover (screenshot in test-artifacts/), a forced alert becomes a native notification
 //! that dunst records, the in-process server answers, the menu starts a benchmark whose end
-//! is notified too, and Quit from the menu ends the app.
+//! is notified too, "Reload model" brings a fresh engine up (notified), and Quit from the
+//! menu ends the app.
 //!
 //! Needs `cargo build --release -p mlxbar-app` first and Debian's xvfb, dbus, dunst,
 //! trayer, xdotool and imagemagick (scripts/test.sh installs them).
@@ -210,6 +211,16 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     let note = history["data"][0].as_array().unwrap().iter().find(|n| n["summary"]["data"] == "Benchmark finished").unwrap().clone();
     let body = note["body"]["data"].as_str().unwrap();
     assert!(body.starts_with("quick: 1×16→4: ") && body.contains(" tok/s, TTFT "), "{body}");
+
+    // Tray menu → "Reload model" (sixth item) loads the model on a fresh engine thread;
+    // a notification says it serves again, and it does.
+    desk.tray_menu(&["Down", "Down", "Down", "Down", "Down", "Down", "Return"]);
+    wait_for("the reload's notification in dunst", Duration::from_secs(60), || {
+        desk.output("dunstctl", &["history"]).filter(|h| h.contains("Model reloaded"))
+    });
+    wait_for("the reloaded server", Duration::from_secs(30), || get(&format!("{base}/health")).filter(|h| h.contains("\"ok\"")));
+    let out = Command::new("curl").args(["-sf", &format!("{base}/v1/chat/completions"), "-H", "Content-Type: application/json", "-d", chat]).output().unwrap();
+    assert!(out.status.success(), "chat request after the reload failed");
 
     // Quit (the last item) stops the server and ends the process.
     desk.tray_menu(&["Up", "Return"]);

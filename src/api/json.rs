@@ -29,7 +29,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OpenAiJson<T> {
             return Err(ApiError::bad_request("The request body is empty; expected a JSON object"));
         }
         let mut de = serde_json::Deserializer::from_slice(&bytes);
-        serde_path_to_error::deserialize(&mut de).map(OpenAiJson).map_err(|e| {
+        let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             if inner.is_syntax() || inner.is_eof() {
@@ -39,7 +39,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OpenAiJson<T> {
             } else {
                 ApiError::bad_request(format!("Invalid value for '{path}': {inner}"))
             }
-        })
+        })?;
+        // One JSON value, nothing after it: `{…}{…}` is not a request.
+        de.end().map_err(|e| ApiError::bad_request(format!("Unexpected data after the JSON body: {e}")))?;
+        Ok(OpenAiJson(value))
     }
 }
 

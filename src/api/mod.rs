@@ -9,6 +9,7 @@ pub mod error;
 pub mod generation;
 pub mod health;
 pub mod json;
+pub mod json_errors;
 pub mod live;
 pub mod metrics;
 pub mod models;
@@ -83,6 +84,7 @@ pub fn router(state: AppState) -> Router {
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
             e
         })
+        .layer(middleware::from_fn(json_errors::rewrite))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(Extension(json::BodyLimit(config.max_body_bytes)))
         .layer(middleware::from_fn_with_state(state.clone(), cross_site::check))

@@ -37,7 +37,11 @@ pub fn host_allowed(host_header: &str, extra: &[String]) -> bool {
 
 fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
-        return host.find(']').map_or(host, |i| &host[..=i]);
+        // Only `[addr]` or `[addr]:port`; anything after the bracket keeps the name whole.
+        return match host.find(']') {
+            Some(i) if host[i + 1..].is_empty() || host[i + 1..].strip_prefix(':').is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())) => &host[..=i],
+            _ => host,
+        };
     }
     match host.rsplit_once(':') {
         Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,

@@ -10,40 +10,14 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { createServer as createHttpServer } from "node:http";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
 import { chromium } from "playwright-core";
-
-const ROOT = resolve(import.meta.dirname, "../..");
-const BIN = process.env.MLXBAR_BIN ?? join(ROOT, "target/release/mlxbar");
-const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
+import { BIN, CHROMIUM, CHROMIUM_ARGS, freePort, metricSum, untilWithLog } from "./helpers.mjs";
 
 let server, base, evil, browser, serverLog = "";
 
-const freePort = () => new Promise((ok) => {
-  const s = createServer().listen(0, "127.0.0.1", () => { const p = s.address().port; s.close(() => ok(p)); });
-});
-
-async function until(what, check, ms = 120000) {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await check().catch(() => undefined);
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n--- server log ---\n${serverLog.slice(-3000)}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-/** Sum of a metric's samples in Prometheus text whose labels pass `keep`. */
-function metricSum(text, name, keep = () => true) {
-  let sum = 0;
-  for (const line of text.split("\n")) {
-    const m = line.match(/^([a-z_]+)(\{[^}]*\})? ([^ ]+)$/);
-    if (m && m[1] === name && keep(m[2] ?? "")) sum += Number(m[3]);
-  }
-  return sum;
-}
+const until = (what, check, ms = 120000) => untilWithLog(() => serverLog)(what, check, ms);
 
 /** The attacker's page: fires every request, then reports how each ended. */
 const page = (target) => `<!doctype html><meta charset="utf-8"><title>cute cats</title><script>
@@ -74,7 +48,7 @@ before(async () => {
   evil.url = `http://127.0.0.1:${evilPort}/`;
   browser = await chromium.launch({
     executablePath: CHROMIUM,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
+    args: CHROMIUM_ARGS,
   });
 });
 

@@ -8,41 +8,16 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
 import { chromium } from "playwright-core";
+import { BIN, CHROMIUM, CHROMIUM_ARGS, ROOT, freePort, metricSum, untilWithLog } from "./helpers.mjs";
 
-const ROOT = resolve(import.meta.dirname, "../..");
-const BIN = process.env.MLXBAR_BIN ?? join(ROOT, "target/release/mlxbar");
 const ARTIFACTS = join(ROOT, "test-artifacts");
-const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 
 let server, base, port, dataDir, config, browser, page, serverLog = "";
 
-const freePort = () => new Promise((ok) => {
-  const s = createServer().listen(0, "127.0.0.1", () => { const p = s.address().port; s.close(() => ok(p)); });
-});
-
-async function until(what, check, ms = 20000) {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await check().catch(() => undefined);
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}\n--- server log ---\n${serverLog.slice(-3000)}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-/** Sum of a metric's samples in Prometheus text, optionally filtered by a label test. */
-function metricSum(text, name, keep = () => true) {
-  let sum = 0;
-  for (const line of text.split("\n")) {
-    const m = line.match(/^([a-z_]+)(\{[^}]*\})? ([^ ]+)$/);
-    if (m && m[1] === name && keep(m[2] ?? "")) sum += Number(m[3]);
-  }
-  return sum;
-}
+const until = untilWithLog(() => serverLog);
 const metrics = async () => (await fetch(`${base}/metrics`)).text();
 const testid = (id) => page.locator(`[data-testid="${id}"]`);
 const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
@@ -85,7 +60,7 @@ before(async () => {
   await startServer();
   browser = await chromium.launch({
     executablePath: CHROMIUM,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
+    args: CHROMIUM_ARGS,
   });
   page = await browser.newPage({ viewport: { width: 380, height: 700 }, deviceScaleFactor: 2 });
   page.on("pageerror", (e) => { throw e; });
