@@ -78,14 +78,20 @@ async fn serve(config: Config) -> Result<()> {
     let addr = server.local_addr();
     tracing::info!("listening on http://{addr} (loading the model)");
     tokio::select! {
-        ready = server.wait_ready() => ready?,
+        ready = server.wait_ready() => match ready {
+            Ok(()) => {
+                let model = server.engine().model().map(|m| m.id.clone()).unwrap_or_default();
+                tracing::info!("ready: model {model} on {}; try:", server.engine().device().as_str());
+                eprintln!(
+                    "  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'"
+                );
+            }
+            // The server stays up: /health and /metrics say what failed, and a fixed model
+            // file can be loaded with POST /api/engine/reload.
+            Err(e) => tracing::error!("the model did not load: {e:#}; still serving /health and /metrics (POST /api/engine/reload retries)"),
+        },
         _ = tokio::signal::ctrl_c() => { server.shutdown().await; return Ok(()); }
     }
-    let model = server.engine().model().map(|m| m.id.clone()).unwrap_or_default();
-    tracing::info!("ready: model {model} on {}; try:", server.engine().device().as_str());
-    eprintln!(
-        "  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'"
-    );
     shutdown_signal().await;
     tracing::info!("shutting down");
     server.shutdown().await;

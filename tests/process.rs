@@ -1,5 +1,6 @@
 //! `mlxbar serve` as a process: SIGTERM drains (in-flight streams finish, new requests get
-//! 503, exit 0), and a port already in use is one clear line and a non-zero exit.
+//! 503, exit 0), a port already in use is one clear line and a non-zero exit, and a model
+//! that fails to load leaves the server up saying why.
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -12,13 +13,17 @@ use serde_json::{json, Value};
 /// `mlxbar serve` on `port` with the default model and `data_dir/config.toml` (created empty
 /// if missing, so no user config leaks in).
 fn serve(port: u16, data_dir: &std::path::Path) -> Child {
+    serve_model(port, data_dir, &common::model_path())
+}
+
+fn serve_model(port: u16, data_dir: &std::path::Path, model: &std::path::Path) -> Child {
     let config = data_dir.join("config.toml");
     if !config.exists() {
         std::fs::write(&config, "").unwrap();
     }
     Command::new(env!("CARGO_BIN_EXE_mlxbar"))
         .args(["serve", "--port", &port.to_string(), "--model"])
-        .arg(common::model_path())
+        .arg(model)
         .env("MLXBAR_DATA_DIR", data_dir)
         .env("MLXBAR_CONFIG", &config)
         .env_remove("MLXBAR_API_KEY")
@@ -109,4 +114,37 @@ async fn sigterm_lets_in_flight_streams_finish_then_exits_0() {
     let status = tokio::task::spawn_blocking(move || wait_exit(&mut child, 60)).await.unwrap();
     let log = log.join().unwrap();
     assert!(status.success(), "exit {status:?}\n{log}");
+}
+
+#[tokio::test]
+async fn a_model_that_fails_to_load_leaves_the_server_up_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("cut.gguf");
+    let bytes = std::fs::read(common::model_path()).unwrap();
+    std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+    let mut child = serve_model(0, dir.path(), &model);
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut base = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            base = Some(rest.split_whitespace().next().unwrap().to_string());
+        }
+        if line.contains("the model did not load") {
+            break;
+        }
+    }
+    let base = base.expect("the server said where it listens");
+    let _drain = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let r = reqwest::get(format!("{base}/health")).await.unwrap();
+    assert_eq!(r.status(), 503);
+    let h: Value = r.json().await.unwrap();
+    assert_eq!(h["status"], "failed");
+    assert!(h["detail"].as_str().unwrap().contains("cut.gguf"), "{h}");
+    assert_eq!(reqwest::get(format!("{base}/metrics")).await.unwrap().status(), 200);
+    assert!(child.try_wait().unwrap().is_none(), "the process is still running");
+    // SAFETY: kill(2) on our own child's pid, with a valid signal number.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || wait_exit(&mut child, 30)).await.unwrap();
+    assert!(status.success(), "{status:?}");
 }

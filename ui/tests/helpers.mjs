@@ -29,7 +29,8 @@ export const untilWithLog = (log) => async (what, check, ms = 20000) => {
 export function metricSum(text, name, keep = () => true) {
   let sum = 0;
   for (const line of text.split("\n")) {
-    const m = line.match(/^([a-z_]+)(\{[^}]*\})? ([^ ]+)$/);
+    // Label values may hold braces (route="/api/alerts/{id}/snooze"): match quoted strings whole.
+    const m = line.match(/^([a-z_]+)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})? ([^ ]+)$/);
     if (m && m[1] === name && keep(m[2] ?? "")) sum += Number(m[3]);
   }
   return sum;
