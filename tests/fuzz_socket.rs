@@ -5,7 +5,7 @@
 //! connection without an answer is accepted only when the request's framing was broken on
 //! purpose. At the end the server is healthy and still answers a normal chat request.
 //!
-//! Seeded: the seed is printed; `MLXBAR_FUZZ_SEED=<n>` replays a run and
+//! Seeded (fixed by default, so CI repeats itself): the seed is printed; `MLXBAR_FUZZ_SEED=<n>` replays a run, `=random` explores, and
 //! `MLXBAR_FUZZ_SECONDS` changes the budget. Generation requests ask for at most 4 tokens
 //! so the engine is exercised but not flooded.
 mod common;
@@ -22,7 +22,8 @@ use serde_json::{json, Value};
 
 /// Bodies past this may be cut off by a server that answers early and closes (TCP then
 /// resets, which can drop the answer on our side).
-const EARLY_CLOSE_BODY: usize = 48 * 1024;
+/// (Seen with a 41 KB body on a route that reads none.)
+const EARLY_CLOSE_BODY: usize = 8 * 1024;
 /// A generation of at most 4 tokens answers in well under a second; this is a hang.
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -53,9 +54,12 @@ impl Response {
 
 #[test]
 fn random_requests_get_well_formed_answers_and_the_server_survives() {
-    let seed = std::env::var("MLXBAR_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    // A fixed seed by default, so CI is repeatable; MLXBAR_FUZZ_SEED=random explores.
+    let seed = match std::env::var("MLXBAR_FUZZ_SEED").ok().as_deref() {
+        Some("random") => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+        Some(s) => s.parse().expect("MLXBAR_FUZZ_SEED: a number or 'random'"),
+        None => 20261201,
+    };
     let budget = Duration::from_secs_f64(std::env::var("MLXBAR_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20.0));
     eprintln!("fuzz_socket: seed {seed} (MLXBAR_FUZZ_SEED={seed} replays it), budget {budget:?}");
     let base = common::server();

@@ -15,12 +15,11 @@ const LOOPBACK_HOSTS: &[&str] = &["localhost", "127.0.0.1", "[::1]", "::1"];
 /// API key configured the key is the guard and any host is accepted.
 pub async fn check_host(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if state.config.api_key.is_none() {
-        let host = req
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_string)
-            .or_else(|| req.uri().authority().map(|a| a.to_string()));
+        // A Host that is not text is no loopback name (it must not skip the check).
+        let host = match req.headers().get(header::HOST) {
+            Some(h) => Some(h.to_str().map(str::to_string).unwrap_or_else(|_| String::from_utf8_lossy(h.as_bytes()).into_owned())),
+            None => req.uri().authority().map(|a| a.to_string()),
+        };
         if let Some(host) = host {
             if !host_allowed(&host, &state.config.allowed_hosts) {
                 return ApiError::forbidden_host(&host).into_response();
