@@ -74,6 +74,7 @@ async fn main() -> Result<()> {
 }
 
 async fn serve(config: Config) -> Result<()> {
+    let mut term = term_signal();
     let server = Server::start(config).await?;
     let addr = server.local_addr();
     tracing::info!("listening on http://{addr} (loading the model)");
@@ -92,21 +93,30 @@ async fn serve(config: Config) -> Result<()> {
         },
         _ = tokio::signal::ctrl_c() => { server.shutdown().await; return Ok(()); }
     }
-    shutdown_signal().await;
+    shutdown_signal(&mut term).await;
     tracing::info!("shutting down");
     server.shutdown().await;
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// SIGTERM, registered when made: made before the server says anything, so a signal sent
+/// as soon as a log line appears drains instead of killing the process.
+#[cfg(unix)]
+type Term = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Term = ();
+
+fn term_signal() -> Term {
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+    return tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+}
+
+async fn shutdown_signal(term: &mut Term) {
+    #[cfg(unix)]
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
     #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
+    let _ = (term, tokio::signal::ctrl_c().await);
 }

@@ -34,6 +34,24 @@ fn serve_model(port: u16, data_dir: &std::path::Path, model: &std::path::Path) -
         .unwrap()
 }
 
+/// Reads the child's log until a line contains `marker`; returns where it listens and a
+/// thread that keeps draining its stderr (so it never blocks on a full pipe) into a string.
+fn listen_until(child: &mut Child, marker: &str) -> (String, std::thread::JoinHandle<String>) {
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut base = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            base = Some(rest.split_whitespace().next().unwrap().to_string());
+        }
+        if line.contains(marker) {
+            break;
+        }
+    }
+    let base = base.expect("the server said where it listens");
+    (base, std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n")))
+}
+
 /// Waits for the child to exit, at most `secs`.
 fn wait_exit(child: &mut Child, secs: u64) -> std::process::ExitStatus {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -67,20 +85,7 @@ async fn sigterm_lets_in_flight_streams_finish_then_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.toml"), "shutdown_grace_seconds = 60\n").unwrap();
     let mut child = serve(0, dir.path());
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut base = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            base = Some(rest.split_whitespace().next().unwrap().to_string());
-        }
-        if line.contains("ready: model") {
-            break;
-        }
-    }
-    let base = base.expect("the server said where it listens");
-    // Keep draining stderr so the child never blocks on a full pipe.
-    let log = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+    let (base, log) = listen_until(&mut child, "ready: model");
 
     let http = reqwest::Client::new();
     let body = json!({"messages": [{"role": "user", "content": "Write a poem about the sea."}], "max_tokens": 40, "temperature": 0, "stream": true});
@@ -123,19 +128,7 @@ async fn a_model_that_fails_to_load_leaves_the_server_up_saying_why() {
     let bytes = std::fs::read(common::model_path()).unwrap();
     std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
     let mut child = serve_model(0, dir.path(), &model);
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut base = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            base = Some(rest.split_whitespace().next().unwrap().to_string());
-        }
-        if line.contains("the model did not load") {
-            break;
-        }
-    }
-    let base = base.expect("the server said where it listens");
-    let _drain = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let (base, _log) = listen_until(&mut child, "the model did not load");
     let r = reqwest::get(format!("{base}/health")).await.unwrap();
     assert_eq!(r.status(), 503);
     let h: Value = r.json().await.unwrap();
