@@ -1,11 +1,13 @@
 //! Continuous batching, the prefix cache and memory-aware admission on the real engine:
-//! batched greedy output equals one-at-a-time output, streams join and leave and one can
-//! be cancelled without disturbing the rest, a second chat turn reuses the first turn's KV
+//! batched greedy output equals one-at-a-time output while the engine's own batch-size
+//! histogram shows steps of three or more sequences, streams join and leave and one can be
+//! cancelled (ending as cancelled, its KV freed) without disturbing the rest, a second chat turn reuses the first turn's KV
 //! with identical output, and forced critical pressure refuses new work.
 mod common;
 
 use std::time::Duration;
 
+use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use mlxbar::telemetry::memory::PressureLevel;
 use mlxbar::{Config, Server};
@@ -36,50 +38,129 @@ async fn metric(base: &str, name: &str) -> f64 {
 }
 
 const PROMPTS: [&str; 6] = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
+    // The first three get long answers: they are still decoding when the next joins.
     "Explain gravity to a child.",
-    "List three fruits.",
     "Tell me about cats.",
     "How do rainbows form?",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three fruits.",
 ];
+
+/// A streaming greedy chat completion, read token by token.
+struct Streaming {
+    events: std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send>>,
+    text: String,
+    tokens: usize,
+}
+
+impl Streaming {
+    async fn open(base: &str, content: &str, max_tokens: usize) -> Streaming {
+        let body = json!({"messages": messages(content), "max_tokens": max_tokens, "temperature": 0, "stream": true});
+        let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let events = resp
+            .bytes_stream()
+            .eventsource()
+            .map(|e| e.expect("well-formed SSE"))
+            .take_while(|e| std::future::ready(e.data != "[DONE]"))
+            .map(|e| serde_json::from_str::<Value>(&e.data).expect("JSON chunk"));
+        Streaming { events: Box::pin(events), text: String::new(), tokens: 0 }
+    }
+
+    /// Reads until the next content delta; false at the end of the stream.
+    async fn next_token(&mut self) -> bool {
+        while let Some(chunk) = self.events.next().await {
+            if let Some(delta) = chunk["choices"][0]["delta"]["content"].as_str().filter(|d| !d.is_empty()) {
+                self.text.push_str(delta);
+                self.tokens += 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    async fn until_tokens(&mut self, n: usize) {
+        while self.tokens < n {
+            assert!(self.next_token().await, "the stream ended after {} tokens", self.tokens);
+        }
+    }
+
+    async fn rest(mut self) -> String {
+        while self.next_token().await {}
+        self.text
+    }
+}
+
+/// Sum of a metric's samples whose labels contain `labels` (all of them for "").
+async fn metric_sum(base: &str, name: &str, labels: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter(|l| l.contains(labels))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Decode steps that ran more than `size` sequences together, from `mlxbar_batch_size`.
+async fn steps_larger_than(base: &str, size: usize) -> f64 {
+    metric(base, "mlxbar_batch_size_count").await - metric_sum(base, "mlxbar_batch_size_bucket", &format!("le=\"{size}\"")).await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batched_serving_matches_one_at_a_time_and_survives_a_cancelled_stream() {
+    const TOKENS: usize = 32;
     // One at a time, no prefix cache: the reference.
     let (solo, solo_url) = start(Config { max_batch: 1, prefix_cache_bytes: 0, ..common::test_config() }).await;
     let mut want = vec![];
-    for p in PROMPTS {
-        want.push(greedy(&solo_url, &messages(p), 24).await);
+    for p in &PROMPTS[..3] {
+        want.push(greedy(&solo_url, &messages(p), TOKENS).await);
     }
+    assert!(metric(&solo_url, "mlxbar_batch_size_count").await > 0.0);
+    assert_eq!(steps_larger_than(&solo_url, 1).await, 0.0, "max_batch 1 decoded more than one sequence per step");
     solo.shutdown().await;
 
     let (server, base) = start(Config { prefix_cache_bytes: 0, ..common::test_config() }).await;
-    // A long stream that is cancelled after a few tokens, while the others run batched
-    // and join at different moments.
-    let body = json!({"messages": messages("Write a very long story."), "max_tokens": 200, "temperature": 0, "stream": true});
-    let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
-    let mut doomed = resp.bytes_stream();
-    doomed.next().await.unwrap().unwrap();
-    let mut tasks = vec![];
-    for (i, p) in PROMPTS.iter().enumerate() {
-        let base = base.clone();
-        let p = p.to_string();
-        tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(40 * i as u64)).await; // staggered joins
-            greedy(&base, &messages(&p), 24).await
-        }));
+    // Join points come from the streams: each request starts once the previous one has
+    // streamed its first token, so each joins a batch that is already decoding. A long
+    // stream runs under all of them and is cancelled once the third has decoded a token.
+    let mut doomed = Streaming::open(&base, "Write a very long story.", 200).await;
+    doomed.until_tokens(1).await;
+    let mut streams = vec![];
+    for p in &PROMPTS[..3] {
+        let mut s = Streaming::open(&base, p, TOKENS).await;
+        s.until_tokens(1).await;
+        streams.push(s);
     }
-    for _ in 0..3 {
-        doomed.next().await.unwrap().unwrap();
-    }
+    streams[2].until_tokens(2).await; // a decode step ran with the third stream in it
+    doomed.until_tokens(doomed.tokens + 1).await;
     drop(doomed);
     let mut got = vec![];
-    for t in tasks {
-        got.push(t.await.unwrap());
+    for s in streams {
+        got.push(s.rest().await);
     }
     assert_eq!(got, want, "batched greedy output differs from one-at-a-time");
-    assert!(metric(&base, "mlxbar_scheduler_max_batch").await == 8.0);
+    let wider = steps_larger_than(&base, 2).await;
+    assert!(wider > 0.0, "no decode step ran three or more sequences together");
+    let snapshot: Value = reqwest::get(format!("{base}/api/metrics/snapshot")).await.unwrap().json().await.unwrap();
+    assert!(snapshot["caches"]["peak_batch"].as_u64().unwrap() >= 3, "the snapshot's peak batch: {}", snapshot["caches"]);
+
+    // The cancelled stream ends as cancelled, and every KV buffer is released.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let cancelled = metric_sum(&base, "mlxbar_requests_total", "result=\"cancelled\"").await;
+        let (kv_tokens, kv_bytes) = (metric(&base, "mlxbar_kv_cache_tokens").await, metric(&base, "mlxbar_kv_cache_bytes").await);
+        let running = metric(&base, "mlxbar_scheduler_running_requests").await;
+        if cancelled == 1.0 && kv_tokens == 0.0 && kv_bytes == 0.0 && running == 0.0 {
+            break;
+        }
+        assert!(cancelled <= 1.0, "{cancelled} cancelled");
+        assert!(std::time::Instant::now() < deadline, "after the streams: {cancelled} cancelled, {running} running, KV {kv_tokens} tokens / {kv_bytes} bytes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let finished = metric_sum(&base, "mlxbar_requests_total", "result=\"length\"").await + metric_sum(&base, "mlxbar_requests_total", "result=\"stop\"").await;
+    assert_eq!(finished, 3.0, "the three streams finished normally");
+    assert_eq!(metric_sum(&base, "mlxbar_requests_total", "result=\"error\"").await, 0.0);
     server.shutdown().await;
 }
 

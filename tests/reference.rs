@@ -1,10 +1,16 @@
-//! The engine computes the model correctly: first-step logits and greedy tokens match a
-//! reference computed independently with Python MLX + mlx-lm (scripts/reference/), stored in
-//! tests/data/reference.json.
+//! The engine computes the model correctly: logits and greedy tokens match a reference
+//! computed independently with Python MLX + mlx-lm (scripts/reference/), stored in
+//! tests/data/reference.json, both through `Model::forward` and through the path the server
+//! runs: prefill into a `KvCache`, then `Model::decode` over a `BatchKv` step by step, with
+//! one sequence and with several of different lengths joining, leaving and rejoining.
 mod common;
 
 use mlx_rs::Device;
+use mlxbar::engine::batch_kv::BatchKv;
+use mlxbar::engine::kv_cache::KvCache;
+use mlxbar::engine::model::Model;
 use mlxbar::engine::{loader, sampling::argmax, WeightFormat};
+use serde_json::Value;
 
 /// mlx-lm runs the GGUF's quantized matmuls (float32 scales); mlxbar multiplies the same
 /// values dequantized to float32 with OpenBLAS. Only the summation order differs: logits
@@ -74,4 +80,136 @@ fn chunked_prefill_equals_one_pass() {
     let max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(max_diff < 1e-3, "max |diff| {max_diff}");
     assert_eq!(argmax(&a), argmax(&b));
+}
+
+/// One reference prompt as the server would decode it.
+struct Sequence<'a> {
+    id: u64,
+    case: &'a Value,
+    /// Positions generated so far (the next logits are checked against `step_top10[done]`).
+    done: usize,
+    /// The token to feed next.
+    next: u32,
+    /// Largest |logit - reference| seen.
+    max_diff: f32,
+}
+
+impl Sequence<'_> {
+    fn want_ids(&self) -> Vec<u32> {
+        serde_json::from_value(self.case["greedy_ids"].clone()).unwrap()
+    }
+
+    fn finished(&self) -> bool {
+        self.done == self.want_ids().len()
+    }
+
+    /// Checks the logits of the next position against the reference's top-10 and greedy
+    /// id at that step, then takes the greedy token.
+    fn check(&mut self, logits: &[f32], how: &str) {
+        let step = self.done;
+        let want = &self.case["step_top10"][step];
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        order.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
+        for (rank, w) in want.as_array().unwrap_or_else(|| panic!("no step_top10[{step}] in the reference")).iter().enumerate() {
+            let (id, value) = (w["id"].as_u64().unwrap() as u32, w["logit"].as_f64().unwrap() as f32);
+            let got = logits[id as usize];
+            self.max_diff = self.max_diff.max((got - value).abs());
+            assert!((got - value).abs() < LOGIT_TOLERANCE, "{how}: sequence {} step {step}: logit of token {id} is {got}, reference {value}", self.id);
+            assert_eq!(order[rank], id, "{how}: sequence {} step {step}: rank {rank}", self.id);
+        }
+        let token = argmax(logits);
+        assert_eq!(token, self.want_ids()[step], "{how}: sequence {} step {step}: greedy token", self.id);
+        self.next = token;
+        self.done += 1;
+    }
+}
+
+/// Prefills `seq`'s prompt into a cache of its own and checks the first position.
+fn prefill(model: &Model, seq: &mut Sequence, how: &str) -> KvCache {
+    let prompt: Vec<u32> = serde_json::from_value(seq.case["prompt_ids"].clone()).unwrap();
+    let mut cache = model.new_cache();
+    let logits = model.prefill(&[&prompt], &mut [&mut cache]).unwrap();
+    seq.check(logits.as_slice::<f32>(), how);
+    cache
+}
+
+/// One decode step for every row of `batch`; checks each row's logits.
+fn step(model: &Model, batch: &mut BatchKv, seqs: &mut [Sequence], how: &str) {
+    let rows: Vec<usize> = batch.ids().iter().map(|id| seqs.iter().position(|s| s.id == *id).unwrap()).collect();
+    let tokens: Vec<u32> = rows.iter().map(|&i| seqs[i].next).collect();
+    let logits = model.decode(&tokens, batch).unwrap();
+    let all = logits.as_slice::<f32>();
+    let vocab = all.len() / rows.len();
+    for (r, &i) in rows.iter().enumerate() {
+        seqs[i].check(&all[r * vocab..(r + 1) * vocab], how);
+    }
+}
+
+fn load_model() -> Model {
+    Device::set_default(&Device::cpu());
+    loader::load(&common::model_path(), WeightFormat::Float32).unwrap().0
+}
+
+/// Each prompt alone: prefill, then every later token from `Model::decode` over a batch of one.
+#[test]
+fn decode_through_a_batch_of_one_matches_python_mlx() {
+    let model = load_model();
+    let reference = common::reference();
+    for (n, case) in reference["prompts"].as_array().unwrap().iter().enumerate() {
+        let mut seqs = [Sequence { id: n as u64, case, done: 0, next: 0, max_diff: 0.0 }];
+        let mut batch = BatchKv::default();
+        let cache = prefill(&model, &mut seqs[0], "batch of 1");
+        batch.join(n as u64, cache).unwrap();
+        while !seqs[0].finished() {
+            step(&model, &mut batch, &mut seqs, "batch of 1");
+        }
+        println!("prompt {n}: {} decode steps match (max |diff| {:.2e})", seqs[0].done - 1, seqs[0].max_diff);
+    }
+}
+
+/// The three prompts (different lengths) in one batch as continuous batching runs them:
+/// the longest answer starts, the second joins after 2 steps, the third after 5; the first
+/// leaves after 9 (its KV copied out of the padded batch) and rejoins after 12 as the last
+/// row, and each leaves when done. At every
+/// step each row's logits match its own one-sequence reference: a wrong row position in
+/// RoPE, a mask that lets a row see another's padding, or a bad copy in or out shows here.
+#[test]
+fn decode_through_a_batch_of_three_joining_and_leaving_matches_python_mlx() {
+    let model = load_model();
+    let reference = common::reference();
+    let cases = reference["prompts"].as_array().unwrap();
+    let lens: Vec<usize> = cases.iter().map(|c| c["prompt_ids"].as_array().unwrap().len()).collect();
+    assert!(lens[0] != lens[1] && lens[1] != lens[2], "the prompts differ in length: {lens:?}");
+    let mut seqs: Vec<Sequence> = cases.iter().enumerate().map(|(n, case)| Sequence { id: n as u64, case, done: 0, next: 0, max_diff: 0.0 }).collect();
+    let how = "batch of 3";
+    let mut batch = BatchKv::default();
+    let mut parked: Option<KvCache> = None;
+    let mut widest = 0;
+    for t in 0.. {
+        for (n, join_at) in [(2, 0), (1, 2), (0, 5)] {
+            if t == join_at {
+                let cache = prefill(&model, &mut seqs[n], how);
+                batch.join(n as u64, cache).unwrap();
+            }
+        }
+        if t == 9 {
+            parked = Some(batch.leave(2).unwrap());
+        }
+        if t == 12 {
+            batch.join(2, parked.take().unwrap()).unwrap();
+        }
+        let done: Vec<u64> = seqs.iter().filter(|s| s.finished() && batch.contains(s.id)).map(|s| s.id).collect();
+        for id in done {
+            batch.leave(id).unwrap();
+        }
+        if seqs.iter().all(|s| s.finished()) {
+            break;
+        }
+        widest = widest.max(batch.ids().len());
+        step(&model, &mut batch, &mut seqs, how);
+    }
+    assert_eq!(widest, 3, "all three decoded together at some step");
+    for s in &seqs {
+        println!("prompt {}: {} decode steps match in the batch (max |diff| {:.2e})", s.id, s.done - 1, s.max_diff);
+    }
 }

@@ -13,8 +13,9 @@ runs the forward pass. mlxbar instead dequantizes to float32 and runs GGML-order
 q/k rows with traditional RoPE, so the two paths share only the weights.
 
 Records, for each chat prompt: the rendered template, the prompt token ids,
-the top-10 logits of the first generated position and the first GREEDY_TOKENS
-greedy token ids. Also tokenizer round-trip samples.
+the top-10 logits of the first generated position, the first GREEDY_TOKENS
+greedy token ids and the top-10 logits at every one of those steps (decoded one
+token at a time over mlx-lm's KV cache). Also tokenizer round-trip samples.
 """
 import json, sys, platform
 import mlx.core as mx
@@ -63,19 +64,24 @@ def main():
         mx.eval(logits, order)
         top = [{"id": int(i), "logit": float(logits[int(i)])} for i in order.tolist()]
         greedy = []
+        steps = [top]
         nxt = int(order[0])
         for _ in range(GREEDY_TOKENS):
             greedy.append(nxt)
-            if nxt in tok.eos_token_ids:
+            if nxt in tok.eos_token_ids or len(greedy) == GREEDY_TOKENS:
                 break
-            step = model(mx.array([[nxt]]), cache=cache)[0, -1]
-            nxt = int(mx.argmax(step))
+            step = model(mx.array([[nxt]]), cache=cache)[0, -1].astype(mx.float32)
+            step_order = mx.argsort(-step)[:10]
+            mx.eval(step, step_order)
+            steps.append([{"id": int(i), "logit": float(step[int(i)])} for i in step_order.tolist()])
+            nxt = int(step_order[0])
         result["prompts"].append({
             "messages": messages,
             "rendered": text,
             "prompt_ids": ids,
             "top10": top,
             "greedy_ids": greedy,
+            "step_top10": steps,
             "greedy_text": tok.decode(greedy),
         })
         print(repr(tok.decode(greedy)))

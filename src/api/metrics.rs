@@ -24,6 +24,7 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
         m.model_weight_bytes.with_label_values(&id).set(model.weight_bytes as i64);
     }
     m.observe_engine(&e.stats());
+    m.observe_batch_sizes(e.decode_steps_by_batch_size());
     m.observe_system(&state.telemetry.latest());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], m.encode())
 }

@@ -147,3 +147,88 @@ impl BatchKv {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-layer cache of `len` tokens whose key at position p is `[base + p, base + p]`
+    /// (values: the same plus 0.5), one kv head of dimension 2.
+    fn cache(base: f32, len: i32) -> KvCache {
+        let keys: Vec<f32> = (0..len * 2).map(|i| base + (i / 2) as f32).collect();
+        let values: Vec<f32> = keys.iter().map(|k| k + 0.5).collect();
+        let mut c = KvCache::new(1);
+        c.update(0, &Array::from_slice(&keys, &[1, 1, len, 2]), &Array::from_slice(&values, &[1, 1, len, 2])).unwrap();
+        c.advance(len);
+        c
+    }
+
+    /// Row `row`'s first key component at every position of `keys` (`[n, 1, L, 2]`).
+    fn row(keys: &Array, row: i32) -> Vec<f32> {
+        keys.index((row, 0, .., 0)).as_slice::<f32>().to_vec()
+    }
+
+    #[test]
+    fn rows_of_different_lengths_are_padded_masked_and_written_at_their_own_position() {
+        let mut b = BatchKv::default();
+        b.join(7, cache(0.0, 3)).unwrap();
+        b.join(9, cache(100.0, 5)).unwrap();
+        assert_eq!(b.ids(), &[7, 9]);
+        assert_eq!(b.tokens(), 8);
+        let (positions, mask) = b.prepare_step().unwrap();
+        assert_eq!(positions.as_slice::<i32>(), &[3, 5]);
+        assert_eq!(mask.shape(), &[2, 1, 1, 6]);
+        // Row 0 sees its 3 tokens and the new one, not the padding; row 1 sees all 6.
+        assert_eq!(mask.as_slice::<bool>(), &[true, true, true, true, false, false, true, true, true, true, true, true]);
+        let new_k = Array::from_slice(&[50.0f32, 50.0, 150.0, 150.0], &[2, 1, 1, 2]);
+        let (keys, values) = b.update(0, &new_k, &new_k, &positions).unwrap();
+        b.advance();
+        assert_eq!(keys.shape(), &[2, 1, 6, 2]);
+        assert_eq!(row(&keys, 0), &[0.0, 1.0, 2.0, 50.0, 0.0, 0.0]);
+        assert_eq!(row(&keys, 1), &[100.0, 101.0, 102.0, 103.0, 104.0, 150.0]);
+        assert_eq!(row(&values, 0)[..3], [0.5, 1.5, 2.5]);
+        assert_eq!(b.tokens(), 10);
+        let (positions, _) = b.prepare_step().unwrap();
+        assert_eq!(positions.as_slice::<i32>(), &[4, 6]);
+    }
+
+    #[test]
+    fn a_row_leaves_with_its_tokens_and_the_others_keep_theirs() {
+        let mut b = BatchKv::default();
+        b.join(1, cache(0.0, 2)).unwrap();
+        b.join(2, cache(10.0, 4)).unwrap();
+        b.join(3, cache(20.0, 3)).unwrap();
+        let middle = b.leave(2).unwrap();
+        assert_eq!(middle.offset(), 4);
+        let (k, v) = middle.into_layers().remove(0);
+        assert_eq!(k.index((0, 0, ..4, 0)).as_slice::<f32>(), &[10.0, 11.0, 12.0, 13.0]);
+        assert_eq!(v.index((0, 0, ..4, 0)).as_slice::<f32>(), &[10.5, 11.5, 12.5, 13.5]);
+        assert_eq!(b.ids(), &[1, 3]);
+        assert_eq!(b.tokens(), 5);
+        let (positions, mask) = b.prepare_step().unwrap();
+        assert_eq!(positions.as_slice::<i32>(), &[2, 3]);
+        assert_eq!(mask.shape(), &[2, 1, 1, 4]);
+        let (keys, _) = b.update(0, &Array::from_slice(&[-1.0f32; 4], &[2, 1, 1, 2]), &Array::from_slice(&[-1.0f32; 4], &[2, 1, 1, 2]), &positions).unwrap();
+        assert_eq!(row(&keys, 0), &[0.0, 1.0, -1.0, 0.0]);
+        assert_eq!(row(&keys, 1), &[20.0, 21.0, 22.0, -1.0]);
+        // The last row out empties the batch.
+        b.leave(1).unwrap();
+        b.leave(3).unwrap();
+        assert!(b.ids().is_empty());
+        assert_eq!(b.nbytes(), 0);
+        assert!(b.leave(3).is_err(), "a sequence not in the batch cannot leave");
+    }
+
+    #[test]
+    fn a_long_newcomer_grows_every_row_and_an_empty_cache_is_refused() {
+        let mut b = BatchKv::default();
+        b.join(1, cache(0.0, 2)).unwrap();
+        assert_eq!(b.nbytes(), 2 * STEP as usize * 2 * 4);
+        b.join(2, cache(0.0, STEP + 10)).unwrap();
+        assert_eq!(b.nbytes(), 2 * 2 * (2 * STEP) as usize * 2 * 4, "both rows now hold two steps");
+        let (positions, mask) = b.prepare_step().unwrap();
+        assert_eq!(positions.as_slice::<i32>(), &[2, STEP + 10]);
+        assert_eq!(mask.shape(), &[2, 1, 1, STEP + 11]);
+        assert!(b.join(3, KvCache::new(1)).is_err());
+    }
+}

@@ -1,4 +1,4 @@
-//! Per-sequence key/value cache. Buffers grow in steps of [`STEP`] tokens and are written
+//! Per-sequence key/value cache. Buffers grow by [`STEP`] tokens past what they hold and are written
 //! with slice updates, which MLX performs in place when the old buffer has no other user,
 //! so a decode step copies one token's keys and values, not the whole history.
 use anyhow::Result;
@@ -98,5 +98,51 @@ impl KvCache {
             .flatten()
             .map(|a| a.nbytes())
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[1, 1, len, 2]` holding `start, start+1, ...` in position order.
+    fn positions(start: f32, len: i32) -> Array {
+        let v: Vec<f32> = (0..len * 2).map(|i| start + (i / 2) as f32).collect();
+        Array::from_slice(&v, &[1, 1, len, 2])
+    }
+
+    #[test]
+    fn grows_in_steps_and_keeps_what_it_held() {
+        let mut cache = KvCache::new(1);
+        let (k, _) = cache.update(0, &positions(0.0, 200), &positions(1000.0, 200)).unwrap();
+        cache.advance(200);
+        assert_eq!(k.shape(), &[1, 1, 200, 2]);
+        assert_eq!(cache.nbytes(), 2 * STEP as usize * 2 * 4, "one step of capacity for keys and values");
+        // 100 more do not fit: the held 200 are kept and one step added after them (as
+        // mlx-lm's KVCache does), old rows intact.
+        let (k, v) = cache.update(0, &positions(200.0, 100), &positions(1200.0, 100)).unwrap();
+        cache.advance(100);
+        assert_eq!(k.shape(), &[1, 1, 300, 2]);
+        assert_eq!(cache.offset(), 300);
+        assert_eq!(cache.nbytes(), 2 * (200 + STEP) as usize * 2 * 4);
+        let k = k.index((.., .., .., 0)).reshape(&[-1]).unwrap();
+        let v = v.index((.., .., .., 0)).reshape(&[-1]).unwrap();
+        let want: Vec<f32> = (0..300).map(|i| i as f32).collect();
+        assert_eq!(k.as_slice::<f32>(), &want[..]);
+        assert_eq!(v.as_slice::<f32>(), &want.iter().map(|x| x + 1000.0).collect::<Vec<_>>()[..]);
+    }
+
+    #[test]
+    fn a_prefix_copy_holds_only_the_prefix() {
+        let mut cache = KvCache::new(1);
+        cache.update(0, &positions(0.0, 10), &positions(0.0, 10)).unwrap();
+        cache.advance(10);
+        let layers = cache.into_layers();
+        let copy = KvCache::from_prefix(&layers, 4).unwrap();
+        assert_eq!(copy.offset(), 4);
+        let (k, _) = copy.into_layers().remove(0);
+        assert_eq!(k.shape(), &[1, 1, STEP, 2]);
+        let head = k.index((.., .., ..6, 0)).reshape(&[-1]).unwrap();
+        assert_eq!(head.as_slice::<f32>(), &[0.0, 1.0, 2.0, 3.0, 0.0, 0.0], "positions past the prefix are zeroed");
     }
 }

@@ -258,6 +258,11 @@ impl Engine {
         self.shared.stats.view()
     }
 
+    /// Decode steps since start by batch size (index = sequences decoded together).
+    pub fn decode_steps_by_batch_size(&self) -> Vec<u64> {
+        self.shared.stats.batch_sizes().counts()
+    }
+
     /// Seconds the engine has gone without finishing an iteration while work waits or
     /// runs; 0 when idle. The stall watchdog (`/health`, `engine_stalled`) reads it.
     pub fn stall_seconds(&self) -> f64 {

@@ -33,6 +33,35 @@ pub struct EngineStats {
     /// Moving average of a finished request's time in the engine (admitted to done), in
     /// microseconds; 0 before the first. Paces the queue's Retry-After.
     service_micros: AtomicU64,
+    /// Decode steps run, by how many sequences each decoded together.
+    batch_sizes: BatchSizes,
+}
+
+/// Decode steps by batch size: `steps[n]` counts the steps that decoded `n` sequences
+/// together (sizes past [`BatchSizes::MAX`] count at the end; `max_batch` cannot exceed it).
+#[derive(Debug)]
+pub struct BatchSizes {
+    steps: [AtomicU64; BatchSizes::MAX + 1],
+}
+
+impl BatchSizes {
+    pub const MAX: usize = 256;
+
+    /// Steps per batch size, index = size (index 0 is always 0).
+    pub fn counts(&self) -> Vec<u64> {
+        self.steps.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+
+    /// The largest batch any step decoded (0 before the first step).
+    pub fn peak(&self) -> usize {
+        self.steps.iter().rposition(|c| c.load(Ordering::Relaxed) > 0).unwrap_or(0)
+    }
+}
+
+impl Default for BatchSizes {
+    fn default() -> Self {
+        BatchSizes { steps: std::array::from_fn(|_| AtomicU64::new(0)) }
+    }
 }
 
 /// The origin of the engine's progress clock (monotonic, process-wide).
@@ -63,6 +92,8 @@ pub struct StatsView {
     pub prefix_tokens_saved: u64,
     pub admission_blocked: bool,
     pub failed_requests: u64,
+    /// The most sequences one decode step ran together since start.
+    pub peak_batch: u64,
 }
 
 impl EngineStats {
@@ -90,6 +121,15 @@ impl EngineStats {
 
     pub fn set_admission_blocked(&self, blocked: bool) {
         self.admission_blocked.store(blocked, Ordering::Relaxed);
+    }
+
+    /// A decode step ran `sequences` rows together.
+    pub fn record_decode_step(&self, sequences: usize) {
+        self.batch_sizes.steps[sequences.min(BatchSizes::MAX)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn batch_sizes(&self) -> &BatchSizes {
+        &self.batch_sizes
     }
 
     pub fn count_failure(&self) {
@@ -137,6 +177,7 @@ impl EngineStats {
             prefix_tokens_saved: get(&self.prefix_tokens_saved),
             admission_blocked: self.admission_blocked.load(Ordering::Relaxed),
             failed_requests: get(&self.failed_requests),
+            peak_batch: self.batch_sizes.peak() as u64,
         }
     }
 }

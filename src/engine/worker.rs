@@ -279,6 +279,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                     .collect::<Option<Vec<u32>>>()
                     .ok_or_else(|| anyhow::anyhow!("the batch holds a sequence that is not decoding"))?;
                 let logits = model.decode(&tokens, &mut batch)?;
+                shared.stats.record_decode_step(tokens.len());
                 Ok((tokens, logits.as_slice::<f32>().to_vec()))
             });
             match result {

@@ -4,6 +4,7 @@
 //! bounded: `route` is a route template (unknown paths are "unmatched"), `model` is the one
 //! loaded model, `kind`/`endpoint`/`result`/`stream` take fixed values. The mapping from
 //! MLX-Flash and vllm-mlx names is in dashboards/README.md.
+pub mod batch_size;
 pub mod http;
 pub mod inference;
 pub mod live;
@@ -52,6 +53,9 @@ pub struct Metrics {
     pub kv_cache_budget_tokens: IntGauge,
     pub kv_cache_reserved_tokens: IntGauge,
     pub scheduler_max_batch: IntGauge,
+    /// Decode steps by exact batch size, copied from the engine at scrape time and
+    /// exported as the `batch_size` histogram.
+    batch_size_counts: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
     pub admission_blocked: IntGauge,
     pub admission_refused_total: IntCounterVec,
     // bench runs (src/bench/jobs.rs)
@@ -101,6 +105,8 @@ impl Metrics {
                 m
             }};
         }
+        let (batch_size, batch_size_counts) = batch_size::BatchSizeHistogram::new();
+        r.register(Box::new(batch_size)).unwrap();
         let hist = |name: &str, help: &str, labels: &[&str]| reg!(HistogramVec::new(HistogramOpts::new(name, help).buckets(latency_buckets()), labels));
         Metrics {
             info: reg!(IntGaugeVec::new(Opts::new("info", "Always 1; labels say which mlxbar, model and device serve."), &["version", "model", "device"])),
@@ -130,6 +136,7 @@ impl Metrics {
             kv_cache_budget_tokens: reg!(IntGauge::new("kv_cache_budget_tokens", "KV tokens (prompt + max_tokens) running requests may claim together; more wait.")),
             kv_cache_reserved_tokens: reg!(IntGauge::new("kv_cache_reserved_tokens", "KV tokens claimed by running requests.")),
             scheduler_max_batch: reg!(IntGauge::new("scheduler_max_batch", "Sequences decoded together in one batched step, at most.")),
+            batch_size_counts,
             admission_blocked: reg!(IntGauge::new("admission_blocked", "1 while waiting requests are held back because memory pressure is critical.")),
             admission_refused_total: reg!(IntCounterVec::new(Opts::new("admission_refused_total", "Requests refused (503) before starting, by reason."), &["reason"])),
             bench_running: reg!(IntGauge::new("bench_running", "1 while a bench run holds the engine exclusively; other generation requests wait or get 503.")),
@@ -200,6 +207,11 @@ impl Metrics {
         advance_to(&self.prefix_cache_misses_total, e.prefix_misses);
         advance_to(&self.prefix_cache_evictions_total, e.prefix_evictions);
         advance_to(&self.prefix_cache_tokens_saved_total, e.prefix_tokens_saved);
+    }
+
+    /// Copies the engine's decode steps per batch size (index = size).
+    pub fn observe_batch_sizes(&self, steps_by_size: Vec<u64>) {
+        *self.batch_size_counts.lock().unwrap_or_else(|e| e.into_inner()) = steps_by_size;
     }
 
     pub fn observe_system(&self, s: &SystemSample) {
