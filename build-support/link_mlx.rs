@@ -13,7 +13,7 @@ fn link_mlx() {
     if let Ok(dir) = std::env::var("DEP_MLX_LIBDIR") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
     }
-    // The batch-1 gemv forwarding shim (src/engine/gemv_forward.rs) must be visible to libmlx.so.
+    // The batch-1 gemv forwarding shim (src/engine/cpu_backend/gemv_forward.rs) must be visible to libmlx.so.
     println!("cargo:rustc-link-arg=-Wl,--export-dynamic-symbol=cblas_sgemm");
     const OPENBLAS: &[&str] = &[
         "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",

@@ -6,6 +6,8 @@ use crate::model_store;
 
 /// The MLX library version, as MLX reports it.
 pub fn mlx_version() -> String {
+    // SAFETY: the string is created, read while alive (mlx_version fills it; its data is
+    // NUL-terminated) and freed here; nothing else holds it.
     unsafe {
         let mut s = mlx_sys::mlx_string_new();
         let v = if mlx_sys::mlx_version(&mut s) == 0 {
@@ -22,9 +24,12 @@ pub fn mlx_version() -> String {
 /// be OpenBLAS; the wheel's bundled reference BLAS is ~18x slower).
 #[cfg(target_os = "linux")]
 pub fn blas_provider() -> Option<String> {
+    // SAFETY: dlsym/dladdr take a NUL-terminated name and a live Dl_info (all-zero is a
+    // valid one); dli_fname, when not null, points to a NUL-terminated string owned by the
+    // dynamic linker for the life of the process.
     unsafe {
         // RTLD_NEXT: past our own executable, which exports a forwarding cblas_sgemm
-        // (src/engine/gemv_forward.rs), to the library that does the work.
+        // (src/engine/cpu_backend/gemv_forward.rs), to the library that does the work.
         let sym = libc::dlsym(libc::RTLD_NEXT, c"cblas_sgemm".as_ptr());
         if sym.is_null() {
             return None;

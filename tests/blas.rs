@@ -10,9 +10,13 @@ use mlx_rs::{ops, random, Array, Device};
 fn sgemm_comes_from_openblas() {
     let provider = mlxbar::doctor::blas_provider().expect("cblas_sgemm is resolvable");
     // The executable's own forwarder wins lookup; the sgemm behind it must be OpenBLAS's.
+    // SAFETY: a NUL-terminated symbol name.
     let next = unsafe { libc::dlsym(libc::RTLD_NEXT, c"cblas_sgemm".as_ptr()) };
+    // SAFETY: Dl_info is a plain C struct; all-zero is valid.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is live; dladdr fills it.
     assert!(unsafe { libc::dladdr(next, &mut info) } != 0);
+    // SAFETY: dladdr succeeded, so dli_fname is the linker's NUL-terminated library path.
     let next_lib = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
     assert!(next_lib.contains("openblas"), "sgemm behind the forwarder: {next_lib} (provider {provider})");
 }
@@ -24,7 +28,7 @@ fn max_diff(a: &Array, b: &Array) -> f32 {
 #[test]
 fn single_row_matmuls_match_batched_ones() {
     Device::set_default(&Device::cpu());
-    mlxbar::engine::gemv_forward::install();
+    mlxbar::engine::cpu_backend::install();
     let r = |s: &[i32]| random::normal::<f32>(s, None, None, None).unwrap();
     let (k, n) = (576, 960);
     let w = r(&[k, n]);
@@ -43,7 +47,7 @@ fn single_row_matmuls_match_batched_ones() {
 #[test]
 fn few_row_matmuls_from_the_small_m_kernel_match_openblas() {
     Device::set_default(&Device::cpu());
-    mlxbar::engine::gemv_forward::install();
+    mlxbar::engine::cpu_backend::install();
     let r = |s: &[i32]| random::normal::<f32>(s, None, None, None).unwrap();
     let (k, n) = (1536, 576 + 2 * 192);
     let w = r(&[n, k]); // [out, in], as the model holds weights

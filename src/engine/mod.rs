@@ -3,12 +3,9 @@
 //! HTTP side uses: it renders and counts prompts, and queues requests with back-pressure.
 pub mod batch_kv;
 pub mod chat_template;
+pub mod cpu_backend;
 #[cfg(feature = "test-hooks")]
 pub mod faults;
-#[cfg(target_os = "linux")]
-pub mod gemv_forward;
-#[cfg(target_os = "linux")]
-pub mod small_m;
 pub mod kv_cache;
 pub mod loader;
 pub mod model;
@@ -394,8 +391,7 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         *shared.state.write().unwrap() = s;
         shared.ready.notify_waiters();
     };
-    #[cfg(target_os = "linux")]
-    gemv_forward::install();
+    cpu_backend::install();
     mlx_rs::Device::set_default(&match device {
         DeviceKind::Gpu => mlx_rs::Device::gpu(),
         DeviceKind::Cpu => mlx_rs::Device::cpu(),

@@ -23,7 +23,7 @@ impl Quantized {
 pub enum Weight {
     /// `[out_features, in_features]`, contiguous: each output is a dot product with one
     /// contiguous row, which single-row decode (gemv) and batched decode
-    /// (`engine::small_m`) both stream once.
+    /// (`engine::cpu_backend::small_m`) both stream once.
     Dense(Array),
     /// `[out_features, in_features/pack]` as MLX quantizes.
     Quantized(Quantized),

@@ -24,7 +24,10 @@ pub fn available() -> bool {
 /// Raw pointers into rayon tasks; each task writes its own columns of `c`.
 #[derive(Clone, Copy)]
 struct Ptr<T>(T);
+// SAFETY: the pointers are only dereferenced inside `matmul_bt`, whose caller keeps the
+// matrices alive for the call; tasks read `a` and `b` and write disjoint columns of `c`.
 unsafe impl<T> Send for Ptr<T> {}
+// SAFETY: as for Send: shared reads, disjoint writes.
 unsafe impl<T> Sync for Ptr<T> {}
 
 /// # Safety
@@ -37,6 +40,8 @@ pub unsafe fn matmul_bt(a: *const f32, lda: usize, b: *const f32, ldb: usize, c:
         let (a, b, c) = (a, b, c);
         let columns = task * COLUMNS_PER_TASK..((task + 1) * COLUMNS_PER_TASK).min(n);
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller's matrices; this task's `columns` are its own; AVX2+FMA are
+        // available (the caller's contract).
         columns_avx2(a.0, lda, b.0, ldb, c.0, ldc, m, columns, k);
     });
 }
@@ -111,6 +116,7 @@ mod tests {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
             let b: Vec<f32> = (0..n * k).map(|i| ((i * 104729) % 89) as f32 / 89.0 - 0.5).collect();
             let mut c = vec![f32::NAN; m * n];
+            // SAFETY: the vectors have exactly the shapes passed, and AVX2+FMA were checked.
             unsafe { matmul_bt(a.as_ptr(), k, b.as_ptr(), k, c.as_mut_ptr(), n, m, n, k) };
             for i in 0..m {
                 for j in 0..n {

@@ -25,8 +25,10 @@ extern "C" {
 /// The next `cblas_sgemm` in symbol lookup order (OpenBLAS's).
 fn next_sgemm() -> Sgemm {
     static NEXT: OnceLock<usize> = OnceLock::new();
+    // SAFETY: dlsym with a NUL-terminated name has no other preconditions.
     let addr = *NEXT.get_or_init(|| unsafe { libc::dlsym(libc::RTLD_NEXT, c"cblas_sgemm".as_ptr()) as usize });
     assert!(addr != 0, "no BLAS provides cblas_sgemm");
+    // SAFETY: a non-null `cblas_sgemm` symbol is a function with the CBLAS signature.
     unsafe { std::mem::transmute::<usize, Sgemm>(addr) }
 }
 
@@ -42,19 +44,23 @@ pub unsafe extern "C" fn cblas_sgemm(
             // c[1,n] = a[1,k] . op(B)[k,n]: gemv over B.
             let incx = if trans_a == NO_TRANS { 1 } else { lda };
             let (t, rows, cols) = if trans_b == NO_TRANS { (TRANS, k, n) } else { (NO_TRANS, n, k) };
+            // SAFETY: the same matrices the caller vouched for, as one gemv over B.
             return cblas_sgemv(ROW_MAJOR, t, rows, cols, alpha, b, ldb, a, incx, beta, c, 1);
         }
         if (2..=small_m::MAX_ROWS as c_int).contains(&m) && trans_a == NO_TRANS && trans_b == TRANS && alpha == 1.0 && beta == 0.0 && small_m::available() {
             // c[m,n] = a[m,k] . b[n,k]^T with b the weights ([out, in]), read once.
+            // SAFETY: the caller's matrices, and AVX2+FMA were just checked.
             return small_m::matmul_bt(a, lda as usize, b, ldb as usize, c, ldc as usize, m as usize, n as usize, k as usize);
         }
         if n == 1 {
             // c[m,1] = op(A)[m,k] . b[k,1]: gemv over A.
             let incx = if trans_b == NO_TRANS { ldb } else { 1 };
             let (t, rows, cols) = if trans_a == NO_TRANS { (NO_TRANS, m, k) } else { (TRANS, k, m) };
+            // SAFETY: the same matrices the caller vouched for, as one gemv over A.
             return cblas_sgemv(ROW_MAJOR, t, rows, cols, alpha, a, lda, b, incx, beta, c, ldc);
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged to the BLAS's own sgemm.
     next_sgemm()(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
