@@ -26,8 +26,13 @@ else
   fi
 fi
 
+say "format and lints (rustfmt.toml; lints in Cargo.toml: every unsafe block documented)"
+# rustup's default profile has both; a minimal profile does not.
+if command -v rustup >/dev/null; then rustup component add rustfmt clippy 2>&1 | grep -v "is up to date" || true; fi
+cargo fmt --all --check
 # Tests run the release profile: the engine in a debug build is too slow to be useful.
 cargo build --release --workspace --bins
+cargo clippy --release --workspace --all-targets -- -D warnings
 ./target/release/mlxbar fetch-model >/dev/null
 ./target/release/mlxbar doctor
 cargo test --release --workspace --lib --bins --tests --no-fail-fast -- --test-threads=2
