@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Tiny random-weight models of every architecture mlxbar claims, with reference outputs
+computed by mlx-lm's own model classes (tests/architectures.rs checks mlxbar against them).
+
+Usage:
+  python make_tiny_models.py OUT_DIR      (scripts/make-tiny-models.sh runs it)
+
+For each model: mlx-lm builds the architecture from a config.json, every parameter is
+replaced by seeded normal noise (norm weights 1 + noise, so norms are not identities), and
+the folder is saved as MLX/HF does it (model.safetensors float32, config.json, a small
+byte-level BPE tokenizer.json made with the `tokenizers` package, tokenizer_config.json
+with a chat template). The model is then re-loaded from that folder with
+mlx_lm.utils.load_model, and for a few token-id sequences of different lengths the
+reference records the full-vocab float32 logits of the last prefill position and of
+DECODE_STEPS greedy decode steps through mlx-lm's KV cache (each step fed the argmax of the
+one before), plus the greedy ids. GGUF copies (gguf-py, llama.cpp's writer, with llama.cpp's
+tensor names and, for llama, its q/k row permutation and rope_freqs factors) hold the same
+weights and share the reference of their source folder.
+"""
+import importlib.metadata
+import json
+import math
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model, _get_classes
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+SEED = 20261201
+DECODE_STEPS = 6
+SEQUENCE_LENGTHS = [1, 13, 50]
+VOCAB = 320
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# A smallest top-2 logit gap below this would make the greedy ids hinge on rounding.
+MIN_TOP2_GAP = 1e-3
+
+BASE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 512,
+}
+# name -> (config overrides, what the model exercises)
+MODELS = {
+    "llama3-rope": ({
+        "model_type": "llama", "num_key_value_heads": 4, "head_dim": 16, "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        # original_max_position_embeddings 64 puts head_dim 16's wavelengths (6.3 .. 19869)
+        # on all three sides of the rule: one untouched, two blended, five stretched 8x.
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    }, "llama with Llama 3 RoPE frequency scaling, tied embeddings"),
+    "llama-gqa-untied": ({
+        "model_type": "llama", "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 500.0,
+        "tie_word_embeddings": False,
+    }, "llama with GQA (4 query heads over 2 kv heads) and an untied lm_head"),
+    "mistral": ({
+        "model_type": "mistral", "num_key_value_heads": 1, "head_dim": 16, "rope_theta": 1000000.0,
+        "tie_word_embeddings": False, "sliding_window": None,
+    }, "mistral (mlx-lm runs it as llama), one kv head, untied"),
+    "qwen2-bias": ({
+        "model_type": "qwen2", "num_key_value_heads": 2, "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+    }, "qwen2: q/k/v projection biases, GQA, tied"),
+    "qwen3-qknorm": ({
+        "model_type": "qwen3", "num_key_value_heads": 2, "head_dim": 32, "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+    }, "qwen3: per-head q/k RMS norms, head_dim 32 != hidden/heads, GQA, tied"),
+}
+# GGUF copies: folder name -> source model.
+GGUFS = {"qwen2-bias-gguf": "qwen2-bias", "qwen3-qknorm-gguf": "qwen3-qknorm", "llama3-rope-gguf": "llama3-rope"}
+
+CORPUS = (
+    "The lighthouse keeper climbed the stairs again, counting each step aloud. "
+    "Tiny models with random weights still have to agree with the reference, token by token. "
+    "def f(x):\n    return x * 2 + 1  # code 12345\n"
+    "Rotary positions, grouped queries, biases and norms: each one is checked here. "
+) * 8
+
+
+def make_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS], trainer=trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    return tok
+
+
+def randomize(model, key):
+    """Seeded normal weights large enough that attention is peaked and logits spread."""
+    params = tree_flatten(model.parameters())
+    keys = mx.random.split(key, len(params))
+    out = []
+    for (name, p), k in zip(params, keys):
+        if name.endswith("norm.weight") or "layernorm" in name:
+            v = 1.0 + 0.2 * mx.random.normal(p.shape, key=k)
+        elif name.endswith(".bias"):
+            v = 0.5 * mx.random.normal(p.shape, key=k)
+        elif "embed_tokens" in name or "lm_head" in name:
+            v = 0.5 * mx.random.normal(p.shape, key=k)
+        elif "q_proj" in name or "k_proj" in name:
+            v = 0.25 * mx.random.normal(p.shape, key=k)
+        else:
+            v = 0.15 * mx.random.normal(p.shape, key=k)
+        out.append((name, v.astype(mx.float32)))
+    model.update(tree_unflatten(out))
+    mx.eval(model.parameters())
+
+
+def build(name, overrides, out_dir: Path, tok: Tokenizer, key):
+    config = {**BASE, **overrides}
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    randomize(model, key)
+    d = out_dir / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(d / "model.safetensors"), weights, metadata={"format": "mlx"})
+    cfg = {**config, "architectures": [model_class.__module__.split(".")[-1]], "torch_dtype": "float32",
+           "bos_token_id": tok.token_to_id("<|endoftext|>"), "eos_token_id": tok.token_to_id("<|im_end|>")}
+    (d / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+        "add_bos_token": False, "chat_template": CHAT_TEMPLATE,
+    }, indent=1) + "\n")
+    return d
+
+
+def f32(a):
+    """Float32 values as JSON numbers that read back to the same float32."""
+    return [float(f"{x:.9g}") for x in np.array(a, dtype=np.float32).tolist()]
+
+
+def run(model, ids):
+    """Last-position prefill logits and DECODE_STEPS greedy steps through mlx-lm's KV cache."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([ids]), cache=cache)[0, -1].astype(mx.float32)
+    steps = [logits]
+    greedy = [int(mx.argmax(logits))]
+    for _ in range(DECODE_STEPS):
+        logits = model(mx.array([[greedy[-1]]]), cache=cache)[0, -1].astype(mx.float32)
+        steps.append(logits)
+        greedy.append(int(mx.argmax(logits)))
+    mx.eval(steps)
+    return steps, greedy
+
+
+def top2_gap(logits):
+    s = np.sort(np.array(logits))
+    return float(s[-1] - s[-2])
+
+
+def reference(d: Path, sequences, description):
+    model, config = load_model(d)
+    cases, min_gap = [], math.inf
+    for ids in sequences:
+        steps, greedy = run(model, ids)
+        min_gap = min(min_gap, *(top2_gap(s) for s in steps))
+        cases.append({"ids": ids, "prefill_logits": f32(steps[0]),
+                      "decode_logits": [f32(s) for s in steps[1:]], "greedy_ids": greedy})
+    assert min_gap > MIN_TOP2_GAP, f"{d.name}: top-2 logit gap {min_gap}"
+    spread = float(np.std(np.array(cases[-1]["prefill_logits"])))
+    ref = {
+        "how_made": " ".join(__doc__.split()),
+        "model": d.name,
+        "exercises": description,
+        "mlx_version": mx.__version__,
+        "mlx_lm_version": mlx_lm.__version__,
+        "python": platform.python_version(),
+        "device": str(mx.default_device()),
+        "seed": SEED,
+        "decode_steps": DECODE_STEPS,
+        "min_top2_gap": min_gap,
+        "logit_std_longest": spread,
+        "cases": cases,
+    }
+    if config.get("rope_scaling"):
+        # The scaling must matter for these sequences, or the test would not see it.
+        plain, _ = load_model(d, model_config={"rope_scaling": None})
+        longest = sequences[-1]
+        a = run(model, longest)[0][-1]
+        b = run(plain, longest)[0][-1]
+        ref["rope_scaling_effect_max_abs"] = float(mx.max(mx.abs(a - b)))
+        assert ref["rope_scaling_effect_max_abs"] > 0.05, ref["rope_scaling_effect_max_abs"]
+    (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+    return ref
+
+
+def llama_permute(w, heads):
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (HF rotate-half -> GGML pairs)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_factors(config):
+    """llama.cpp's rope_freqs.weight: per-pair divisors of the frequency."""
+    s, dim, base = config["rope_scaling"], config["head_dim"], config["rope_theta"]
+    factor, low, high, old = s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"]
+    out = []
+    for freq in 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)):
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write_gguf(src: Path, dst: Path, tok: Tokenizer):
+    import gguf
+
+    config = json.loads((src / "config.json").read_text())
+    arch = config["model_type"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    w = {k: np.array(v) for k, v in mx.load(str(src / "model.safetensors")).items()}
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    g = gguf.GGUFWriter(str(dst / "model.gguf"), arch)
+    g.add_name(dst.name)
+    g.add_context_length(config["max_position_embeddings"])
+    g.add_embedding_length(config["hidden_size"])
+    g.add_block_count(config["num_hidden_layers"])
+    g.add_feed_forward_length(config["intermediate_size"])
+    g.add_head_count(heads)
+    g.add_head_count_kv(kv_heads)
+    g.add_key_length(head_dim)
+    g.add_value_length(head_dim)
+    g.add_rope_dimension_count(head_dim)
+    g.add_rope_freq_base(config["rope_theta"])
+    g.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    g.add_file_type(gguf.LlamaFileType.ALL_F32)
+    vocab = tok.get_vocab()
+    tokens = sorted(vocab, key=vocab.get)
+    g.add_tokenizer_model("gpt2")
+    g.add_tokenizer_pre("default")
+    g.add_token_list(tokens)
+    g.add_token_types([gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens])
+    g.add_token_merges([" ".join(m) for m in json.loads(tok.to_str())["model"]["merges"]])
+    g.add_bos_token_id(tok.token_to_id("<|endoftext|>"))
+    g.add_eos_token_id(tok.token_to_id("<|im_end|>"))
+    g.add_add_bos_token(False)
+    g.add_chat_template(CHAT_TEMPLATE)
+    if config.get("rope_scaling"):
+        g.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for k in sorted(w):
+        a = w[k].astype(np.float32)
+        if k == "model.embed_tokens.weight":
+            name = "token_embd.weight"
+        elif k == "model.norm.weight":
+            name = "output_norm.weight"
+        elif k == "lm_head.weight":
+            name = "output.weight"
+        else:
+            layer, rest = k.removeprefix("model.layers.").split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            name = f"blk.{layer}.{names[module]}.{kind}"
+            # llama.cpp permutes llama-arch q/k (weights and biases) and no other arch's.
+            if arch in ("llama", "mistral") and module == "self_attn.q_proj":
+                a = llama_permute(a, heads)
+            elif arch in ("llama", "mistral") and module == "self_attn.k_proj":
+                a = llama_permute(a, kv_heads)
+        g.add_tensor(name, a)
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+
+
+def main():
+    out_dir = Path(sys.argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mx.set_default_device(mx.cpu)
+    tok = make_tokenizer()
+    rng = np.random.default_rng(SEED)
+    sequences = [rng.integers(0, VOCAB, size=n).tolist() for n in SEQUENCE_LENGTHS]
+    keys = mx.random.split(mx.random.key(SEED), len(MODELS))
+    for i, (name, (overrides, description)) in enumerate(MODELS.items()):
+        d = build(name, overrides, out_dir, tok, keys[i])
+        ref = reference(d, sequences, description)
+        print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, logit std {ref['logit_std_longest']:.3g}, "
+              f"greedy {[c['greedy_ids'] for c in ref['cases']]}"
+              + (f", rope scaling moves logits by {ref['rope_scaling_effect_max_abs']:.3g}" if "rope_scaling_effect_max_abs" in ref else ""))
+    for name, src in GGUFS.items():
+        write_gguf(out_dir / src, out_dir / name, tok)
+        ref = json.loads((out_dir / src / "reference.json").read_text())
+        ref["model"] = name
+        ref["gguf_from"] = src
+        ref["exercises"] += f"; as a GGUF (F32 tensors) written by gguf-py {importlib.metadata.version('gguf')}"
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: GGUF of {src}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+//! Every architecture README names runs a correct forward pass: tiny random-weight models
+//! of each (tests/data/tiny/, made by scripts/make-tiny-models.sh with mlx-lm's own model
+//! classes) load through the normal loader, and their prefill logits, their step-by-step
+//! decode logits through [`BatchKv`] (the path the server runs) and their greedy ids match
+//! mlx-lm's, one sequence at a time and with all sequences of a model in one batch.
+use std::path::{Path, PathBuf};
+
+use mlx_rs::Device;
+use mlxbar::engine::batch_kv::BatchKv;
+use mlxbar::engine::model::Model;
+use mlxbar::engine::{loader, sampling::argmax, WeightFormat};
+use serde_json::Value;
+
+/// Both sides run float32 MLX ops on the same weights; only the summation order differs
+/// (mlxbar fuses q|k|v and gate|up into one matmul each and multiplies through OpenBLAS).
+/// Measured differences are <= 4e-5 on logits of magnitude ~10 (std ~4); 2e-4 leaves a 5x margin
+/// and is still far below what any real error moves (a dropped bias or a RoPE position off
+/// by one moves them by > 0.1), and below the smallest top-2 gap the generator allows (1e-3).
+const TOLERANCE: f32 = 2e-4;
+
+/// One reference sequence: its ids, the logits after prefill and after each decode step
+/// (each fed the greedy id before it), and the greedy ids (`greedy[0]` from the prefill).
+struct Case {
+    ids: Vec<u32>,
+    prefill: Vec<f32>,
+    decode: Vec<Vec<f32>>,
+    greedy: Vec<u32>,
+}
+
+fn tiny_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny")
+}
+
+/// The model of folder `name` (its model.gguf when it has one) and its reference cases.
+fn load(name: &str) -> (Model, Vec<Case>) {
+    Device::set_default(&Device::cpu());
+    let dir = tiny_dir().join(name);
+    let gguf = dir.join("model.gguf");
+    let path = if gguf.exists() { gguf } else { dir.clone() };
+    let (model, codec, info) = loader::load(&path, WeightFormat::Float32).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    assert_eq!(codec.vocab_size(), info.vocab_size as usize, "{name}: tokenizer and model vocab");
+    assert_eq!(codec.decode(&codec.encode("Hello, tiny world!").unwrap()).unwrap(), "Hello, tiny world!", "{name}: tokenizer round trip");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let floats = |v: &Value| -> Vec<f32> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect() };
+    let cases = reference["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            ids: serde_json::from_value(c["ids"].clone()).unwrap(),
+            prefill: floats(&c["prefill_logits"]),
+            decode: c["decode_logits"].as_array().unwrap().iter().map(floats).collect(),
+            greedy: serde_json::from_value(c["greedy_ids"].clone()).unwrap(),
+        })
+        .collect();
+    (model, cases)
+}
+
+/// Max |got - want| over the whole vocabulary, asserted within [`TOLERANCE`].
+fn compare(what: &str, got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: vocab size");
+    let (at, diff) = got.iter().zip(want).map(|(g, w)| (g - w).abs()).enumerate().fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    assert!(diff < TOLERANCE, "{what}: logit of token {at} is {}, mlx-lm says {} (|diff| {diff:.2e})", got[at], want[at]);
+    diff
+}
+
+/// Checks one model end to end; prints the largest difference of each path.
+fn check(name: &str) {
+    let (model, cases) = load(name);
+    let vocab = model.config.vocab_size as usize;
+
+    // 1. Each sequence alone: prefill, then decode through its own one-row batch.
+    let mut worst = [0f32; 3];
+    for (n, case) in cases.iter().enumerate() {
+        let mut cache = model.new_cache();
+        let logits = model.forward(&case.ids, &mut cache).unwrap();
+        worst[0] = worst[0].max(compare(&format!("{name} seq {n} ({} tokens) prefill", case.ids.len()), logits.as_slice::<f32>(), &case.prefill));
+        assert_eq!(argmax(logits.as_slice::<f32>()), case.greedy[0], "{name} seq {n}: greedy id after prefill");
+        let mut batch = BatchKv::default();
+        batch.join(0, cache).unwrap();
+        for (step, want) in case.decode.iter().enumerate() {
+            let logits = model.decode(&[case.greedy[step]], &mut batch).unwrap();
+            let got = logits.as_slice::<f32>();
+            worst[1] = worst[1].max(compare(&format!("{name} seq {n} decode step {step}"), got, want));
+            assert_eq!(argmax(got), case.greedy[step + 1], "{name} seq {n}: greedy id of decode step {step}");
+        }
+    }
+
+    // 2. All sequences prefilled in one pass, then decoded in one batch that they join one
+    //    step apart and leave when done, as the server's engine moves them: rows of
+    //    different lengths, so padding, the mask and per-row RoPE positions all matter.
+    let mut caches: Vec<_> = cases.iter().map(|_| model.new_cache()).collect();
+    let parts: Vec<&[u32]> = cases.iter().map(|c| c.ids.as_slice()).collect();
+    let logits = model.prefill(&parts, &mut caches.iter_mut().collect::<Vec<_>>()).unwrap();
+    let logits = logits.as_slice::<f32>();
+    for (n, case) in cases.iter().enumerate() {
+        worst[0] = worst[0].max(compare(&format!("{name} seq {n} batched prefill"), &logits[n * vocab..(n + 1) * vocab], &case.prefill));
+    }
+    let mut waiting: Vec<_> = caches.into_iter().enumerate().map(|(n, c)| (n as u64, c)).collect();
+    waiting.reverse();
+    let mut steps_done = vec![0usize; cases.len()];
+    let mut batch = BatchKv::default();
+    let mut max_rows = 0;
+    while !waiting.is_empty() || !batch.ids().is_empty() {
+        if let Some((id, cache)) = waiting.pop() {
+            batch.join(id, cache).unwrap();
+        }
+        let rows: Vec<usize> = batch.ids().iter().map(|&id| id as usize).collect();
+        max_rows = max_rows.max(rows.len());
+        let tokens: Vec<u32> = rows.iter().map(|&n| cases[n].greedy[steps_done[n]]).collect();
+        let logits = model.decode(&tokens, &mut batch).unwrap();
+        let logits = logits.as_slice::<f32>();
+        for (r, &n) in rows.iter().enumerate() {
+            let step = steps_done[n];
+            let got = &logits[r * vocab..(r + 1) * vocab];
+            worst[2] = worst[2].max(compare(&format!("{name} seq {n} decode step {step} in a batch of {}", rows.len()), got, &cases[n].decode[step]));
+            assert_eq!(argmax(got), cases[n].greedy[step + 1], "{name} seq {n}: greedy id of batched decode step {step}");
+            steps_done[n] += 1;
+            if steps_done[n] == cases[n].decode.len() {
+                batch.leave(n as u64).unwrap();
+            }
+        }
+    }
+    assert_eq!(max_rows, cases.len(), "every sequence decoded in the batch at once at some step");
+    println!("{name}: max |diff| prefill {:.2e}, decode alone {:.2e}, decode batched {:.2e}", worst[0], worst[1], worst[2]);
+}
+
+/// The folders each test below covers; a new folder without a test fails here.
+const MODELS: [&str; 8] =
+    ["llama3-rope", "llama3-rope-gguf", "llama-gqa-untied", "mistral", "qwen2-bias", "qwen2-bias-gguf", "qwen3-qknorm", "qwen3-qknorm-gguf"];
+
+#[test]
+fn every_tiny_model_has_a_test() {
+    let mut found: Vec<String> = std::fs::read_dir(tiny_dir())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    let mut named: Vec<String> = MODELS.iter().map(|s| s.to_string()).collect();
+    named.sort();
+    assert_eq!(found, named);
+}
+
+#[test]
+fn llama_with_llama3_rope_scaling() {
+    check("llama3-rope");
+}
+
+#[test]
+fn llama_gguf_with_rope_freqs_and_permuted_qk() {
+    check("llama3-rope-gguf");
+}
+
+#[test]
+fn llama_with_gqa_and_untied_embeddings() {
+    check("llama-gqa-untied");
+}
+
+#[test]
+fn mistral() {
+    check("mistral");
+}
+
+#[test]
+fn qwen2_with_qkv_biases() {
+    check("qwen2-bias");
+}
+
+#[test]
+fn qwen2_gguf_with_qkv_biases() {
+    check("qwen2-bias-gguf");
+}
+
+#[test]
+fn qwen3_with_qk_norms() {
+    check("qwen3-qknorm");
+}
+
+#[test]
+fn qwen3_gguf_with_qk_norms() {
+    check("qwen3-qknorm-gguf");
+}
