@@ -137,6 +137,10 @@ struct HfConfig {
     tie_word_embeddings: Option<bool>,
     #[serde(default = "default_ctx")]
     max_position_embeddings: usize,
+    /// Mistral v0.1's sliding-window attention (qwen2 names one too, switched off by
+    /// `use_sliding_window: false`).
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
     quantization: Option<serde_json::Value>,
 }
 fn default_eps() -> f32 {
@@ -202,7 +206,12 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
         // HF's default: llama/mistral untie, but checkpoints say so explicitly; a missing
         // lm_head weight also means tied (checked by the loader).
         tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
-        max_position_embeddings: hf.max_position_embeddings,
+        // Attention here is over the whole context; within the window that is exactly what a
+        // sliding-window model computes, so the context stops at the window.
+        max_position_embeddings: match (hf.sliding_window, hf.use_sliding_window) {
+            (Some(w), None | Some(true)) => hf.max_position_embeddings.min(w),
+            _ => hf.max_position_embeddings,
+        },
     };
     cfg.validate()?;
     Ok((cfg, quant))
@@ -261,5 +270,16 @@ mod tests {
         let gpt2 = r#"{"model_type":"gpt2","n_embd":768,"n_head":12,"n_layer":12,"vocab_size":50257}"#;
         let err = format!("{:#}", from_hf_config(gpt2).unwrap_err());
         assert!(err.contains("unsupported architecture 'gpt2'"), "{err}");
+    }
+
+    #[test]
+    fn a_sliding_window_bounds_the_context_unless_switched_off() {
+        let base = r#"{"model_type":"mistral","hidden_size":64,"num_hidden_layers":2,"intermediate_size":128,
+            "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":320,"max_position_embeddings":32768"#;
+        let ctx = |extra: &str| from_hf_config(&format!("{base}{extra}}}")).unwrap().0.max_position_embeddings;
+        assert_eq!(ctx(""), 32768);
+        assert_eq!(ctx(r#","sliding_window":null"#), 32768);
+        assert_eq!(ctx(r#","sliding_window":4096"#), 4096);
+        assert_eq!(ctx(r#","sliding_window":4096,"use_sliding_window":false"#), 32768);
     }
 }
