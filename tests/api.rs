@@ -3,7 +3,6 @@ mod common;
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use serde_json::{json, Value};
 
 fn client() -> reqwest::Client {
@@ -18,12 +17,6 @@ async fn post(path: &str, body: Value) -> (u16, Value) {
 
 fn chat(content: &str) -> Value {
     json!({"messages": [{"role": "user", "content": content}], "temperature": 0})
-}
-
-/// Reads an SSE body into its `data:` payloads.
-async fn sse_events(resp: reqwest::Response) -> Vec<String> {
-    let text = resp.text().await.unwrap();
-    text.split("\n\n").filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string)).collect()
 }
 
 /// Sends only the head of a POST that declares `length` bytes, and reads the answer.
@@ -117,13 +110,11 @@ async fn chat_stream_has_openai_chunks_usage_and_done() {
     let resp = client().post(format!("{}/v1/chat/completions", common::server())).json(&body).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-    let events = sse_events(resp).await;
-    assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let chunks = common::sse_chunks(resp).await;
     let id = chunks[0]["id"].as_str().unwrap();
     assert!(chunks.iter().all(|c| c["id"] == id && c["object"] == "chat.completion.chunk"));
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let text: String = chunks.iter().map(common::chunk_text).collect();
     assert_eq!(text, "The capital of France is Paris.");
     let finish = &chunks[chunks.len() - 2];
     assert_eq!(finish["choices"][0]["finish_reason"], "stop");
@@ -150,11 +141,9 @@ async fn text_completions_stream_and_not() {
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
     let resp = client().post(format!("{}/v1/completions", common::server())).json(&streamed).send().await.unwrap();
-    let events = sse_events(resp).await;
-    assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let chunks = common::sse_chunks(resp).await;
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
-    let joined: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    let joined: String = chunks.iter().map(common::chunk_text).collect();
     assert_eq!(joined, text);
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
 
@@ -276,11 +265,8 @@ async fn a_disconnected_stream_stops_its_generation() {
     body["max_tokens"] = json!(4000); // minutes of work if it were not cancelled
     body["temperature"] = json!(0.8);
     let resp = c.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
-    let mut stream = resp.bytes_stream();
-    let mut seen = String::new();
-    while seen.matches("\"content\":\"").count() < 3 {
-        seen.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
-    }
+    let mut stream = common::sse(resp);
+    common::read_tokens(&mut stream, 2).await;
     let health: Value = c.get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
     assert_eq!(health["queue"]["running"], 1);
     drop(stream);
@@ -305,11 +291,8 @@ async fn a_full_queue_answers_429_with_retry_after() {
     // 1: running. The role chunk goes out before the engine takes the request; a token
     // chunk after it means the engine has it.
     let running = c.post(format!("{base}/v1/chat/completions")).json(&long).send().await.unwrap();
-    let mut running = running.bytes_stream();
-    let mut seen = String::new();
-    while seen.matches("\"content\":\"").count() < 2 {
-        seen.push_str(&String::from_utf8_lossy(&running.next().await.unwrap().unwrap()));
-    }
+    let mut running = common::sse(running);
+    common::read_tokens(&mut running, 1).await;
     // Then more streams: the engine drains its queue (capacity 1) once a step, so one of
     // them finds it full. The ones queued are held open.
     let mut held = vec![];
