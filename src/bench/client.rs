@@ -145,4 +145,24 @@ mod tests {
         // gaps.len() == 1: both content chunks were seen, though neither ended in "\n\n"
         // and one split its JSON over two lines.
     }
+
+    #[test]
+    fn https_targets_get_past_the_client_builder() {
+        // reqwest is built with rustls: an https URL is a connection attempt (refused here,
+        // nothing listens on the port), not a scheme the client cannot speak.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let t = Target::parse(&format!("https://127.0.0.1:{port}")).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let err = rt.block_on(reqwest::Client::new().get(format!("{}/v1/models", t.base_url)).send()).unwrap_err();
+        // Without TLS the connector refuses the scheme itself ("invalid URL, scheme is not
+        // http"), also a connect error: only a refused TCP connection shows it tried.
+        let mut source: Option<&dyn std::error::Error> = Some(&err);
+        let refused = std::iter::from_fn(|| {
+            let e = source?;
+            source = e.source();
+            Some(e)
+        })
+        .any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused));
+        assert!(err.is_connect() && refused, "{err:?}");
+    }
 }
