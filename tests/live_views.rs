@@ -65,7 +65,19 @@ async fn snapshot_and_stream_follow_a_request() {
     assert_eq!(snap["timings"]["ttft_seconds"]["count"], 1);
     assert_eq!(snap["timings"]["window_minutes"], 5);
     assert_eq!(snap["scheduler"]["queue_capacity"], 64);
-    assert!(snap["scheduler"]["tokens_per_second"].as_f64().unwrap() >= 0.0);
+    // The scheduler's rate covers the last whole seconds: it shows the answer's tokens
+    // once their second is over, and no more of them than there were.
+    let generated = answer["usage"]["completion_tokens"].as_f64().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let rate = loop {
+        let s: Value = client.get(format!("{base}/api/metrics/snapshot")).send().await.unwrap().json().await.unwrap();
+        let rate = s["scheduler"]["tokens_per_second"].as_f64().unwrap();
+        if rate > 0.0 || std::time::Instant::now() > deadline {
+            break rate;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(rate > 0.0 && rate <= generated, "{rate} tokens/s after {generated} tokens");
     let series = &snap["throughput"];
     let len = series["tokens_per_second"].as_array().unwrap().len();
     assert!(series["running"].as_array().unwrap().len() == len && series["waiting"].as_array().unwrap().len() == len);
