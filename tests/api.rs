@@ -3,7 +3,6 @@ mod common;
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use serde_json::{json, Value};
 
 fn client() -> reqwest::Client {
@@ -18,12 +17,6 @@ async fn post(path: &str, body: Value) -> (u16, Value) {
 
 fn chat(content: &str) -> Value {
     json!({"messages": [{"role": "user", "content": content}], "temperature": 0})
-}
-
-/// Reads an SSE body into its `data:` payloads.
-async fn sse_events(resp: reqwest::Response) -> Vec<String> {
-    let text = resp.text().await.unwrap();
-    text.split("\n\n").filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string)).collect()
 }
 
 /// Sends only the head of a POST that declares `length` bytes, and reads the answer.
@@ -117,13 +110,11 @@ async fn chat_stream_has_openai_chunks_usage_and_done() {
     let resp = client().post(format!("{}/v1/chat/completions", common::server())).json(&body).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-    let events = sse_events(resp).await;
-    assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let chunks = common::sse_chunks(resp).await;
     let id = chunks[0]["id"].as_str().unwrap();
     assert!(chunks.iter().all(|c| c["id"] == id && c["object"] == "chat.completion.chunk"));
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let text: String = chunks.iter().map(common::chunk_text).collect();
     assert_eq!(text, "The capital of France is Paris.");
     let finish = &chunks[chunks.len() - 2];
     assert_eq!(finish["choices"][0]["finish_reason"], "stop");
@@ -143,18 +134,20 @@ async fn text_completions_stream_and_not() {
     assert!(out["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(out["object"], "text_completion");
     let text = out["choices"][0]["text"].as_str().unwrap().to_string();
-    assert!(!text.is_empty());
+    // Greedy goes on from the prompt, and its first two tokens are the 2-token answer.
+    assert!(text.starts_with(" Paris"), "{text:?}");
+    let (_, two) = post("/v1/completions", json!({"prompt": "The capital of France is", "max_tokens": 2, "temperature": 0})).await;
+    let two = two["choices"][0]["text"].as_str().unwrap();
+    assert!(!two.is_empty() && text.len() > two.len() && text.starts_with(two), "{two:?} then {text:?}");
     assert_eq!(out["usage"]["completion_tokens"], 4);
     assert_eq!(out["choices"][0]["finish_reason"], "length");
 
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
     let resp = client().post(format!("{}/v1/completions", common::server())).json(&streamed).send().await.unwrap();
-    let events = sse_events(resp).await;
-    assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let chunks = common::sse_chunks(resp).await;
     assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
-    let joined: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    let joined: String = chunks.iter().map(common::chunk_text).collect();
     assert_eq!(joined, text);
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
 
@@ -266,32 +259,50 @@ async fn engine_failure_is_a_500_and_the_server_keeps_serving() {
     assert_eq!(body["choices"][0]["message"]["content"], "The capital of France is Paris.");
 }
 
+/// The sum of a metric's samples in the server's Prometheus text that carry all `labels`.
+async fn sample(base: &str, metric: &str, labels: &[&str]) -> f64 {
+    let text = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| series.split('{').next() == Some(metric) && labels.iter().all(|l| series.contains(l)))
+        .map(|(_, v)| v.parse::<f64>().unwrap())
+        .sum()
+}
+
 #[tokio::test]
 async fn a_disconnected_stream_stops_its_generation() {
-    // A server of its own, so no other test's requests interleave.
+    // A server of its own, so its engine steps are this request's alone.
     let base = common::start_server(common::test_config());
     let c = client();
     let mut body = chat("Write a very long story about the ocean.");
     body["stream"] = json!(true);
-    body["max_tokens"] = json!(4000); // minutes of work if it were not cancelled
-    body["temperature"] = json!(0.8);
+    body["max_tokens"] = json!(4000); // minutes of work, hundreds of tokens, if it went on
     let resp = c.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
-    let mut stream = resp.bytes_stream();
-    let mut seen = String::new();
-    while seen.matches("\"content\":\"").count() < 3 {
-        seen.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
-    }
+    let mut stream = common::sse(resp);
+    common::read_tokens(&mut stream, 2).await;
     let health: Value = c.get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
     assert_eq!(health["queue"]["running"], 1);
+    let steps_before = sample(&base, "mlxbar_engine_steps_total", &[]).await;
     drop(stream);
-    // The engine serves one request at a time: this one can only finish once the
-    // abandoned one stopped (it would otherwise run for minutes past the client timeout).
-    let quick = client().post(format!("{base}/v1/chat/completions")).timeout(Duration::from_secs(30));
-    let resp = quick.json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})).send().await.unwrap();
+    // The engine drops it within a few steps (one step decodes one token for each running
+    // request), and it is counted as cancelled with its KV released.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let health: Value = c.get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
+        if health["queue"]["running"] == 0 && health["queue"]["waiting"] == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the abandoned request still runs: {health}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let steps = sample(&base, "mlxbar_engine_steps_total", &[]).await - steps_before;
+    assert!(steps < 16.0, "{steps} engine steps ran after the client left");
+    assert_eq!(sample(&base, "mlxbar_requests_total", &[r#"result="cancelled""#, r#"stream="true""#]).await, 1.0);
+    assert_eq!(sample(&base, "mlxbar_requests_total", &[]).await, 1.0, "and nothing else ended");
+    assert_eq!(sample(&base, "mlxbar_kv_cache_tokens", &[]).await, 0.0, "its KV is released");
+    // and the server goes on serving
+    let resp = c.post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    let health: Value = c.get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
-    assert_eq!(health["queue"]["running"], 0);
-    assert_eq!(health["queue"]["waiting"], 0);
 }
 
 #[tokio::test]
@@ -305,11 +316,8 @@ async fn a_full_queue_answers_429_with_retry_after() {
     // 1: running. The role chunk goes out before the engine takes the request; a token
     // chunk after it means the engine has it.
     let running = c.post(format!("{base}/v1/chat/completions")).json(&long).send().await.unwrap();
-    let mut running = running.bytes_stream();
-    let mut seen = String::new();
-    while seen.matches("\"content\":\"").count() < 2 {
-        seen.push_str(&String::from_utf8_lossy(&running.next().await.unwrap().unwrap()));
-    }
+    let mut running = common::sse(running);
+    common::read_tokens(&mut running, 1).await;
     // Then more streams: the engine drains its queue (capacity 1) once a step, so one of
     // them finds it full. The ones queued are held open.
     let mut held = vec![];

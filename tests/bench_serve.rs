@@ -201,6 +201,15 @@ fn cli(data_dir: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// The body rows of the CLI's Markdown table, as trimmed cells.
+fn table_rows(table: &str) -> Vec<Vec<String>> {
+    table
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("| cell ") && !l.starts_with("|---"))
+        .map(|l| l.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect())
+        .collect()
+}
+
 #[test]
 fn cli_targets_and_compares_other_servers() {
     let dir = data_dir(&[("tiny", TINY)]);
@@ -223,12 +232,18 @@ fn cli_targets_and_compares_other_servers() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("aggregate × vs first"), "{table}");
-    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| 2×48→12 |")).collect();
-    assert_eq!(rows.len(), 2, "{table}");
-    assert!(rows[0].contains("| first |") && rows[0].ends_with("| 1.00 | 1.00 |"), "{table}");
-    assert!(rows[1].contains("| second |"), "{table}");
+    // --concurrency 2 replaced the profile's [1, 2]: one cell, on both servers.
+    let rows = table_rows(&table);
+    let cells: Vec<(&str, &str)> = rows.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    assert_eq!(cells, [("2×48→12", "first"), ("2×48→12", "second")], "{table}");
+    assert_eq!((rows[0][10].as_str(), rows[0][11].as_str()), ("1.00", "1.00"), "{table}");
 
     let out = cli(dir.path(), &["--profile", "tiny", "--target", "http://127.0.0.1:1"]);
     assert!(!out.status.success(), "an unreachable target fails the run");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("| 2 |"), "errors are counted per cell");
+    // Errors are counted per cell: every timed request of the plan's cells (1 and 2
+    // streams, one round each; warm-ups not counted).
+    let table = String::from_utf8(out.stdout).unwrap();
+    let cells: Vec<(String, String)> = table_rows(&table).into_iter().map(|r| (r[0].clone(), r[9].clone())).collect();
+    let want = [("1×48→12", "1"), ("2×48→12", "2")].map(|(c, e)| (c.to_string(), e.to_string()));
+    assert_eq!(cells, want, "{table}");
 }

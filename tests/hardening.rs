@@ -45,18 +45,15 @@ async fn until<T>(what: &str, secs: u64, mut check: impl AsyncFnMut() -> Option<
     }
 }
 
-/// Starts a streamed chat and returns its byte stream once a token has arrived (the
+/// Starts a streamed chat and returns its event stream once a token has arrived (the
 /// engine has admitted it).
-async fn stream_until_token(base: &str, body: Value) -> impl futures::Stream<Item = reqwest::Result<axum::body::Bytes>> {
+async fn stream_until_token(base: &str, body: Value) -> common::Sse {
     let mut body = body;
     body["stream"] = json!(true);
     let resp = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    let mut stream = Box::pin(resp.bytes_stream());
-    let mut seen = String::new();
-    while !seen.contains("\"content\":\"") || seen.matches("data: ").count() < 2 {
-        seen.push_str(&String::from_utf8_lossy(&stream.next().await.expect("stream ended early").unwrap()));
-    }
+    let mut stream = common::sse(resp);
+    common::read_tokens(&mut stream, 1).await;
     stream
 }
 
@@ -268,9 +265,10 @@ async fn a_client_leaving_during_prefill_stops_it_and_frees_its_kv() {
     // ~6,000 prompt tokens: 12 prefill chunks of 512.
     let prompt = "ocean ".repeat(6000);
     let resp = client().post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "stream": true})).send().await.unwrap();
-    let mut stream = resp.bytes_stream();
+    let mut stream = common::sse(resp);
     // The role chunk goes out at once; the prompt is being prefilled now.
-    let _ = stream.next().await.unwrap().unwrap();
+    let role: Value = serde_json::from_str(&stream.next().await.unwrap().data).unwrap();
+    assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
     until("the engine to take the request", 30, async || (get_json(&format!("{base}/health")).await.1["queue"]["running"] == 1).then_some(())).await;
     drop(stream);
     until("the request to end", 60, async || (get_json(&format!("{base}/health")).await.1["queue"]["running"] == 0).then_some(())).await;

@@ -6,23 +6,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-/// The next `snapshot` event of an SSE body (heartbeat comments skipped).
-async fn next_snapshot<S, B, E>(body: &mut S, buf: &mut String) -> Value
-where
-    S: futures::Stream<Item = Result<B, E>> + Unpin,
-    B: AsRef<[u8]>,
-    E: std::fmt::Debug,
-{
+/// The next `snapshot` event of the SSE stream (heartbeats and other events skipped).
+async fn next_snapshot(events: &mut common::Sse) -> Value {
     loop {
-        if let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            if event.starts_with("event: snapshot") {
-                let data = event.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
-                return serde_json::from_str(data).unwrap();
-            }
-            continue;
+        let event = events.next().await.expect("the snapshot stream ended");
+        if event.event == "snapshot" {
+            return serde_json::from_str(&event.data).unwrap();
         }
-        buf.push_str(&String::from_utf8_lossy(body.next().await.unwrap().unwrap().as_ref()));
     }
 }
 
@@ -35,9 +25,8 @@ async fn snapshot_and_stream_follow_a_request() {
     // The stream opens with a snapshot.
     let resp = client.get(format!("{base}/api/metrics/stream")).send().await.unwrap();
     assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-    let mut body = resp.bytes_stream();
-    let mut buf = String::new();
-    let first = next_snapshot(&mut body, &mut buf).await;
+    let mut body = common::sse(resp);
+    let first = next_snapshot(&mut body).await;
     assert_eq!(first["scheduler"]["running"], 0);
     assert_eq!(first["timings"]["ttft_seconds"]["count"], 0);
     assert_eq!(first["models"][0]["info"]["id"], "SmolLM2-135M-Instruct.Q4_1");
@@ -52,7 +41,7 @@ async fn snapshot_and_stream_follow_a_request() {
     });
     let mut snapshots = vec![first];
     loop {
-        let s = next_snapshot(&mut body, &mut buf).await;
+        let s = next_snapshot(&mut body).await;
         let finished = s["timings"]["ttft_seconds"]["count"] == 1;
         snapshots.push(s);
         if finished {
@@ -76,7 +65,19 @@ async fn snapshot_and_stream_follow_a_request() {
     assert_eq!(snap["timings"]["ttft_seconds"]["count"], 1);
     assert_eq!(snap["timings"]["window_minutes"], 5);
     assert_eq!(snap["scheduler"]["queue_capacity"], 64);
-    assert!(snap["scheduler"]["tokens_per_second"].as_f64().unwrap() >= 0.0);
+    // The scheduler's rate covers the last whole seconds: it shows the answer's tokens
+    // once their second is over, and no more of them than there were.
+    let generated = answer["usage"]["completion_tokens"].as_f64().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let rate = loop {
+        let s: Value = client.get(format!("{base}/api/metrics/snapshot")).send().await.unwrap().json().await.unwrap();
+        let rate = s["scheduler"]["tokens_per_second"].as_f64().unwrap();
+        if rate > 0.0 || std::time::Instant::now() > deadline {
+            break rate;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(rate > 0.0 && rate <= generated, "{rate} tokens/s after {generated} tokens");
     let series = &snap["throughput"];
     let len = series["tokens_per_second"].as_array().unwrap().len();
     assert!(series["running"].as_array().unwrap().len() == len && series["waiting"].as_array().unwrap().len() == len);
@@ -113,14 +114,11 @@ async fn snapshot_and_stream_follow_a_request() {
     // A client that leaves mid-stream is counted as cancelled, with what it got.
     let stream_req = json!({"messages": [{"role": "user", "content": "Count to one hundred."}], "max_tokens": 200, "temperature": 0, "stream": true});
     let resp = client.post(format!("{base}/v1/chat/completions")).json(&stream_req).send().await.unwrap();
-    let mut tokens = resp.bytes_stream();
-    let mut seen = String::new();
-    while !seen.contains("\"content\":\"") || seen.matches("data: ").count() < 3 {
-        seen.push_str(&String::from_utf8_lossy(&tokens.next().await.unwrap().unwrap()));
-    }
+    let mut tokens = common::sse(resp);
+    common::read_tokens(&mut tokens, 2).await;
     drop(tokens);
     let cancelled = loop {
-        let s = next_snapshot(&mut body, &mut buf).await;
+        let s = next_snapshot(&mut body).await;
         if s["requests"]["by_result"]["cancelled"] == 1 {
             break s;
         }

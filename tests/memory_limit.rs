@@ -19,11 +19,8 @@ async fn a_request_beyond_the_memory_limit_gets_507_and_others_go_on() {
     // A stream that is running when the big one comes.
     let body = json!({"messages": [{"role": "user", "content": "Write a poem about the sea."}], "max_tokens": 24, "temperature": 0, "stream": true});
     let resp = http.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
-    let mut stream = resp.bytes_stream();
-    let mut text = String::new();
-    while !text.contains("\"content\":\"") || text.matches("data: ").count() < 2 {
-        text.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
-    }
+    let mut stream = common::sse(resp);
+    common::read_tokens(&mut stream, 1).await;
 
     let big = json!({"messages": [{"role": "user", "content": "ocean ".repeat(6000)}], "max_tokens": 16});
     let r = http.post(format!("{base}/v1/chat/completions")).json(&big).send().await.unwrap();
@@ -33,10 +30,9 @@ async fn a_request_beyond_the_memory_limit_gets_507_and_others_go_on() {
     let msg = e["error"]["message"].as_str().unwrap();
     assert!(msg.contains("MB") && msg.contains("memory limit"), "{msg}");
 
-    while let Some(chunk) = stream.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-    }
-    assert!(text.contains("\"finish_reason\":\"length\"") && text.trim_end().ends_with("data: [DONE]"), "the other stream finished: {text}");
+    let rest: Vec<String> = stream.map(|e| e.data).collect().await;
+    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"), "the other stream finished: {rest:?}");
+    assert!(rest.iter().any(|d| d.contains("\"finish_reason\":\"length\"")), "{rest:?}");
     let r = http.post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})).send().await.unwrap();
     assert_eq!(r.status(), 200, "and the server goes on");
 }

@@ -90,11 +90,8 @@ async fn sigterm_lets_in_flight_streams_finish_then_exits_0() {
     let http = reqwest::Client::new();
     let body = json!({"messages": [{"role": "user", "content": "Write a poem about the sea."}], "max_tokens": 40, "temperature": 0, "stream": true});
     let resp = http.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
-    let mut stream = resp.bytes_stream();
-    let mut text = String::new();
-    while text.matches("\"content\":\"").count() < 2 {
-        text.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
-    }
+    let mut stream = common::sse(resp);
+    common::read_tokens(&mut stream, 1).await;
     // SAFETY: kill(2) on our own child's pid, with a valid signal number.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     // Draining: /health says so, new generation requests get 503.
@@ -112,10 +109,9 @@ async fn sigterm_lets_in_flight_streams_finish_then_exits_0() {
     assert!(refused.headers().contains_key("retry-after"));
     assert_eq!(refused.json::<Value>().await.unwrap()["error"]["code"], "shutting_down");
     // The stream in flight runs to its end.
-    while let Some(chunk) = stream.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-    }
-    assert!(text.contains("\"finish_reason\":\"length\"") && text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let rest: Vec<String> = stream.map(|e| e.data).collect().await;
+    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"), "{rest:?}");
+    assert!(rest.iter().any(|d| d.contains("\"finish_reason\":\"length\"")), "{rest:?}");
     let status = tokio::task::spawn_blocking(move || wait_exit(&mut child, 60)).await.unwrap();
     let log = log.join().unwrap();
     assert!(status.success(), "exit {status:?}\n{log}");

@@ -82,12 +82,10 @@ async fn prometheus_scrapes_counters_and_histograms() {
         let body = json!({"messages": [{"role": "user", "content": format!("Count to {}.", i + 3)}], "max_tokens": 8, "temperature": 0, "stream": stream, "stream_options": {"include_usage": true}});
         let resp = client.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
         assert_eq!(resp.status(), 200);
-        let text = resp.text().await.unwrap();
         let usage: Value = if stream {
-            let last = text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).filter(|d| *d != "[DONE]").last().unwrap();
-            serde_json::from_str::<Value>(last).unwrap()["usage"].clone()
+            common::sse_chunks(resp).await.last().unwrap()["usage"].clone()
         } else {
-            serde_json::from_str::<Value>(&text).unwrap()["usage"].clone()
+            resp.json::<Value>().await.unwrap()["usage"].clone()
         };
         generated += usage["completion_tokens"].as_u64().unwrap();
     }

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -56,40 +57,45 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
     if !resp.status().is_success() {
         bail!("{}: HTTP {}: {}", t.label, resp.status(), resp.text().await.unwrap_or_default());
     }
-    let mut stream = resp.bytes_stream();
-    let mut buf = Vec::<u8>::new();
+    read_timed_stream(&t.label, resp.bytes_stream(), start).await
+}
+
+/// Times a completion's SSE body (any byte stream: a response, or a test's bytes), parsed
+/// by eventsource-stream: LF or CRLF line ends, multi-line `data:`, comments.
+async fn read_timed_stream<S, B, E>(label: &str, body: S, start: Instant) -> Result<RunTiming>
+where
+    S: futures::Stream<Item = std::result::Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+    E: std::fmt::Display + std::fmt::Debug + Send + Sync + 'static,
+{
+    let mut events = body.eventsource();
     let (mut first, mut last, mut chunks, mut usage_tokens, mut prompt_tokens) = (None, None::<Instant>, 0usize, None, None);
     let mut gaps = Vec::new();
-    'read: while let Some(bytes) = stream.next().await {
-        buf.extend_from_slice(&bytes?);
-        while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..pos + 2).collect();
-            for line in String::from_utf8_lossy(&event).lines() {
-                let Some(data) = line.strip_prefix("data:").map(str::trim) else { continue };
-                if data == "[DONE]" {
-                    break 'read;
-                }
-                let v: Value = serde_json::from_str(data).with_context(|| format!("{}: bad chunk {data}", t.label))?;
-                if let Some(n) = v.pointer("/usage/completion_tokens").and_then(Value::as_u64) {
-                    usage_tokens = Some(n as usize);
-                }
-                if let Some(n) = v.pointer("/usage/prompt_tokens").and_then(Value::as_u64) {
-                    prompt_tokens = Some(n as usize);
-                }
-                let content = v.pointer("/choices/0/delta/content").and_then(Value::as_str).unwrap_or("");
-                if !content.is_empty() {
-                    let now = Instant::now();
-                    first.get_or_insert(now);
-                    if let Some(prev) = last {
-                        gaps.push(now - prev);
-                    }
-                    last = Some(now);
-                    chunks += 1;
-                }
+    while let Some(event) = events.next().await {
+        let event = event.with_context(|| format!("{label}: reading the stream"))?;
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data).with_context(|| format!("{label}: bad chunk {data}"))?;
+        if let Some(n) = v.pointer("/usage/completion_tokens").and_then(Value::as_u64) {
+            usage_tokens = Some(n as usize);
+        }
+        if let Some(n) = v.pointer("/usage/prompt_tokens").and_then(Value::as_u64) {
+            prompt_tokens = Some(n as usize);
+        }
+        let content = v.pointer("/choices/0/delta/content").and_then(Value::as_str).unwrap_or("");
+        if !content.is_empty() {
+            let now = Instant::now();
+            first.get_or_insert(now);
+            if let Some(prev) = last {
+                gaps.push(now - prev);
             }
+            last = Some(now);
+            chunks += 1;
         }
     }
-    let (Some(first), Some(last)) = (first, last) else { bail!("{}: no tokens streamed", t.label) };
+    let (Some(first), Some(last)) = (first, last) else { bail!("{label}: no tokens streamed") };
     // Servers that send no usage in streams (llama-cpp-python) send one chunk per token.
     let tokens = usage_tokens.unwrap_or(chunks).max(chunks);
     let decode = (last - first).as_secs_f64();
@@ -105,7 +111,14 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
 
 #[cfg(test)]
 mod tests {
-    use super::Target;
+    use std::time::Instant;
+
+    use super::{read_timed_stream, Target};
+
+    /// Feeds `parts` as a body's byte chunks.
+    fn body(parts: &[&'static str]) -> impl futures::Stream<Item = Result<&'static [u8], std::convert::Infallible>> + Unpin {
+        futures::stream::iter(parts.iter().map(|p| Ok(p.as_bytes())).collect::<Vec<_>>())
+    }
 
     #[test]
     fn parses_target_specs() {
@@ -114,5 +127,42 @@ mod tests {
         let t = Target::parse("http://127.0.0.1:9000/").unwrap();
         assert_eq!((t.label.as_str(), t.model.as_str()), ("http://127.0.0.1:9000", "default"));
         assert!(Target::parse("localhost:9000").is_err());
+    }
+
+    #[tokio::test]
+    async fn reads_crlf_events_and_multi_line_data() {
+        // CRLF line ends, an event split across chunks, a comment, and a chunk whose JSON
+        // spans two `data:` lines (joined with a newline, which JSON takes as whitespace).
+        let parts = [
+            ": keep-alive\r\n\r\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\r\n\r",
+            "\ndata: {\"choices\":[{\"delta\":\r\ndata: {\"content\":\"lo\"}}]}\r\n\r\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\n",
+            "data: [DONE]\r\n\r\n",
+        ];
+        let t = read_timed_stream("test", body(&parts), Instant::now()).await.unwrap();
+        assert_eq!((t.completion_tokens, t.prompt_tokens, t.gaps.len()), (2, Some(9), 1));
+        // gaps.len() == 1: both content chunks were seen, though neither ended in "\n\n"
+        // and one split its JSON over two lines.
+    }
+
+    #[test]
+    fn https_targets_get_past_the_client_builder() {
+        // reqwest is built with rustls: an https URL is a connection attempt (refused here,
+        // nothing listens on the port), not a scheme the client cannot speak.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let t = Target::parse(&format!("https://127.0.0.1:{port}")).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let err = rt.block_on(reqwest::Client::new().get(format!("{}/v1/models", t.base_url)).send()).unwrap_err();
+        // Without TLS the connector refuses the scheme itself ("invalid URL, scheme is not
+        // http"), also a connect error: only a refused TCP connection shows it tried.
+        let mut source: Option<&dyn std::error::Error> = Some(&err);
+        let refused = std::iter::from_fn(|| {
+            let e = source?;
+            source = e.source();
+            Some(e)
+        })
+        .any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused));
+        assert!(err.is_connect() && refused, "{err:?}");
     }
 }

@@ -54,37 +54,74 @@ mod platform {
     }
 }
 
-#[cfg(not(target_os = "macos"))]
+#[cfg(target_os = "linux")]
 mod platform {
+    use procfs::Current;
+
     pub fn chip() -> Option<String> {
-        let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-        super::field(&text, "model name", ':')
+        super::chip_of(&procfs::CpuInfo::current().ok()?)
     }
 
     pub fn os() -> Option<String> {
-        let text = std::fs::read_to_string("/etc/os-release").ok()?;
-        super::field(&text, "PRETTY_NAME", '=').map(|v| v.trim_matches('"').to_string())
+        // /etc/os-release, else /usr/lib/os-release, as os-release(5) says.
+        Some(etc_os_release::OsRelease::open().ok()?.pretty_name().to_string())
     }
 }
 
-/// The value of the first `key<sep>value` line.
-#[cfg_attr(target_os = "macos", allow(dead_code))]
-fn field(text: &str, key: &str, sep: char) -> Option<String> {
-    text.lines().find_map(|l| {
-        let (k, v) = l.split_once(sep)?;
-        (k.trim() == key).then(|| v.trim().to_string())
-    })
+#[cfg(not(any(target_os = "macos", target_os = "linux")))]
+mod platform {
+    pub fn chip() -> Option<String> {
+        None
+    }
+
+    pub fn os() -> Option<String> {
+        None
+    }
 }
 
-#[cfg(test)]
+/// The CPU's name: x86's "model name"; ARM Linux has none, so its implementer and part ids
+/// (the numbers lscpu maps to names), else the architecture.
+#[cfg(target_os = "linux")]
+fn chip_of(info: &procfs::CpuInfo) -> Option<String> {
+    if let Some(name) = info.model_name(0).filter(|n| !n.is_empty()) {
+        return Some(name.to_string());
+    }
+    let field = |k| info.get_field(0, k).filter(|v| !v.is_empty());
+    match (field("CPU implementer"), field("CPU part")) {
+        (Some(implementer), Some(part)) => Some(format!("{} CPU implementer {implementer} part {part}", std::env::consts::ARCH)),
+        _ => (info.num_cores() > 0).then(|| std::env::consts::ARCH.to_string()),
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
+    use procfs::{Current, FromBufRead};
+
     use super::*;
 
     #[test]
-    fn reads_fields_and_this_machine() {
-        assert_eq!(field("processor\t: 0\nmodel name\t: AMD EPYC 7B13\n", "model name", ':').as_deref(), Some("AMD EPYC 7B13"));
-        assert_eq!(field("NAME=\"Debian\"\nPRETTY_NAME=\"Debian GNU/Linux 12\"", "PRETTY_NAME", '=').as_deref(), Some("\"Debian GNU/Linux 12\""));
+    fn names_x86_and_arm_cpus() {
+        let x86 = procfs::CpuInfo::from_buf_read("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 7B13\n".as_bytes()).unwrap();
+        assert_eq!(chip_of(&x86).as_deref(), Some("AMD EPYC 7B13"));
+        // An arm64 kernel's /proc/cpuinfo (Graviton 2): no "model name" line.
+        let arm = "processor\t: 0\nBogoMIPS\t: 243.75\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n";
+        let arm = procfs::CpuInfo::from_buf_read(arm.as_bytes()).unwrap();
+        assert_eq!(chip_of(&arm), Some(format!("{} CPU implementer 0x41 part 0xd0c", std::env::consts::ARCH)));
+    }
+
+    #[test]
+    fn reads_os_release() {
+        let os = etc_os_release::OsRelease::from_reader("NAME=\"Debian GNU/Linux\"\nPRETTY_NAME='Debian GNU/Linux 12 (bookworm)'\n".as_bytes()).unwrap();
+        assert_eq!(os.pretty_name(), "Debian GNU/Linux 12 (bookworm)");
+    }
+
+    #[test]
+    fn describes_this_machine() {
         let m = Machine::this();
-        assert!(m.cores >= 1 && m.memory_bytes > 0 && m.chip != "unknown", "{m:?}");
+        let online = procfs::CpuInfo::current().unwrap().num_cores();
+        // The cores this process may use: at least one, at most the CPUs the kernel lists.
+        assert!(m.cores >= 1 && m.cores <= online, "{m:?}, {online} CPUs online");
+        assert!(!m.chip.is_empty() && m.chip != "unknown", "{m:?}");
+        assert!(m.memory_bytes > 0 && !m.os.is_empty() && m.os != "linux", "{m:?}");
     }
 }

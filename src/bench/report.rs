@@ -48,59 +48,55 @@ fn ms(s: f64) -> String {
     format!("{:.0} ms", s * 1e3)
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
+/// The HTML report's template, autoescaped as HTML (its name ends in .html).
+const TEMPLATE: &str = include_str!("report.html");
+
+const HTML_HEADERS: [&str; 13] = ["cell", "server", "aggregate tok/s", "per-stream tok/s", "TTFT p50", "TTFT p90", "ITL p50", "ITL p90", "e2e p50", "prompt tok/s", "peak MLX", "pressure", "errors"];
 
 /// Self-contained HTML: run facts, two charts, the full table.
 pub fn html(record: &RunRecord) -> String {
+    use minijinja::{context, AutoEscape, Environment, Value};
+    let mut env = Environment::new();
+    env.set_auto_escape_callback(|name| if name.ends_with(".html") { AutoEscape::Html } else { AutoEscape::None });
+    env.add_template("report.html", TEMPLATE).expect("the report template parses");
     let m = &record.machine;
-    let targets: String = record
-        .targets
+    let targets: Vec<Value> = record.targets.iter().map(|t| context! { label => t.label, url => t.url, model => t.model_id.as_deref().unwrap_or(&t.model) }).collect();
+    let rows: Vec<Vec<String>> = record
+        .cells
         .iter()
-        .map(|t| format!("<li><b>{}</b> {} (model {})</li>", escape(&t.label), escape(&t.url), escape(t.model_id.as_deref().unwrap_or(&t.model))))
+        .map(|c| {
+            vec![
+                c.cell.spec().label(),
+                c.target.clone(),
+                format!("{:.1}", c.aggregate_tok_s),
+                format!("{:.1}", c.stream_tok_s_p50),
+                secs(c.ttft_p50),
+                secs(c.ttft_p90),
+                ms(c.itl_p50),
+                ms(c.itl_p90),
+                secs(c.e2e_p50),
+                format!("{:.0}", c.prompt_tok_s_p50),
+                c.peak_mlx_bytes.map(|b| format!("{:.0} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "–".into()),
+                c.pressure_max.clone().unwrap_or_else(|| "–".into()),
+                c.errors.to_string(),
+            ]
+        })
         .collect();
-    let mut rows = String::new();
-    for c in &record.cells {
-        rows += &format!(
-            "<tr><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            c.cell.spec().label(),
-            escape(&c.target),
-            c.aggregate_tok_s,
-            c.stream_tok_s_p50,
-            secs(c.ttft_p50),
-            secs(c.ttft_p90),
-            ms(c.itl_p50),
-            ms(c.itl_p90),
-            secs(c.e2e_p50),
-            c.prompt_tok_s_p50,
-            c.peak_mlx_bytes.map(|b| format!("{:.0} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "–".into()),
-            c.pressure_max.as_deref().unwrap_or("–"),
-            c.errors
-        );
-    }
-    format!(
-        r#"<!doctype html><html><head><meta charset="utf-8"><title>mlxbar bench {id}</title>
-<style>body{{font:14px -apple-system,system-ui,sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:nth-child(-n+2),th{{text-align:left}}.charts{{display:flex;flex-wrap:wrap;gap:1em}}</style></head><body>
-<h1>mlxbar bench: {profile}</h1>
-<p>Run {id}, state {state:?}, mlxbar {version}. {chip}, {cores} cores, {mem:.0} GiB, {os} ({arch}).</p>
-<ul>{targets}</ul>
-<div class="charts">{tok_chart}{ttft_chart}</div>
-<table><tr><th>cell</th><th>server</th><th>aggregate tok/s</th><th>per-stream tok/s</th><th>TTFT p50</th><th>TTFT p90</th><th>ITL p50</th><th>ITL p90</th><th>e2e p50</th><th>prompt tok/s</th><th>peak MLX</th><th>pressure</th><th>errors</th></tr>{rows}</table>
-</body></html>
-"#,
-        id = escape(&record.id),
-        profile = escape(&record.profile),
-        state = record.state,
-        version = escape(&record.mlxbar_version),
-        chip = escape(&m.chip),
-        cores = m.cores,
-        mem = m.memory_bytes as f64 / (1u64 << 30) as f64,
-        os = escape(&m.os),
-        arch = escape(&m.arch),
-        tok_chart = chart(record, "aggregate tok/s per cell", |c| c.aggregate_tok_s),
-        ttft_chart = chart(record, "TTFT p50 per cell (s)", |c| c.ttft_p50),
-    )
+    // plotters escapes the text it puts in the SVG, so the charts go in as markup.
+    let charts = [chart(record, "aggregate tok/s per cell", |c| c.aggregate_tok_s), chart(record, "TTFT p50 per cell (s)", |c| c.ttft_p50)].map(Value::from_safe_string);
+    let ctx = context! {
+        id => record.id,
+        profile => record.profile,
+        state => format!("{:?}", record.state),
+        version => record.mlxbar_version,
+        machine => context! { chip => m.chip, cores => m.cores, os => m.os, arch => m.arch },
+        memory_gib => format!("{:.0}", m.memory_bytes as f64 / (1u64 << 30) as f64),
+        targets,
+        charts,
+        headers => HTML_HEADERS,
+        rows,
+    };
+    env.get_template("report.html").and_then(|t| t.render(ctx)).expect("the report template renders")
 }
 
 const COLORS: [RGBColor; 4] = [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xff, 0x7f, 0x0e), RGBColor(0x2c, 0xa0, 0x2c), RGBColor(0xd6, 0x27, 0x28)];
@@ -197,5 +193,25 @@ mod tests {
         assert!(!html.contains("<peer>") && html.contains("&lt;peer&gt;"));
         assert_eq!(html.matches("<svg").count(), 2);
         assert!(html.contains("4×128→64"), "cell labels on the x axis");
+        assert!(html.contains("<td>4×128→64</td><td>&lt;peer&gt;</td><td>80.0</td>"), "{html}");
+    }
+
+    #[test]
+    fn a_remote_targets_script_comes_out_as_text() {
+        // A peer names itself and its model, and reports its own pressure level.
+        let mut r = run();
+        let evil = "<script>alert(1)</script>";
+        r.targets[1].label = evil.into();
+        r.targets[1].model_id = Some(format!("m{evil}"));
+        for c in r.cells.iter_mut().filter(|c| c.target == "<peer>") {
+            c.target = evil.into();
+            c.pressure_max = Some(evil.into());
+        }
+        r.machine.os = evil.into();
+        let html = html(&r);
+        assert!(!html.contains("<script"), "{html}");
+        assert!(html.contains("<b>&lt;script&gt;alert(1)&lt;&#x2f;script&gt;</b>"), "{html}");
+        assert!(html.contains("(model m&lt;script&gt;"), "{html}");
+        assert!(html.matches("<td>&lt;script&gt;").count() >= 2 * r.plan.cells().len(), "server and pressure cells: {html}");
     }
 }

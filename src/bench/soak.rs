@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -316,45 +317,38 @@ async fn attempt(client: &reqwest::Client, t: &Target, shot: &Shot) -> Outcome {
         let text = resp.text().await.unwrap_or_default();
         return Outcome::Failed(format!("HTTP {status}: {}", text.chars().take(200).collect::<String>()));
     }
-    let mut stream = resp.bytes_stream();
-    let mut buf = Vec::<u8>::new();
+    let mut events = resp.bytes_stream().eventsource();
     let (mut chunks, mut usage) = (0u64, None);
     loop {
         if shot.disconnect_after.is_some_and(|k| chunks >= k) {
             // Dropping the body closes the connection; the server should stop the request.
             return Outcome::Cancelled { tokens: chunks };
         }
-        let bytes = match stream.next().await {
-            Some(Ok(b)) => b,
+        let event = match events.next().await {
+            Some(Ok(e)) => e,
             Some(Err(e)) => return Outcome::Failed(format!("stream broke after {chunks} chunks: {e}")),
             None => return Outcome::Failed(format!("stream ended without [DONE] after {chunks} chunks")),
         };
-        buf.extend_from_slice(&bytes);
-        while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..pos + 2).collect();
-            for line in String::from_utf8_lossy(&event).lines() {
-                let Some(data) = line.strip_prefix("data:").map(str::trim) else { continue };
-                if data == "[DONE]" {
-                    let tokens = usage.unwrap_or(chunks);
-                    if tokens > shot.max_tokens as u64 {
-                        return Outcome::Failed(format!("{tokens} tokens for max_tokens {}", shot.max_tokens));
-                    }
-                    return Outcome::Completed { tokens };
-                }
-                let v: Value = match serde_json::from_str(data) {
-                    Ok(v) => v,
-                    Err(_) => return Outcome::Failed(format!("bad chunk: {}", data.chars().take(200).collect::<String>())),
-                };
-                if let Some(e) = v.get("error") {
-                    return Outcome::Failed(format!("error event: {}", e.get("message").and_then(Value::as_str).unwrap_or("?")));
-                }
-                if let Some(n) = v.pointer("/usage/completion_tokens").and_then(Value::as_u64) {
-                    usage = Some(n);
-                }
-                if v.pointer("/choices/0/delta/content").and_then(Value::as_str).is_some_and(|c| !c.is_empty()) {
-                    chunks += 1;
-                }
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            let tokens = usage.unwrap_or(chunks);
+            if tokens > shot.max_tokens as u64 {
+                return Outcome::Failed(format!("{tokens} tokens for max_tokens {}", shot.max_tokens));
             }
+            return Outcome::Completed { tokens };
+        }
+        let v: Value = match serde_json::from_str(data) {
+            Ok(v) => v,
+            Err(_) => return Outcome::Failed(format!("bad chunk: {}", data.chars().take(200).collect::<String>())),
+        };
+        if let Some(e) = v.get("error") {
+            return Outcome::Failed(format!("error event: {}", e.get("message").and_then(Value::as_str).unwrap_or("?")));
+        }
+        if let Some(n) = v.pointer("/usage/completion_tokens").and_then(Value::as_u64) {
+            usage = Some(n);
+        }
+        if v.pointer("/choices/0/delta/content").and_then(Value::as_str).is_some_and(|c| !c.is_empty()) {
+            chunks += 1;
         }
     }
 }

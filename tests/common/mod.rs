@@ -42,3 +42,45 @@ pub fn server() -> &'static str {
     static BASE: OnceLock<String> = OnceLock::new();
     BASE.get_or_init(|| start_server(test_config()))
 }
+
+/// A response body read as Server-Sent Events by eventsource-stream, the parser the bench
+/// client uses too, so every test reads streams the way a spec-following client does
+/// (CRLF or LF line ends, multi-line `data:`, comments skipped).
+pub type Sse = std::pin::Pin<Box<dyn futures::Stream<Item = eventsource_stream::Event> + Send>>;
+
+pub fn sse(resp: reqwest::Response) -> Sse {
+    use eventsource_stream::Eventsource;
+    use futures::StreamExt;
+    Box::pin(resp.bytes_stream().eventsource().map(|e| e.expect("a well-formed SSE stream")))
+}
+
+/// Every event's `data` to the end of the body.
+pub async fn sse_data(resp: reqwest::Response) -> Vec<String> {
+    use futures::StreamExt;
+    sse(resp).map(|e| e.data).collect().await
+}
+
+/// The JSON chunks of a completion stream, checking it ends with `[DONE]`.
+pub async fn sse_chunks(resp: reqwest::Response) -> Vec<serde_json::Value> {
+    let mut data = sse_data(resp).await;
+    assert_eq!(data.pop().as_deref(), Some("[DONE]"), "the stream ends with [DONE]");
+    data.iter().map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("chunk {d}: {e}"))).collect()
+}
+
+/// The text a completion chunk carries (chat delta or text completion), "" for none.
+pub fn chunk_text(chunk: &serde_json::Value) -> &str {
+    let choice = &chunk["choices"][0];
+    choice["delta"]["content"].as_str().or(choice["text"].as_str()).unwrap_or("")
+}
+
+/// Reads a completion stream until `n` chunks carried text (so the engine is generating
+/// for it) and returns the chunks read; the stream stays open.
+pub async fn read_tokens(stream: &mut Sse, n: usize) -> Vec<serde_json::Value> {
+    use futures::StreamExt;
+    let mut chunks = Vec::new();
+    while chunks.iter().filter(|c| !chunk_text(c).is_empty()).count() < n {
+        let event = stream.next().await.expect("the stream ended before its tokens");
+        chunks.push(serde_json::from_str(&event.data).unwrap_or_else(|e| panic!("chunk {}: {e}", event.data)));
+    }
+    chunks
+}
