@@ -7,7 +7,6 @@ mod common;
 
 use std::time::Duration;
 
-use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use mlxbar::telemetry::memory::PressureLevel;
 use mlxbar::{Config, Server};
@@ -49,7 +48,7 @@ const PROMPTS: [&str; 6] = [
 
 /// A streaming greedy chat completion, read token by token.
 struct Streaming {
-    events: std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send>>,
+    events: common::Sse,
     text: String,
     tokens: usize,
 }
@@ -59,25 +58,24 @@ impl Streaming {
         let body = json!({"messages": messages(content), "max_tokens": max_tokens, "temperature": 0, "stream": true});
         let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
         assert_eq!(resp.status(), 200);
-        let events = resp
-            .bytes_stream()
-            .eventsource()
-            .map(|e| e.expect("well-formed SSE"))
-            .take_while(|e| std::future::ready(e.data != "[DONE]"))
-            .map(|e| serde_json::from_str::<Value>(&e.data).expect("JSON chunk"));
-        Streaming { events: Box::pin(events), text: String::new(), tokens: 0 }
+        Streaming { events: common::sse(resp), text: String::new(), tokens: 0 }
     }
 
-    /// Reads until the next content delta; false at the end of the stream.
+    /// Reads until the next content delta; false at the end of the stream (`[DONE]`).
     async fn next_token(&mut self) -> bool {
-        while let Some(chunk) = self.events.next().await {
-            if let Some(delta) = chunk["choices"][0]["delta"]["content"].as_str().filter(|d| !d.is_empty()) {
+        while let Some(event) = self.events.next().await {
+            if event.data == "[DONE]" {
+                return false;
+            }
+            let chunk: Value = serde_json::from_str(&event.data).expect("JSON chunk");
+            let delta = common::chunk_text(&chunk);
+            if !delta.is_empty() {
                 self.text.push_str(delta);
                 self.tokens += 1;
                 return true;
             }
         }
-        false
+        panic!("the stream ended without [DONE] after {} tokens", self.tokens)
     }
 
     async fn until_tokens(&mut self, n: usize) {
