@@ -1,7 +1,7 @@
 //! This process: resident memory and CPU time.
 use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct ProcessStats {
     pub resident_bytes: u64,
     pub cpu_seconds: f64,
