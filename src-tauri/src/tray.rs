@@ -47,9 +47,9 @@ impl TrayState {
         macro_rules! png {
             ($name:literal) => {{
                 #[cfg(target_os = "macos")]
-                let bytes = include_bytes!(concat!("../icons/tray/mac/", $name, ".png"));
+                let bytes = include_bytes!(concat!("../../icons/tray/mac/", $name, ".png"));
                 #[cfg(not(target_os = "macos"))]
-                let bytes = include_bytes!(concat!("../icons/tray/linux/", $name, ".png"));
+                let bytes = include_bytes!(concat!("../../icons/tray/linux/", $name, ".png"));
                 Image::from_bytes(bytes).expect("tray icon png")
             }};
         }
