@@ -5,6 +5,15 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+# The bundle's icons and Info.plist (top-level icons/ and Info.plist) are read only when a
+# Mac bundles the app: check here that every path tauri.conf.json gives resolves.
+python3 - <<'PY'
+import json, pathlib, sys
+conf = json.load(open("src-tauri/tauri.conf.json"))
+paths = conf["bundle"]["icon"] + [conf["bundle"]["macOS"]["infoPlist"]]
+missing = [p for p in paths if not (pathlib.Path("src-tauri") / p).is_file()]
+sys.exit(f"tauri.conf.json names missing files: {missing}" if missing else 0)
+PY
 if [ "$(uname -s)" = Darwin ]; then
   cargo check --all-targets
   exit 0

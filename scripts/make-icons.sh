@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Draws the app and tray icons into src-tauri/icons/ with ImageMagick (the PNGs are
+# Draws the app and tray icons into icons/ (top level) with ImageMagick (the PNGs are
 # committed; rerun after changing the design).
 #   tray/mac/*.png    44x44, black: template images macOS tints for light/dark menu bars
 #   tray/linux/*.png  44x44, mid-grey so they read on light and dark panels
 # States: idle (loading or paused), normal, warn, critical, error.
 set -euo pipefail
-cd "$(dirname "$0")/../src-tauri/icons"
+cd "$(dirname "$0")/../icons"
 mkdir -p tray/mac tray/linux
 
 bars() { # colour opacity: three rising bars

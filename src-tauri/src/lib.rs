@@ -2,11 +2,9 @@
 //! icon, the popover page in a small webview, and alert notices as native notifications.
 //!
 //! - `server_slot.rs`: the in-process server and its lifecycle (starting, running, failed)
-//! - `commands.rs`:    the app's commands (also what the tray menu calls)
 //! - `tray.rs`:        icon, title and menu, refreshed once a second
 //! - `popover.rs`:     the popover window
 //! - `notify.rs`:      alert notices (and the tray's bench results) → native notifications
-pub mod commands;
 pub mod notify;
 pub mod popover;
 pub mod server_slot;
@@ -79,13 +77,12 @@ fn fix_c_locale() {
     }
 }
 
-/// `base` with the app's plugins, state and commands, but no tray or windows (tests pass
-/// Tauri's mock builder).
+/// `base` with the app's plugins and state, but no tray or windows. The popover page gets
+/// no IPC commands: it talks to the in-process server over HTTP like any client.
 pub fn builder<R: tauri::Runtime>(base: tauri::Builder<R>, slot: Arc<ServerSlot>) -> tauri::Builder<R> {
     #[cfg(feature = "notifications")]
     let base = base.plugin(tauri_plugin_notification::init());
     base.plugin(tauri_plugin_opener::init())
         .plugin(tauri_plugin_clipboard_manager::init())
         .manage(slot)
-        .invoke_handler(tauri::generate_handler![commands::app_status, commands::set_serving])
 }

@@ -1,5 +1,5 @@
 //! The mlxbar server inside the app: started in the background (the first start may
-//! download the default model), shared with the tray and commands, stopped on Quit.
+//! download the default model), shared with the tray, stopped on Quit.
 use std::sync::{Arc, Mutex};
 
 use mlxbar::server::ServerStatus;

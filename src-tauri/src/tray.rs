@@ -47,9 +47,9 @@ impl TrayState {
         macro_rules! png {
             ($name:literal) => {{
                 #[cfg(target_os = "macos")]
-                let bytes = include_bytes!(concat!("../icons/tray/mac/", $name, ".png"));
+                let bytes = include_bytes!(concat!("../../icons/tray/mac/", $name, ".png"));
                 #[cfg(not(target_os = "macos"))]
-                let bytes = include_bytes!(concat!("../icons/tray/linux/", $name, ".png"));
+                let bytes = include_bytes!(concat!("../../icons/tray/linux/", $name, ".png"));
                 Image::from_bytes(bytes).expect("tray icon png")
             }};
         }
@@ -196,8 +196,8 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
             }
         }
         "pause" => {
-            let paused = slot.with(|s| s.is_paused()).unwrap_or(false);
-            let _ = crate::commands::set_serving(app.state(), paused);
+            // Toggles: while paused, generation requests get 503.
+            slot.with(|s| s.set_paused(!s.is_paused()));
         }
         "quit" => {
             // RunEvent::Exit stops the server.

@@ -2,8 +2,8 @@
 //! dunst notification daemon, and trayer as the XEmbed tray host. The tray menu opens the
 //! popover (screenshot in test-artifacts/), a forced alert becomes a native notification
 //! that dunst records, the in-process server answers, the menu starts a benchmark whose end
-//! is notified too, "Reload model" brings a fresh engine up (notified), and Quit from the
-//! menu ends the app.
+//! is notified too, "Reload model" brings a fresh engine up (notified), "Pause serving"
+//! turns requests away with 503 until resumed, and Quit from the menu ends the app.
 //!
 //! Needs `cargo build --release -p mlxbar-app` first and Debian's xvfb, dbus, dunst,
 //! trayer, xdotool and imagemagick (scripts/test.sh installs them).
@@ -221,6 +221,24 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     wait_for("the reloaded server", Duration::from_secs(30), || get(&format!("{base}/health")).filter(|h| h.contains("\"ok\"")));
     let out = Command::new("curl").args(["-sf", &format!("{base}/v1/chat/completions"), "-H", "Content-Type: application/json", "-d", chat]).output().unwrap();
     assert!(out.status.success(), "chat request after the reload failed");
+
+    // Tray menu → "Pause serving" (third from the bottom; counted from there because the
+    // benchmark item above it is disabled while paused) turns generation away with 503;
+    // the same item, now "Resume serving", lets it through again.
+    let chat_status = || {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("{base}/v1/chat/completions"), "-H", "Content-Type: application/json", "-d", chat])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let paused = |want: bool| get(&format!("{base}/api/metrics/snapshot")).filter(|s| s.contains(&format!("\"paused\":{want}")));
+    desk.tray_menu(&["Up", "Up", "Up", "Return"]);
+    wait_for("the server to pause", Duration::from_secs(10), || paused(true));
+    assert_eq!(chat_status(), "503", "a chat request while paused");
+    desk.tray_menu(&["Up", "Up", "Up", "Return"]);
+    wait_for("the server to resume", Duration::from_secs(10), || paused(false));
+    assert_eq!(chat_status(), "200", "a chat request after resuming");
 
     // Quit (the last item) stops the server and ends the process.
     desk.tray_menu(&["Up", "Return"]);

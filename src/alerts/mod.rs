@@ -33,7 +33,7 @@ pub struct Notice {
 }
 
 /// One alert as the API and UI show it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct AlertView {
     pub id: String,
     pub summary: String,

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 /// The signal a rule watches; each maps to one number per evaluation (see `signals.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Signal {
     /// 0 normal, 1 warn, 2 critical (the kernel's level on macOS, PSI on Linux).
@@ -31,7 +31,7 @@ pub enum Signal {
     EngineStalled,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
     Warning,

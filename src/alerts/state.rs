@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::rules::Rule;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     Ok,

@@ -1,6 +1,7 @@
 //! Live views for the popover and other dashboards: `GET /api/metrics/snapshot` (JSON)
 //! and `GET /api/metrics/stream` (SSE: a `snapshot` event on connect, then one whenever
-//! something changed, at most twice a second, and a heartbeat comment while idle).
+//! something changed, at most twice a second, and a heartbeat comment while idle). The
+//! snapshot's shape is [`Snapshot`](super::snapshot::Snapshot).
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
@@ -8,8 +9,7 @@ use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::Json;
 use futures::{Stream, StreamExt};
-use serde_json::{json, Value};
-
+use super::snapshot::{Bench, LoadedModel, Links, Memory, Requests, Scheduler, Snapshot, Totals};
 use super::AppState;
 
 /// Minimum gap between two stream events.
@@ -18,61 +18,64 @@ const MIN_INTERVAL: Duration = Duration::from_millis(500);
 const HEARTBEAT: Duration = Duration::from_secs(15);
 const RETRY: Duration = Duration::from_millis(1500);
 
-pub fn snapshot(state: &AppState) -> Value {
+pub fn snapshot(state: &AppState) -> Snapshot {
     let e = &state.engine;
     let m = &state.metrics;
     let sys = state.telemetry.latest();
-    let (requests, tokens) = m.live.totals();
+    let (requests, completion_tokens) = m.live.totals();
     let caches = e.stats();
     let lookups = caches.prefix_hits + caches.prefix_misses;
-    json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "at": crate::metrics::live::unix_seconds(),
-        "started_at": state.started_unix,
-        "uptime_seconds": state.started.elapsed().as_secs_f64(),
-        "device": e.device().as_str(),
-        "models": e.model().map(|info| vec![json!({
-            "info": info,
-            "state": e.state(),
-            "kv_bytes": caches.kv_bytes,
-            "prefix_cache_bytes": caches.prefix_bytes,
-        })]).unwrap_or_default(),
-        "state": e.state(),
-        "scheduler": {
-            "waiting": e.waiting(),
-            "running": e.running(),
-            "queue_capacity": e.options().queue_capacity,
-            "last_step_age_seconds": e.stall_seconds(),
-            "health": super::health::status_word(state),
-            "max_batch": e.options().max_batch,
-            "tokens_per_second": m.live.tokens_per_second_now(),
+    Snapshot {
+        version: env!("CARGO_PKG_VERSION"),
+        at: crate::metrics::live::unix_seconds(),
+        started_at: state.started_unix,
+        uptime_seconds: state.started.elapsed().as_secs_f64(),
+        device: e.device(),
+        models: e
+            .model()
+            .map(|info| vec![LoadedModel { info, state: e.state(), kv_bytes: caches.kv_bytes, prefix_cache_bytes: caches.prefix_bytes }])
+            .unwrap_or_default(),
+        state: e.state(),
+        scheduler: Scheduler {
+            waiting: e.waiting(),
+            running: e.running(),
+            queue_capacity: e.options().queue_capacity,
+            last_step_age_seconds: e.stall_seconds(),
+            health: super::health::status_word(state),
+            max_batch: e.options().max_batch,
+            tokens_per_second: m.live.tokens_per_second_now(),
         },
-        "caches": caches,
-        "prefix_cache_hit_rate": (lookups > 0).then(|| caches.prefix_hits as f64 / lookups as f64),
-        "memory": {
-            "system": sys.memory,
-            "mlx": sys.mlx,
-            "process": sys.process,
-            "swap_in_pages_per_second": sys.swap_in_rate,
-            "swap_out_pages_per_second": sys.swap_out_rate,
-            "process_cpu_cores": sys.cpu_cores,
+        caches,
+        prefix_cache_hit_rate: (lookups > 0).then(|| caches.prefix_hits as f64 / lookups as f64),
+        memory: Memory {
+            system: sys.memory.clone(),
+            mlx: sys.mlx,
+            process: sys.process,
+            swap_in_pages_per_second: sys.swap_in_rate,
+            swap_out_pages_per_second: sys.swap_out_rate,
+            process_cpu_cores: sys.cpu_cores,
         },
-        "alerts": state.alerts.view(),
-        "bench": {
-            "active": state.bench.active().and_then(|a| state.bench.job(&a.id)).map(|j| j.view()),
-            "waiting_requests": state.bench.waiting(),
+        alerts: state.alerts.view(),
+        bench: Bench {
+            active: state.bench.active().and_then(|a| state.bench.job(&a.id)).map(|j| j.view()),
+            waiting_requests: state.bench.waiting(),
         },
-        "paused": state.paused.load(std::sync::atomic::Ordering::Relaxed),
-        "totals": {"requests": requests, "completion_tokens": tokens, "errors": m.live.errors_total()},
-        "requests": {"by_result": m.live.by_result(), "recent": m.live.recent()},
-        "links": {"metrics": "/metrics", "grafana": state.config.grafana_url},
-        "timings": m.live.distributions(),
-        "throughput": m.live.throughput(),
-    })
+        paused: state.paused.load(std::sync::atomic::Ordering::Relaxed),
+        totals: Totals { requests, completion_tokens, errors: m.live.errors_total() },
+        requests: Requests { by_result: m.live.by_result(), recent: m.live.recent() },
+        links: Links { metrics: "/metrics", grafana: state.config.grafana_url.clone() },
+        timings: m.live.distributions(),
+        throughput: m.live.throughput(),
+    }
 }
 
-pub async fn get_snapshot(State(state): State<AppState>) -> Json<Value> {
+pub async fn get_snapshot(State(state): State<AppState>) -> Json<Snapshot> {
     Json(snapshot(&state))
+}
+
+/// A snapshot as one SSE event's data.
+fn event_data(state: &AppState) -> String {
+    serde_json::to_string(&snapshot(state)).expect("a snapshot is JSON")
 }
 
 /// What makes a new event worth sending: requests moved, the queue or load state changed,
@@ -105,7 +108,7 @@ fn fingerprint(state: &AppState) -> Fingerprint {
 
 pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     // `retry` tells EventSource to reconnect after 1.5 s when the server goes away.
-    let first = Event::default().event("snapshot").retry(RETRY).data(snapshot(&state).to_string());
+    let first = Event::default().event("snapshot").retry(RETRY).data(event_data(&state));
     let state_stopping = state.stopping.clone();
     let seen = Some(fingerprint(&state));
     let now = tokio::time::Instant::now();
@@ -119,7 +122,7 @@ pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Res
             if seen.as_ref() != Some(&fp) {
                 seen = Some(fp);
                 last_any = Instant::now();
-                let ev = Event::default().event("snapshot").data(snapshot(&state).to_string());
+                let ev = Event::default().event("snapshot").data(event_data(&state));
                 return Some((Ok(ev), (state, seen, next_check, last_any)));
             }
             if last_any.elapsed() >= HEARTBEAT {

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod models;
 pub mod openai;
 pub mod security;
+pub mod snapshot;
 pub mod ui;
 
 use std::sync::atomic::AtomicBool;
@@ -68,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health::health))
         .route("/metrics", get(metrics::prometheus))
         .route("/api/metrics/snapshot", get(live::get_snapshot))
+        .route("/api/metrics/snapshot/schema", get(snapshot::get_schema))
         .route("/api/metrics/stream", get(live::stream))
         .route("/api/alerts", get(alerts::list))
         .route("/api/alerts/{id}/snooze", post(alerts::snooze).delete(alerts::unsnooze))

@@ -66,7 +66,7 @@ struct Outcome {
 }
 
 /// A job as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct JobView {
     pub id: String,
     pub profile: String,

@@ -40,7 +40,7 @@ fn one() -> usize {
 }
 
 /// One point of the grid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CellSpec {
     pub concurrency: usize,
     pub prompt_tokens: usize,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::machine::Machine;
 use super::plan::{CellSpec, Plan};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RunState {
     Running,
@@ -29,7 +29,7 @@ pub struct TargetInfo {
 
 /// One cell of the grid on one target. Latencies in seconds; medians and p90s are over all
 /// requests of all rounds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CellResult {
     pub target: String,
     #[serde(flatten)]
@@ -66,7 +66,7 @@ pub struct CellResult {
 
 /// [`CellSpec`] flattened into [`CellResult`] (serde cannot flatten a Copy struct with a
 /// default otherwise).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CellSpecField {
     pub concurrency: usize,
     pub prompt_tokens: usize,

@@ -16,7 +16,7 @@ use super::quantile;
 use super::record::{CellResult, TargetInfo};
 
 /// Live progress of a run, as `GET /api/bench/{id}` and the CLI's progress bar show it.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
 pub struct Progress {
     /// Cells finished, counting each target's run of a cell once.
     pub cells_done: usize,
@@ -26,7 +26,7 @@ pub struct Progress {
     pub current: Option<CurrentCell>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct CurrentCell {
     pub target: String,
     pub label: String,

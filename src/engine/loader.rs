@@ -10,7 +10,7 @@ use super::model::{gguf, hf, Model, WeightFormat};
 use super::tokenizer::{self, TextCodec};
 
 /// What the API and `/health` say about the loaded model.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ModelInfo {
     /// The id clients send as `model`.
     pub id: String,

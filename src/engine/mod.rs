@@ -69,7 +69,7 @@ impl std::fmt::Debug for EngineOptions {
 }
 
 /// Where the engine runs its arrays.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
     Cpu,
@@ -94,7 +94,7 @@ impl DeviceKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "state", content = "detail", rename_all = "lowercase")]
 pub enum LoadState {
     Loading,

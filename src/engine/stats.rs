@@ -75,7 +75,7 @@ fn now_micros() -> u64 {
 }
 
 /// A copy of [`EngineStats`] at one moment.
-#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct StatsView {
     pub kv_tokens: u64,
     pub kv_bytes: u64,

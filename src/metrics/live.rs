@@ -24,7 +24,7 @@ const RATE_SCALE: f64 = 100.0;
 const RATE_MAX: u64 = 100_000_000;
 
 /// One distribution over the window. Zeros when `count` is 0.
-#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq, schemars::JsonSchema)]
 pub struct Percentiles {
     pub count: u64,
     pub mean: f64,
@@ -35,7 +35,7 @@ pub struct Percentiles {
     pub max: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Distributions {
     pub window_minutes: usize,
     /// Completed requests (stop or length) in the window; the per-request figures below
@@ -55,7 +55,7 @@ pub struct Distributions {
 }
 
 /// Per-second series, oldest first; the last point is the current, still filling second.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Throughput {
     pub resolution_seconds: u64,
     pub tokens_per_second: Vec<u64>,
@@ -67,7 +67,7 @@ pub struct Throughput {
 }
 
 /// Requests ended since start, by how they ended.
-#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq, schemars::JsonSchema)]
 pub struct ByResult {
     pub stop: u64,
     pub length: u64,
@@ -76,7 +76,7 @@ pub struct ByResult {
 }
 
 /// One request as it ended; numbers only, never prompt or completion text.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct FinishedRequest {
     /// Unix seconds.
     pub finished_at: f64,

@@ -1,7 +1,7 @@
 //! MLX's allocator: memory held by live arrays, the peak, the buffer cache, and the limit.
 use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct MlxMemory {
     pub active: u64,
     pub peak: u64,

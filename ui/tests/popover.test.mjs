@@ -1,10 +1,12 @@
 // The popover in headless Chromium (Playwright) against a real mlxbar server with the
 // default model: live values match /metrics, the page follows the stream, an alert shows
 // and is snoozed, a dead server shows as such with its last figures greyed out, and the
-// page goes live again when the server is back. Screenshots go to test-artifacts/.
+// page goes live again when the server is back. Every snapshot the page receives over its
+// stream is checked against the schema the server publishes. Screenshots go to
+// test-artifacts/.
 //
 // Run: npm test (in ui/), after `cargo build --release`. MLXBAR_BIN overrides the binary.
-import { test, before, after } from "node:test";
+import { test, before, after, afterEach } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
@@ -12,10 +14,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
 import { BIN, CHROMIUM, CHROMIUM_ARGS, ROOT, freePort, metricSum, untilWithLog } from "./helpers.mjs";
+import { snapshotLog, snapshotValidator, tapSnapshots } from "./snapshot_schema.mjs";
 
 const ARTIFACTS = join(ROOT, "test-artifacts");
 
-let server, base, port, dataDir, config, browser, page, serverLog = "";
+let server, base, port, dataDir, config, browser, page, snapshots, serverLog = "";
 
 const until = untilWithLog(() => serverLog);
 const metrics = async () => (await fetch(`${base}/metrics`)).text();
@@ -64,7 +67,14 @@ before(async () => {
   });
   page = await browser.newPage({ viewport: { width: 380, height: 700 }, deviceScaleFactor: 2 });
   page.on("pageerror", (e) => { throw e; });
+  snapshots = snapshotLog(await snapshotValidator(base));
+  await tapSnapshots(page, snapshots.record);
   await page.goto(`${base}/`);
+});
+
+// A snapshot that breaks the schema fails the test during which the page received it.
+afterEach(() => {
+  assert.deepEqual(snapshots.invalid, [], "snapshots that do not match /api/metrics/snapshot/schema");
 });
 
 after(async () => {
@@ -196,4 +206,15 @@ test("when the server is back, the page goes live again by itself", async () => 
   assert.match(await testid("tok-now").textContent(), /^\d+(\.\d)?$/);
   assert.equal(await testid("bench-start").isDisabled(), false);
   await shot("popover-back");
+});
+
+test("every snapshot the page received matched the published schema, whatever it showed", async () => {
+  const seen = snapshots.received;
+  // The tap saw the states the tests above went through, so the check covered them.
+  assert.ok(seen.length >= 10, `${seen.length} snapshots`);
+  assert.ok(seen.some((s) => s.requests.recent.length > 0), "a snapshot with finished requests");
+  assert.ok(seen.some((s) => s.alerts.some((a) => a.firing && a.snoozed)), "a snapshot with a snoozed firing alert");
+  assert.ok(seen.some((s) => s.bench.active?.progress.current), "a snapshot of a bench run in a cell");
+  assert.ok(new Set(seen.map((s) => s.started_at)).size === 2, "snapshots from before and after the restart");
+  assert.deepEqual(snapshots.invalid, []);
 });

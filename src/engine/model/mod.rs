@@ -22,7 +22,7 @@ use config::ModelConfig;
 use linear::{expect_shape, Embedding, Linear, Weight};
 
 /// How weights are held in memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum WeightFormat {
     /// float32 on the CPU device, native on the GPU.

@@ -23,7 +23,7 @@ mod platform {
 use serde::Serialize;
 
 /// Memory pressure as the kernel judges it (macOS) or as PSI stall time says (Linux).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PressureLevel {
     Normal,
@@ -56,7 +56,7 @@ impl PressureLevel {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PressureSource {
     /// macOS `kern.memorystatus_vm_pressure_level`.
@@ -78,7 +78,7 @@ impl PressureSource {
 }
 
 /// One reading, in bytes (swap in/out in pages, cumulative since boot).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct MemoryStats {
     pub total: u64,
     pub free: u64,

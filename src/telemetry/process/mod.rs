@@ -19,7 +19,7 @@ mod platform {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, schemars::JsonSchema)]
 pub struct ProcessStats {
     pub resident_bytes: u64,
     pub cpu_seconds: f64,
