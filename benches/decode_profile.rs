@@ -60,7 +60,12 @@ fn main() -> anyhow::Result<()> {
                 batched.push((n, ms));
             }
         }
-        println!("{:<8} weights ({:>4} MB): decode step {step:7.2} ms = {:6.1} tok/s", format!("{format:?}"), info.weight_bytes / 1_000_000, 1e3 / step);
+        println!(
+            "{:<8} weights ({:>4} MB): decode step {step:7.2} ms = {:6.1} tok/s",
+            format!("{format:?}"),
+            info.weight_bytes / 1_000_000,
+            1e3 / step
+        );
     }
 
     // The same matmuls with random float32 weights: q|k|v, o, gate|up, down per layer, then the head.

@@ -58,13 +58,17 @@ async fn main() {
     for i in 0..8 {
         let (client, base) = (client.clone(), base.clone());
         streams.push(tokio::spawn(async move {
-            let body = json!({"messages": [{"role": "user", "content": format!("Story number {i}, please.")}], "max_tokens": 32, "stream": true});
+            let body =
+                json!({"messages": [{"role": "user", "content": format!("Story number {i}, please.")}], "max_tokens": 32, "stream": true});
             client.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap().text().await.unwrap()
         }));
     }
     let [mut ours, mut snapshots] = scrape_times(&client, [&format!("{base}/metrics"), &format!("{base}/api/metrics/snapshot")], 200).await;
     let lines = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap().lines().count();
-    let busy = client.get(format!("{base}/api/metrics/snapshot")).send().await.unwrap().json::<serde_json::Value>().await.unwrap()["scheduler"]["running"].as_u64().unwrap();
+    let busy = client.get(format!("{base}/api/metrics/snapshot")).send().await.unwrap().json::<serde_json::Value>().await.unwrap()
+        ["scheduler"]["running"]
+        .as_u64()
+        .unwrap();
     for s in streams {
         s.await.unwrap();
     }
@@ -75,7 +79,11 @@ async fn main() {
     if let Ok(peer) = std::env::var("MLXBAR_PEER_METRICS") {
         let [mut theirs] = scrape_times(&client, [&peer], 200).await;
         let (q50, q99) = (pct(&mut theirs, 0.5), pct(&mut theirs, 0.99));
-        println!("peer {peer}: p50 {q50:.3} ms, p99 {q99:.3} ms -> mlxbar's scrape is {:.1}x faster at p50, {:.1}x at p99", q50 / p50, q99 / p99);
+        println!(
+            "peer {peer}: p50 {q50:.3} ms, p99 {q99:.3} ms -> mlxbar's scrape is {:.1}x faster at p50, {:.1}x at p99",
+            q50 / p50,
+            q99 / p99
+        );
     }
 
     // 2. per-token instrumentation: the same server build with recording on and off

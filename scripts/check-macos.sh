@@ -15,13 +15,14 @@ missing = [p for p in paths if not (pathlib.Path("src-tauri") / p).is_file()]
 sys.exit(f"tauri.conf.json names missing files: {missing}" if missing else 0)
 PY
 if [ "$(uname -s)" = Darwin ]; then
-  cargo check --all-targets
+  cargo clippy --all-targets -- -D warnings
   exit 0
 fi
 rustup target list --installed 2>/dev/null | grep -qx aarch64-apple-darwin || rustup target add aarch64-apple-darwin
-cargo check --target aarch64-apple-darwin --lib --bins
+# clippy, not just check: the macOS-only FFI is held to the same lints (documented unsafe).
+cargo clippy --target aarch64-apple-darwin --lib --bins -- -D warnings
 # The menu-bar app. objc2's exception helper compiles a little Objective-C: clang can do
 # that for Apple targets without an SDK. The notification plugin's macOS backend needs the
 # Cocoa SDK, so it alone is left out here (feature `notifications`); on a Mac it is built.
-CC_aarch64_apple_darwin=clang cargo check --target aarch64-apple-darwin -p mlxbar-app --no-default-features --lib --bins
-echo "macOS (aarch64-apple-darwin) type-check passed (app without its notification plugin)"
+CC_aarch64_apple_darwin=clang cargo clippy --target aarch64-apple-darwin -p mlxbar-app --no-default-features --lib --bins -- -D warnings
+echo "macOS (aarch64-apple-darwin) type-check and lints passed (app without its notification plugin)"

@@ -55,7 +55,11 @@ pub fn report() -> String {
     let _ = writeln!(out, "MLX         {}", mlx_version());
     let _ = writeln!(out, "device      {} ({})", device.as_str(), if device == DeviceKind::Gpu { "Metal" } else { "MLX CPU backend" });
     let blas = blas_provider().unwrap_or_else(|| "not found".into());
-    let verdict = if cfg!(target_os = "linux") && !blas.contains("openblas") { "  <- slow reference BLAS: apt-get install libopenblas0-pthread and rebuild" } else { "" };
+    let verdict = if cfg!(target_os = "linux") && !blas.contains("openblas") {
+        "  <- slow reference BLAS: apt-get install libopenblas0-pthread and rebuild"
+    } else {
+        ""
+    };
     let _ = writeln!(out, "BLAS        {blas}{verdict}");
     let _ = writeln!(out, "cpus        {}", std::thread::available_parallelism().map_or(0, |n| n.get()));
     let model = model_store::default_model_path();

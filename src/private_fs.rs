@@ -40,8 +40,12 @@ pub fn create_file(path: &Path) -> Result<std::fs::File> {
 /// read-only, full): checked before work whose result would be lost.
 pub fn check_writable(dir: &Path) -> Result<()> {
     create_dir_all(dir)?;
-    let mut probe = tempfile::Builder::new().prefix(".probe-").tempfile_in(dir).with_context(|| format!("{} is not writable", dir.display()))?;
-    probe.write_all(&[0u8; 4096]).and_then(|()| probe.as_file().sync_all()).with_context(|| format!("{} is full or not writable", dir.display()))?;
+    let mut probe =
+        tempfile::Builder::new().prefix(".probe-").tempfile_in(dir).with_context(|| format!("{} is not writable", dir.display()))?;
+    probe
+        .write_all(&[0u8; 4096])
+        .and_then(|()| probe.as_file().sync_all())
+        .with_context(|| format!("{} is full or not writable", dir.display()))?;
     Ok(())
 }
 

@@ -15,9 +15,9 @@ use crate::bench::jobs::BenchJobs;
 use crate::bench::store::BenchStore;
 use crate::config::Config;
 use crate::engine::{Engine, EngineOptions, LoadState};
-use crate::telemetry::memory::PressureLevel;
 use crate::metrics::Metrics;
 use crate::model_store;
+use crate::telemetry::memory::PressureLevel;
 use crate::telemetry::Telemetry;
 
 /// What the menu-bar icon shows at a glance.
@@ -102,7 +102,12 @@ impl Server {
         // The bench talks to this server over loopback (or the bound address if it is not
         // a wildcard).
         let self_ip = if addr.ip().is_unspecified() { std::net::IpAddr::from([127, 0, 0, 1]) } else { addr.ip() };
-        let bench = BenchJobs::new(BenchStore::new(&config.data_dir()), format!("http://{}", SocketAddr::new(self_ip, addr.port())), config.api_key.clone(), metrics.clone());
+        let bench = BenchJobs::new(
+            BenchStore::new(&config.data_dir()),
+            format!("http://{}", SocketAddr::new(self_ip, addr.port())),
+            config.api_key.clone(),
+            metrics.clone(),
+        );
         let paused = Arc::new(AtomicBool::new(false));
         let draining = Arc::new(AtomicBool::new(false));
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
@@ -159,7 +164,6 @@ impl Server {
             stalled: crate::api::health::status_word(&self.state) == "stalled",
         }
     }
-
 
     /// Bench runs: start one from the menu bar with `server.bench().start("quick")`.
     pub fn bench(&self) -> &Arc<BenchJobs> {

@@ -53,10 +53,23 @@ async fn a_forced_alert_fires_snoozes_and_pausing_refuses_work() {
 
     // Snooze: empty JSON body = an hour; explicit seconds; bad input is a 400; unknown id a
     // 404; no JSON Content-Type a 415 (what a web page's simple request would send).
-    let r = http.post(format!("{base}/api/alerts/ttft_p90_high/snooze")).header("content-type", "text/plain").body("{}").send().await.unwrap();
+    let r =
+        http.post(format!("{base}/api/alerts/ttft_p90_high/snooze")).header("content-type", "text/plain").body("{}").send().await.unwrap();
     assert_eq!(r.status(), 415);
-    assert_eq!(get(&format!("{base}/api/alerts")).await["data"].as_array().unwrap().iter().find(|a| a["id"] == "ttft_p90_high").unwrap()["snoozed"], false);
-    let v: Value = http.post(format!("{base}/api/alerts/ttft_p90_high/snooze")).header("content-type", "application/json").send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        get(&format!("{base}/api/alerts")).await["data"].as_array().unwrap().iter().find(|a| a["id"] == "ttft_p90_high").unwrap()
+            ["snoozed"],
+        false
+    );
+    let v: Value = http
+        .post(format!("{base}/api/alerts/ttft_p90_high/snooze"))
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["snoozed"], true);
     let r = http.post(format!("{base}/api/alerts/ttft_p90_high/snooze")).json(&json!({"seconds": 60})).send().await.unwrap();
     assert_eq!(r.status(), 200);

@@ -55,7 +55,11 @@ fn the_check_catches_rules_that_differ_from_the_app() {
     // the bugs this check was written for: swap growth as the change over the window (not
     // the rise above its low) misses the climb; all refusals counted fires on a bench run's
     for (good, bad, alert) in [
-        ("mlxbar_swap_used_bytes - min_over_time(mlxbar_swap_used_bytes[300s])", "delta(mlxbar_swap_used_bytes[300s])", "MlxbarSwapGrowing"),
+        (
+            "mlxbar_swap_used_bytes - min_over_time(mlxbar_swap_used_bytes[300s])",
+            "delta(mlxbar_swap_used_bytes[300s])",
+            "MlxbarSwapGrowing",
+        ),
         ("mlxbar_admission_refused_total{reason=\"memory_pressure\"}", "mlxbar_admission_refused_total", "MlxbarAdmissionHeld"),
     ] {
         let right = rules::prometheus_rules(&defaults);

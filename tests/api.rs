@@ -24,7 +24,10 @@ async fn raw_post_declaring(url: &str, length: usize) -> (u16, Value) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let u = reqwest::Url::parse(url).unwrap();
     let mut sock = tokio::net::TcpStream::connect((u.host_str().unwrap(), u.port().unwrap())).await.unwrap();
-    let head = format!("POST {} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n{{", u.path());
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n{{",
+        u.path()
+    );
     sock.write_all(head.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     sock.read_to_end(&mut raw).await.unwrap();
@@ -301,7 +304,12 @@ async fn a_disconnected_stream_stops_its_generation() {
     assert_eq!(sample(&base, "mlxbar_requests_total", &[]).await, 1.0, "and nothing else ended");
     assert_eq!(sample(&base, "mlxbar_kv_cache_tokens", &[]).await, 0.0, "its KV is released");
     // and the server goes on serving
-    let resp = c.post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})).send().await.unwrap();
+    let resp = c
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
 }
 

@@ -59,7 +59,8 @@ fn load(name: &str) -> (Model, Vec<Case>) {
 /// Max |got - want| over the whole vocabulary, asserted within [`TOLERANCE`].
 fn compare(what: &str, got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len(), "{what}: vocab size");
-    let (at, diff) = got.iter().zip(want).map(|(g, w)| (g - w).abs()).enumerate().fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    let (at, diff) =
+        got.iter().zip(want).map(|(g, w)| (g - w).abs()).enumerate().fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
     assert!(diff < TOLERANCE, "{what}: logit of token {at} is {}, mlx-lm says {} (|diff| {diff:.2e})", got[at], want[at]);
     diff
 }
@@ -74,7 +75,8 @@ fn check(name: &str) {
     for (n, case) in cases.iter().enumerate() {
         let mut cache = model.new_cache();
         let logits = model.forward(&case.ids, &mut cache).unwrap();
-        worst[0] = worst[0].max(compare(&format!("{name} seq {n} ({} tokens) prefill", case.ids.len()), logits.as_slice::<f32>(), &case.prefill));
+        worst[0] =
+            worst[0].max(compare(&format!("{name} seq {n} ({} tokens) prefill", case.ids.len()), logits.as_slice::<f32>(), &case.prefill));
         assert_eq!(argmax(logits.as_slice::<f32>()), case.greedy[0], "{name} seq {n}: greedy id after prefill");
         let mut batch = BatchKv::default();
         batch.join(0, cache).unwrap();
@@ -113,7 +115,11 @@ fn check(name: &str) {
         for (r, &n) in rows.iter().enumerate() {
             let step = steps_done[n];
             let got = &logits[r * vocab..(r + 1) * vocab];
-            worst[2] = worst[2].max(compare(&format!("{name} seq {n} decode step {step} in a batch of {}", rows.len()), got, &cases[n].decode[step]));
+            worst[2] = worst[2].max(compare(
+                &format!("{name} seq {n} decode step {step} in a batch of {}", rows.len()),
+                got,
+                &cases[n].decode[step],
+            ));
             assert_eq!(argmax(got), cases[n].greedy[step + 1], "{name} seq {n}: greedy id of batched decode step {step}");
             steps_done[n] += 1;
             if steps_done[n] == cases[n].decode.len() {
@@ -126,8 +132,16 @@ fn check(name: &str) {
 }
 
 /// The folders each test below covers; a new folder without a test fails here.
-const MODELS: [&str; 8] =
-    ["llama3-rope", "llama3-rope-gguf", "llama-gqa-untied", "mistral", "qwen2-bias", "qwen2-bias-gguf", "qwen3-qknorm", "qwen3-qknorm-gguf"];
+const MODELS: [&str; 8] = [
+    "llama3-rope",
+    "llama3-rope-gguf",
+    "llama-gqa-untied",
+    "mistral",
+    "qwen2-bias",
+    "qwen2-bias-gguf",
+    "qwen3-qknorm",
+    "qwen3-qknorm-gguf",
+];
 
 #[test]
 fn every_tiny_model_has_a_test() {

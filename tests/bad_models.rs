@@ -120,7 +120,10 @@ fn a_safetensors_header_lying_about_sizes() {
         json!({"model.embed_tokens.weight": {"dtype": "F32", "shape": [16, 8], "data_offsets": [0, 64]}}),
         64,
     );
-    assert_names(&failed_load(path), &["model.safetensors", "model.embed_tokens.weight", "(512 bytes) but its data_offsets 0..64 span 64 bytes"]);
+    assert_names(
+        &failed_load(path),
+        &["model.safetensors", "model.embed_tokens.weight", "(512 bytes) but its data_offsets 0..64 span 64 bytes"],
+    );
 }
 
 #[test]

@@ -153,10 +153,14 @@ async fn batched_serving_matches_one_at_a_time_and_survives_a_cancelled_stream()
             break;
         }
         assert!(cancelled <= 1.0, "{cancelled} cancelled");
-        assert!(std::time::Instant::now() < deadline, "after the streams: {cancelled} cancelled, {running} running, KV {kv_tokens} tokens / {kv_bytes} bytes");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after the streams: {cancelled} cancelled, {running} running, KV {kv_tokens} tokens / {kv_bytes} bytes"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let finished = metric_sum(&base, "mlxbar_requests_total", "result=\"length\"").await + metric_sum(&base, "mlxbar_requests_total", "result=\"stop\"").await;
+    let finished = metric_sum(&base, "mlxbar_requests_total", "result=\"length\"").await
+        + metric_sum(&base, "mlxbar_requests_total", "result=\"stop\"").await;
     assert_eq!(finished, 3.0, "the three streams finished normally");
     assert_eq!(metric_sum(&base, "mlxbar_requests_total", "result=\"error\"").await, 0.0);
     server.shutdown().await;

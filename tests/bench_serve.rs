@@ -108,7 +108,10 @@ async fn runs_exclusively_with_progress_and_history() {
     assert_eq!(snapshot["bench"]["active"]["id"], id.as_str());
 
     // Progress moves while it runs, and the run ends complete.
-    until(format!("{base}/api/bench/{id}"), "progress", |v| v["progress"]["requests_done"].as_u64().unwrap() > 0 || v["state"] != "running").await;
+    until(format!("{base}/api/bench/{id}"), "progress", |v| {
+        v["progress"]["requests_done"].as_u64().unwrap() > 0 || v["state"] != "running"
+    })
+    .await;
     let done = until(format!("{base}/api/bench/{id}"), "the run to end", |v| v["state"] != "running").await;
     assert_eq!(done["state"], "done", "{done}");
     let p = &done["progress"];
@@ -228,7 +231,10 @@ fn cli_targets_and_compares_other_servers() {
     assert!(dir.path().join(format!("metrics/history/{id}.json")).exists());
     assert!(dir.path().join(format!("metrics/bench/runs/{id}.html")).exists());
 
-    let out = cli(dir.path(), &["--profile", "tiny", "--concurrency", "2", "--target", &format!("first={a}"), "--compare", &format!("second={b}#default")]);
+    let out = cli(
+        dir.path(),
+        &["--profile", "tiny", "--concurrency", "2", "--target", &format!("first={a}"), "--compare", &format!("second={b}#default")],
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("aggregate × vs first"), "{table}");

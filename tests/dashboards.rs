@@ -51,7 +51,8 @@ async fn every_dashboard_query_names_an_exported_metric() {
     // HTTP series exist once a request was answered; model series from the start.
     reqwest::get(format!("{}/v1/models", common::server())).await.unwrap();
     let scrape = reqwest::get(format!("{}/metrics", common::server())).await.unwrap().text().await.unwrap();
-    let exported: BTreeSet<String> = scrape.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap().to_string()).collect();
+    let exported: BTreeSet<String> =
+        scrape.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap().to_string()).collect();
     let missing: Vec<_> = wanted.difference(&exported).collect();
     assert!(missing.is_empty(), "queried but not exported: {missing:?}");
     // the dashboard covers many Macs through its instance variable
@@ -73,5 +74,8 @@ async fn every_exported_metric_is_documented() {
 fn prometheus_alert_rules_are_the_built_in_defaults() {
     let committed = std::fs::read_to_string(dashboards().join("prometheus/alerts.yml")).unwrap();
     let generated = mlxbar::alerts::rules::prometheus_rules(&mlxbar::alerts::rules::defaults());
-    assert!(committed == generated, "dashboards/prometheus/alerts.yml is stale: run `mlxbar alerts prometheus-rules > dashboards/prometheus/alerts.yml`");
+    assert!(
+        committed == generated,
+        "dashboards/prometheus/alerts.yml is stale: run `mlxbar alerts prometheus-rules > dashboards/prometheus/alerts.yml`"
+    );
 }

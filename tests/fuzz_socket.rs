@@ -82,7 +82,11 @@ fn random_requests_get_well_formed_answers_and_the_server_survives() {
             Err(e) => {
                 let first_line = e.lines().next().unwrap_or_default().to_string();
                 violations.entry(first_line).or_insert_with(|| {
-                    format!("request #{n} ({}): {e}\nrequest (first 600 bytes): {:?}", req.what, String::from_utf8_lossy(&req.bytes[..req.bytes.len().min(600)]))
+                    format!(
+                        "request #{n} ({}): {e}\nrequest (first 600 bytes): {:?}",
+                        req.what,
+                        String::from_utf8_lossy(&req.bytes[..req.bytes.len().min(600)])
+                    )
                 });
                 *statuses.entry("VIOLATION".into()).or_default() += 1;
             }
@@ -90,7 +94,12 @@ fn random_requests_get_well_formed_answers_and_the_server_survives() {
         n += 1;
     }
     eprintln!("fuzz_socket: {n} requests in {:.1}s; outcomes {statuses:?}", started.elapsed().as_secs_f64());
-    assert!(violations.is_empty(), "seed {seed}: {} kinds of bad answers:\n\n{}", violations.len(), violations.into_values().collect::<Vec<_>>().join("\n\n"));
+    assert!(
+        violations.is_empty(),
+        "seed {seed}: {} kinds of bad answers:\n\n{}",
+        violations.len(),
+        violations.into_values().collect::<Vec<_>>().join("\n\n")
+    );
     assert!(n > 50, "only {n} requests in the budget");
 
     // Still alive and still serving.
@@ -135,7 +144,9 @@ fn exchange(addr: &str, req: &Fuzzed, follow_up: bool) -> Result<String, String>
         Ok(None) if !req.framed => return Ok("closed (broken framing)".into()),
         Ok(None) => return Err("the connection closed without an answer".into()),
         Err(e) if is_reset(&e) && (!req.framed || big) => return Ok("reset (early close)".into()),
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Err(format!("no answer within {READ_TIMEOUT:?}")),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            return Err(format!("no answer within {READ_TIMEOUT:?}"))
+        }
         Err(e) => return Err(e.to_string()),
     };
     check(&resp).map_err(|e| {
@@ -195,7 +206,11 @@ fn read_response(r: &mut BufReader<TcpStream>, head_request: bool) -> std::io::R
             let mut line = Vec::new();
             let n = r.read_until(b'\n', &mut line)?;
             if n == 0 {
-                return if head.is_empty() { Ok(None) } else { Err(bad(format!("the answer stops inside its head: {:?}", String::from_utf8_lossy(&head)))) };
+                return if head.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(bad(format!("the answer stops inside its head: {:?}", String::from_utf8_lossy(&head))))
+                };
             }
             head.extend(line);
             if head.len() > 1 << 20 {
@@ -215,7 +230,11 @@ fn read_response(r: &mut BufReader<TcpStream>, head_request: bool) -> std::io::R
         let headers: Vec<(String, String)> = parsed
             .headers
             .iter()
-            .map(|h| String::from_utf8(h.value.to_vec()).map(|v| (h.name.to_string(), v)).map_err(|_| bad(format!("header {} is not UTF-8", h.name))))
+            .map(|h| {
+                String::from_utf8(h.value.to_vec())
+                    .map(|v| (h.name.to_string(), v))
+                    .map_err(|_| bad(format!("header {} is not UTF-8", h.name)))
+            })
             .collect::<Result<_, _>>()?;
         if (100..200).contains(&status) {
             continue;
@@ -231,7 +250,13 @@ fn read_response(r: &mut BufReader<TcpStream>, head_request: bool) -> std::io::R
         } else if let Some(len) = get("content-length") {
             let len: usize = len.trim().parse().map_err(|_| bad(format!("Content-Length {len:?}")))?;
             let mut body = vec![0; len];
-            r.read_exact(&mut body).map_err(|e| if e.kind() == ErrorKind::UnexpectedEof { bad(format!("the body stops before its {len} bytes")) } else { e })?;
+            r.read_exact(&mut body).map_err(|e| {
+                if e.kind() == ErrorKind::UnexpectedEof {
+                    bad(format!("the body stops before its {len} bytes"))
+                } else {
+                    e
+                }
+            })?;
             body
         } else {
             // Close-delimited: legal, but then the server must close.
@@ -275,10 +300,28 @@ fn read_chunked(r: &mut BufReader<TcpStream>) -> std::io::Result<Vec<u8>> {
 // ------------------------------------------------------------------- request generation
 
 const PATHS: &[&str] = &[
-    "/", "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/api/metrics/snapshot",
-    "/api/alerts", "/api/alerts/queue_backlog/snooze", "/api/alerts/nope/snooze", "/api/bench/profiles", "/api/bench",
-    "/api/bench/does-not-exist", "/api/bench/x/report", "/api/history", "/api/history/abc", "/ui/app.js",
-    "/ui/../../etc/passwd", "/ui/%2e%2e/%2e%2e/Cargo.toml", "/ui/vendor/uPlot.min.css", "/v1", "/v2/chat/completions",
+    "/",
+    "/health",
+    "/metrics",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/api/metrics/snapshot",
+    "/api/alerts",
+    "/api/alerts/queue_backlog/snooze",
+    "/api/alerts/nope/snooze",
+    "/api/bench/profiles",
+    "/api/bench",
+    "/api/bench/does-not-exist",
+    "/api/bench/x/report",
+    "/api/history",
+    "/api/history/abc",
+    "/ui/app.js",
+    "/ui/../../etc/passwd",
+    "/ui/%2e%2e/%2e%2e/Cargo.toml",
+    "/ui/vendor/uPlot.min.css",
+    "/v1",
+    "/v2/chat/completions",
 ];
 
 fn fuzz_request(rng: &mut ChaCha8Rng, port: u16) -> Fuzzed {
@@ -305,7 +348,8 @@ fn fuzz_request(rng: &mut ChaCha8Rng, port: u16) -> Fuzzed {
     let mut path: String = PATHS.choose(rng).unwrap().to_string();
     match rng.random_range(0..100) {
         0..45 => {}
-        45..55 => path.push_str(&format!("?{}", ["a=b", "a=%zz&&b", "=", "x=%00", "stream=true", "limit=-1&limit=9999999999"].choose(rng).unwrap())),
+        45..55 => path
+            .push_str(&format!("?{}", ["a=b", "a=%zz&&b", "=", "x=%00", "stream=true", "limit=-1&limit=9999999999"].choose(rng).unwrap())),
         55..63 => path = percent_encode_some(rng, &path),
         63..70 => {
             let bad = ["%", "%G1", "%ff", "%c3%28", "%00", "/%2e%2e/", "/../", "/./", "//", ";x", "#frag"].choose(rng).unwrap();
@@ -355,7 +399,10 @@ fn fuzz_request(rng: &mut ChaCha8Rng, port: u16) -> Fuzzed {
     match rng.random_range(0..100) {
         0..70 => h("Host", format!("{}:{port}", ["localhost", "127.0.0.1"].choose(rng).unwrap()).as_bytes()),
         70..78 => {}
-        78..88 => h("Host", ["evil.example", "localhost.evil:80", "127.0.0.1.evil", "[::1]x", "user@localhost", ""].choose(rng).unwrap().as_bytes()),
+        78..88 => h(
+            "Host",
+            ["evil.example", "localhost.evil:80", "127.0.0.1.evil", "[::1]x", "user@localhost", ""].choose(rng).unwrap().as_bytes(),
+        ),
         88..94 => {
             h("Host", b"localhost");
             h("Host", b"evil.example");
@@ -366,8 +413,15 @@ fn fuzz_request(rng: &mut ChaCha8Rng, port: u16) -> Fuzzed {
         }
     }
     let content_type = [
-        "application/json", "application/json; charset=utf-8", "APPLICATION/JSON", "text/plain", "multipart/form-data; boundary=x",
-        "application/x-www-form-urlencoded", "application/jsonx", "application/json\t", "",
+        "application/json",
+        "application/json; charset=utf-8",
+        "APPLICATION/JSON",
+        "text/plain",
+        "multipart/form-data; boundary=x",
+        "application/x-www-form-urlencoded",
+        "application/jsonx",
+        "application/json\t",
+        "",
     ];
     match rng.random_range(0..100) {
         0..65 => h("Content-Type", b"application/json"),
@@ -544,7 +598,9 @@ fn random_json(rng: &mut ChaCha8Rng, depth: u32) -> Value {
         6 => Value::Array((0..rng.random_range(0..4)).map(|_| random_json(rng, depth - 1)).collect()),
         _ => {
             let keys = ["role", "content", "type", "text", "messages", "prompt", "stop", "x", ""];
-            Value::Object((0..rng.random_range(0..4)).map(|_| (keys.choose(rng).unwrap().to_string(), random_json(rng, depth - 1))).collect())
+            Value::Object(
+                (0..rng.random_range(0..4)).map(|_| (keys.choose(rng).unwrap().to_string(), random_json(rng, depth - 1))).collect(),
+            )
         }
     }
 }
@@ -609,7 +665,13 @@ fn cap_tokens(rng: &mut ChaCha8Rng, body: Vec<u8>) -> Vec<u8> {
 }
 
 fn fuzz_body(rng: &mut ChaCha8Rng, path: &str, what: &mut Vec<String>) -> Vec<u8> {
-    let chat = if path.contains("chat") { true } else if path.contains("completions") { false } else { rng.random_bool(0.5) };
+    let chat = if path.contains("chat") {
+        true
+    } else if path.contains("completions") {
+        false
+    } else {
+        rng.random_bool(0.5)
+    };
     if rng.random_bool(0.15) {
         return vec![];
     }

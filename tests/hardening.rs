@@ -63,8 +63,20 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
     let http = client();
     let before = metrics(base).await;
     // What a page's `fetch(url, {method: "POST", body})` sends: text/plain, its Origin.
-    for (path, body) in [("/api/bench", r#"{"profile":"standard"}"#), ("/api/alerts/memory_pressure_warn/snooze", r#"{"seconds":604800}"#), ("/v1/chat/completions", r#"{"messages":[{"role":"user","content":"hi"}]}"#)] {
-        let r = http.post(format!("{base}{path}")).header("content-type", "text/plain;charset=UTF-8").header("origin", "https://evil.example").header("sec-fetch-site", "cross-site").body(body).send().await.unwrap();
+    for (path, body) in [
+        ("/api/bench", r#"{"profile":"standard"}"#),
+        ("/api/alerts/memory_pressure_warn/snooze", r#"{"seconds":604800}"#),
+        ("/v1/chat/completions", r#"{"messages":[{"role":"user","content":"hi"}]}"#),
+    ] {
+        let r = http
+            .post(format!("{base}{path}"))
+            .header("content-type", "text/plain;charset=UTF-8")
+            .header("origin", "https://evil.example")
+            .header("sec-fetch-site", "cross-site")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 403, "{path}");
         let e: Value = r.json().await.unwrap();
         assert_eq!(e["error"]["code"], "origin_not_allowed", "{path}: {e}");
@@ -73,7 +85,14 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
         assert_eq!(r.status(), 415, "{path}");
         assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "unsupported_media_type");
         // JSON from another port of localhost: another origin.
-        let r = http.post(format!("{base}{path}")).header("content-type", "application/json").header("origin", "http://127.0.0.1:1").body(body).send().await.unwrap();
+        let r = http
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .header("origin", "http://127.0.0.1:1")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 403, "{path}");
     }
     // Nothing happened: no bench job, no snooze, no generation counted.
@@ -83,7 +102,12 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
     assert!(alerts["data"].as_array().unwrap().iter().all(|a| a["snoozed"] == false), "{alerts}");
     // Each was refused before any handler ran (other tests of this binary get no 403/415).
     let after = metrics(base).await;
-    let refused = |t: &str, code: &str| t.lines().filter(|l| l.starts_with("mlxbar_http_requests_total") && l.contains(&format!("status=\"{code}\""))).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum::<f64>();
+    let refused = |t: &str, code: &str| {
+        t.lines()
+            .filter(|l| l.starts_with("mlxbar_http_requests_total") && l.contains(&format!("status=\"{code}\"")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
     assert_eq!(refused(&after, "403") - refused(&before, "403"), 6.0);
     assert_eq!(refused(&after, "415") - refused(&before, "415"), 3.0);
     // The same request the SDKs send still works: JSON, no Origin.
@@ -110,18 +134,29 @@ async fn metric_labels_stay_bounded_whatever_clients_send() {
     // A server of its own: other tests' requests would add their own (bounded) series.
     let base = &*Box::leak(common::start_server(common::test_config()).into_boxed_str());
     let http = client();
-    let series = |t: &str| t.lines().filter(|l| !l.starts_with('#')).map(|l| l.rsplit_once(' ').unwrap().0.to_string()).collect::<std::collections::BTreeSet<_>>();
+    let series = |t: &str| {
+        t.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.rsplit_once(' ').unwrap().0.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
     // One of each kind first, so every label value these requests can reach exists.
     let hit = |model: String, path: String| {
         let http = http.clone();
         async move {
-            let _ = http.post(format!("{base}/v1/chat/completions")).json(&json!({"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})).send().await.unwrap();
+            let _ = http
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&json!({"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}))
+                .send()
+                .await
+                .unwrap();
             let _ = http.get(format!("{base}/{path}")).send().await.unwrap();
         }
     };
     hit("warm-up-model".into(), "warm/up".into()).await;
     let baseline = series(&metrics(base).await);
-    let names: Vec<(String, String)> = (0..1000).map(|i| (format!("model-{i}-{}", rand::random::<u32>()), format!("p{i}/{}?q={i}", rand::random::<u32>()))).collect();
+    let names: Vec<(String, String)> =
+        (0..1000).map(|i| (format!("model-{i}-{}", rand::random::<u32>()), format!("p{i}/{}?q={i}", rand::random::<u32>()))).collect();
     futures::stream::iter(names).for_each_concurrent(32, |(m, p)| hit(m, p)).await;
     let after = metrics(base).await;
     let added: Vec<_> = series(&after).difference(&baseline).cloned().collect();
@@ -202,7 +237,12 @@ async fn a_burst_of_500_ends_each_request_complete_or_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_engine_reports_failed_and_reloads() {
     let base = common::start_server(common::test_config());
-    let r = client().post(format!("{base}/v1/chat/completions")).json(&chat(&format!("please {}", faults::KILL_ENGINE), 4)).send().await.unwrap();
+    let r = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&chat(&format!("please {}", faults::KILL_ENGINE), 4))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 500, "the request in flight ends with an error");
     let health = until("health to say failed", 30, async || {
         let (status, h) = get_json(&format!("{base}/health")).await;
@@ -264,12 +304,20 @@ async fn a_client_leaving_during_prefill_stops_it_and_frees_its_kv() {
     let before = metrics(&base).await;
     // ~6,000 prompt tokens: 12 prefill chunks of 512.
     let prompt = "ocean ".repeat(6000);
-    let resp = client().post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "stream": true})).send().await.unwrap();
+    let resp = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "stream": true}))
+        .send()
+        .await
+        .unwrap();
     let mut stream = common::sse(resp);
     // The role chunk goes out at once; the prompt is being prefilled now.
     let role: Value = serde_json::from_str(&stream.next().await.unwrap().data).unwrap();
     assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
-    until("the engine to take the request", 30, async || (get_json(&format!("{base}/health")).await.1["queue"]["running"] == 1).then_some(())).await;
+    until("the engine to take the request", 30, async || {
+        (get_json(&format!("{base}/health")).await.1["queue"]["running"] == 1).then_some(())
+    })
+    .await;
     drop(stream);
     until("the request to end", 60, async || (get_json(&format!("{base}/health")).await.1["queue"]["running"] == 0).then_some(())).await;
     let after = metrics(&base).await;
@@ -300,7 +348,13 @@ async fn an_unwritable_data_dir_refuses_a_bench_and_serving_goes_on() {
 async fn request_limits_are_clear_400s() {
     let base = common::server();
     // Two JSON values in one body (the second would otherwise be ignored).
-    let r = client().post(format!("{base}/v1/completions")).header("content-type", "application/json").body(r#"{"prompt":"a","max_tokens":1}{"prompt":"b"}"#).send().await.unwrap();
+    let r = client()
+        .post(format!("{base}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(r#"{"prompt":"a","max_tokens":1}{"prompt":"b"}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert!(r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("after the JSON body"));
     for (extra, param) in [

@@ -112,7 +112,8 @@ async fn snapshot_and_stream_follow_a_request() {
     assert!(snap["prefix_cache_hit_rate"].as_f64().unwrap() > 0.0);
 
     // A client that leaves mid-stream is counted as cancelled, with what it got.
-    let stream_req = json!({"messages": [{"role": "user", "content": "Count to one hundred."}], "max_tokens": 200, "temperature": 0, "stream": true});
+    let stream_req =
+        json!({"messages": [{"role": "user", "content": "Count to one hundred."}], "max_tokens": 200, "temperature": 0, "stream": true});
     let resp = client.post(format!("{base}/v1/chat/completions")).json(&stream_req).send().await.unwrap();
     let mut tokens = common::sse(resp);
     common::read_tokens(&mut tokens, 2).await;

@@ -33,6 +33,11 @@ async fn a_request_beyond_the_memory_limit_gets_507_and_others_go_on() {
     let rest: Vec<String> = stream.map(|e| e.data).collect().await;
     assert_eq!(rest.last().map(String::as_str), Some("[DONE]"), "the other stream finished: {rest:?}");
     assert!(rest.iter().any(|d| d.contains("\"finish_reason\":\"length\"")), "{rest:?}");
-    let r = http.post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})).send().await.unwrap();
+    let r = http
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200, "and the server goes on");
 }

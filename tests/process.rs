@@ -104,7 +104,12 @@ async fn sigterm_lets_in_flight_streams_finish_then_exits_0() {
         assert!(Instant::now() < deadline, "health never said stopping");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let refused = http.post(format!("{base}/v1/chat/completions")).json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})).send().await.unwrap();
+    let refused = http
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status(), 503);
     assert!(refused.headers().contains_key("retry-after"));
     assert_eq!(refused.json::<Value>().await.unwrap()["error"]["code"], "shutting_down");

@@ -131,7 +131,13 @@ async fn promtool_finds_nothing_in_a_scrape_under_load() {
     let text = scrape.text().await.unwrap();
     drop(resp);
     assert!(text.contains("mlxbar_http_requests_in_flight{method=\"POST\",route=\"/v1/chat/completions\"} 1"), "in flight while streaming");
-    let mut child = Command::new("promtool").args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("promtool");
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
     use std::io::Write;
     child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();

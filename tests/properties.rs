@@ -343,17 +343,14 @@ fn json_value() -> impl Strategy<Value = Value> {
 /// A request that is mostly well-formed: real field names, values of any type.
 fn near_request() -> impl Strategy<Value = Value> {
     let message = prop::collection::btree_map(prop::sample::select(vec!["role", "content", "name"]), json_value(), 0..3);
-    (
-        prop::collection::vec(message, 0..3),
-        json_value(),
-        prop::collection::btree_map(field_name(), json_value(), 0..5),
-    )
-        .prop_map(|(messages, prompt, rest)| {
+    (prop::collection::vec(message, 0..3), json_value(), prop::collection::btree_map(field_name(), json_value(), 0..5)).prop_map(
+        |(messages, prompt, rest)| {
             let mut o: serde_json::Map<String, Value> = rest.into_iter().collect();
             o.insert("messages".into(), json!(messages));
             o.insert("prompt".into(), prompt);
             Value::Object(o)
-        })
+        },
+    )
 }
 
 /// Parses as the server does (serde_path_to_error over the raw bytes) and as a value.
@@ -364,7 +361,8 @@ fn parse_both(v: &Value) {
     if let (Ok(c), Some(n)) = (&chat, v.get("max_tokens").and_then(Value::as_u64)) {
         assert_eq!(c.common.max_tokens, Some(n as u32));
     }
-    let _ = (completion, serde_json::from_value::<ChatCompletionRequest>(v.clone()), serde_json::from_value::<CompletionRequest>(v.clone()));
+    let _ =
+        (completion, serde_json::from_value::<ChatCompletionRequest>(v.clone()), serde_json::from_value::<CompletionRequest>(v.clone()));
 }
 
 proptest! {
@@ -386,9 +384,33 @@ proptest! {
 
 fn hostile_text() -> impl Strategy<Value = String> {
     let fragment = prop::sample::select(vec![
-        "{{", "}}", "{%", "%}", "{#", "#}", "{{ 7*7 }}", "{% for x in range(999999999) %}", "{% raw %}",
-        "{{ raise_exception('boom') }}", "{% set messages = [] %}", "{{ messages }}", "<|im_end|>", "<|im_start|>",
-        "\0", "\u{202e}", "\u{feff}", "é", "😀", "\\", "'", "\"", "\n", "\r\n", "{{'", "'}}", " ",
+        "{{",
+        "}}",
+        "{%",
+        "%}",
+        "{#",
+        "#}",
+        "{{ 7*7 }}",
+        "{% for x in range(999999999) %}",
+        "{% raw %}",
+        "{{ raise_exception('boom') }}",
+        "{% set messages = [] %}",
+        "{{ messages }}",
+        "<|im_end|>",
+        "<|im_start|>",
+        "\0",
+        "\u{202e}",
+        "\u{feff}",
+        "é",
+        "😀",
+        "\\",
+        "'",
+        "\"",
+        "\n",
+        "\r\n",
+        "{{'",
+        "'}}",
+        " ",
     ]);
     prop_oneof![
         4 => prop::collection::vec(fragment.clone(), 0..12).prop_map(|f| f.concat()),
@@ -498,8 +520,22 @@ fn is_name_with_port(host: &str, name: &str) -> bool {
 
 fn host_header() -> impl Strategy<Value = String> {
     let base = prop::sample::select(vec![
-        "localhost", "LocalHost", "127.0.0.1", "[::1]", "::1", "evil.example", "127.0.0.1.evil", "localhost.evil",
-        "user@localhost", "localhost@evil.example", "127.0.0.1@evil", "mac.local", "MAC.LOCAL", "0.0.0.0", "127.1", "",
+        "localhost",
+        "LocalHost",
+        "127.0.0.1",
+        "[::1]",
+        "::1",
+        "evil.example",
+        "127.0.0.1.evil",
+        "localhost.evil",
+        "user@localhost",
+        "localhost@evil.example",
+        "127.0.0.1@evil",
+        "mac.local",
+        "MAC.LOCAL",
+        "0.0.0.0",
+        "127.1",
+        "",
     ]);
     let tail = prop::sample::select(vec![
         "", ":80", ":8080", ":", ":abc", ".", ".evil", "@evil", "%00", "\0", " ", "/x", "#", ":80@evil", "]", "[", ":80:80",
@@ -527,7 +563,8 @@ proptest! {
 /// Origins a page could send: foreign sites, other ports of loopback, lookalikes.
 fn origin_header() -> impl Strategy<Value = String> {
     let scheme = prop::sample::select(vec!["http://", "https://", "tauri://", "file://", "", "null"]);
-    let host = prop::sample::select(vec!["127.0.0.1", "localhost", "evil.example", "127.0.0.1.evil", "localhost", "tauri.localhost", "[::1]"]);
+    let host =
+        prop::sample::select(vec!["127.0.0.1", "localhost", "evil.example", "127.0.0.1.evil", "localhost", "tauri.localhost", "[::1]"]);
     let port = prop::sample::select(vec!["", ":8080", ":8081", ":80", ":18080", ":8080/", ":8080.evil"]);
     prop_oneof![
         4 => (scheme, host, port).prop_map(|(s, h, p)| format!("{s}{h}{p}")),

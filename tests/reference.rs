@@ -57,7 +57,11 @@ fn logits_and_greedy_tokens_match_python_mlx() {
             codec.decode(&got).unwrap(),
             case["greedy_text"]
         );
-        println!("prompt {n}: top-10 match (max |diff| {max_diff:.2e}), greedy agrees for {agree}/{} tokens: {:?}", want.len(), codec.decode(&got).unwrap());
+        println!(
+            "prompt {n}: top-10 match (max |diff| {max_diff:.2e}), greedy agrees for {agree}/{} tokens: {:?}",
+            want.len(),
+            codec.decode(&got).unwrap()
+        );
     }
 }
 
@@ -114,7 +118,11 @@ impl Sequence<'_> {
             let (id, value) = (w["id"].as_u64().unwrap() as u32, w["logit"].as_f64().unwrap() as f32);
             let got = logits[id as usize];
             self.max_diff = self.max_diff.max((got - value).abs());
-            assert!((got - value).abs() < LOGIT_TOLERANCE, "{how}: sequence {} step {step}: logit of token {id} is {got}, reference {value}", self.id);
+            assert!(
+                (got - value).abs() < LOGIT_TOLERANCE,
+                "{how}: sequence {} step {step}: logit of token {id} is {got}, reference {value}",
+                self.id
+            );
             assert_eq!(order[rank], id, "{how}: sequence {} step {step}: rank {rank}", self.id);
         }
         let token = argmax(logits);
@@ -180,7 +188,8 @@ fn decode_through_a_batch_of_three_joining_and_leaving_matches_python_mlx() {
     let cases = reference["prompts"].as_array().unwrap();
     let lens: Vec<usize> = cases.iter().map(|c| c["prompt_ids"].as_array().unwrap().len()).collect();
     assert!(lens[0] != lens[1] && lens[1] != lens[2], "the prompts differ in length: {lens:?}");
-    let mut seqs: Vec<Sequence> = cases.iter().enumerate().map(|(n, case)| Sequence { id: n as u64, case, done: 0, next: 0, max_diff: 0.0 }).collect();
+    let mut seqs: Vec<Sequence> =
+        cases.iter().enumerate().map(|(n, case)| Sequence { id: n as u64, case, done: 0, next: 0, max_diff: 0.0 }).collect();
     let how = "batch of 3";
     let mut batch = BatchKv::default();
     let mut parked: Option<KvCache> = None;

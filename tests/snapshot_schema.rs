@@ -111,14 +111,19 @@ async fn every_snapshot_of_a_busy_server_matches_the_published_schema() {
     let body = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0});
     let r = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    let served = until(&base, &v, "the alert to fire", |s| s["alerts"].as_array().unwrap().iter().any(|a| a["id"] == "ttft_p90_high" && a["firing"] == true)).await;
+    let served = until(&base, &v, "the alert to fire", |s| {
+        s["alerts"].as_array().unwrap().iter().any(|a| a["id"] == "ttft_p90_high" && a["firing"] == true)
+    })
+    .await;
     assert_eq!(served["requests"]["recent"].as_array().unwrap().len(), 1);
     assert_eq!(served["links"]["grafana"], "http://127.0.0.1:3000/d/mlxbar");
 
     // A bench run: the active job with its progress and current cell, then its results.
     let r = client().post(format!("{base}/api/bench")).json(&json!({"profile": "tiny"})).send().await.unwrap();
     assert_eq!(r.status(), 202);
-    let running = until(&base, &v, "a cell to run", |s| !s["bench"]["active"]["progress"]["current"].is_null() || s["bench"]["active"].is_null()).await;
+    let running =
+        until(&base, &v, "a cell to run", |s| !s["bench"]["active"]["progress"]["current"].is_null() || s["bench"]["active"].is_null())
+            .await;
     assert!(running["bench"]["active"]["progress"]["current"]["label"].is_string(), "the run ended before a snapshot saw it: {running}");
     let _ = until(&base, &v, "the run to end", |s| s["bench"]["active"].is_null()).await;
 

@@ -185,7 +185,10 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
                     let reload = tauri::async_runtime::spawn_blocking(move || again.reload()).await;
                     let (title, body) = match reload {
                         Ok(Ok(())) => match engine.wait_ready().await {
-                            Ok(()) => ("Model reloaded".to_string(), engine.model().map(|m| format!("{} is serving again", m.id)).unwrap_or_default()),
+                            Ok(()) => (
+                                "Model reloaded".to_string(),
+                                engine.model().map(|m| format!("{} is serving again", m.id)).unwrap_or_default(),
+                            ),
                             Err(e) => ("The model failed to load".to_string(), e.to_string()),
                         },
                         Ok(Err(e)) => ("Could not reload the model".to_string(), e.to_string()),
@@ -245,7 +248,18 @@ mod tests {
         AppStatus {
             phase: "running",
             error: None,
-            server: Some(ServerStatus { url: "http://127.0.0.1:8080".into(), state, paused, pressure, tokens_per_second: tps, running, waiting: 0, alerts_firing: 0, bench_running: false, stalled: false }),
+            server: Some(ServerStatus {
+                url: "http://127.0.0.1:8080".into(),
+                state,
+                paused,
+                pressure,
+                tokens_per_second: tps,
+                running,
+                waiting: 0,
+                alerts_firing: 0,
+                bench_running: false,
+                stalled: false,
+            }),
         }
     }
 

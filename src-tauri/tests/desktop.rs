@@ -48,13 +48,23 @@ struct Desktop {
 impl Desktop {
     fn start() -> Desktop {
         let mut procs = Procs(vec![]);
-        let n = (100..400).find(|n| !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists()).unwrap();
+        let n = (100..400)
+            .find(|n| !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists() && !Path::new(&format!("/tmp/.X{n}-lock")).exists())
+            .unwrap();
         let display = format!(":{n}");
-        let xvfb = Command::new("Xvfb").args([&display, "-screen", "0", "1280x800x24", "-nolisten", "tcp"]).stderr(Stdio::null()).spawn().expect("Xvfb (apt install xvfb)");
+        let xvfb = Command::new("Xvfb")
+            .args([&display, "-screen", "0", "1280x800x24", "-nolisten", "tcp"])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("Xvfb (apt install xvfb)");
         procs.0.push(("Xvfb", xvfb));
         wait_for("Xvfb", Duration::from_secs(10), || Path::new(&format!("/tmp/.X11-unix/X{n}")).exists().then_some(()));
 
-        let mut dbus = Command::new("dbus-daemon").args(["--session", "--nofork", "--print-address"]).stdout(Stdio::piped()).spawn().expect("dbus-daemon");
+        let mut dbus = Command::new("dbus-daemon")
+            .args(["--session", "--nofork", "--print-address"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("dbus-daemon");
         let mut line = String::new();
         BufReader::new(dbus.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let bus = line.trim().to_string();
@@ -66,7 +76,22 @@ impl Desktop {
         wait_for("dunst on the bus", Duration::from_secs(10), || d.output("dunstctl", &["is-paused"]).filter(|o| o.trim() == "false"));
         let trayer = d
             .command("trayer")
-            .args(["--edge", "top", "--align", "right", "--widthtype", "request", "--height", "28", "--SetDockType", "true", "--transparent", "false", "--tint", "0xe8e8ed"])
+            .args([
+                "--edge",
+                "top",
+                "--align",
+                "right",
+                "--widthtype",
+                "request",
+                "--height",
+                "28",
+                "--SetDockType",
+                "true",
+                "--transparent",
+                "false",
+                "--tint",
+                "0xe8e8ed",
+            ])
             .stderr(Stdio::null())
             .spawn()
             .expect("trayer");
@@ -145,7 +170,11 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     // A user plan named "quick" replaces the built-in one, so the tray's run ends in seconds.
     let plans = dir.join("metrics/bench/plans");
     std::fs::create_dir_all(&plans).unwrap();
-    std::fs::write(plans.join("quick.json"), r#"{"name": "quick", "concurrency": [1], "prompt_tokens": [16], "output_tokens": [4], "repetitions": 1, "warmup": 0}"#).unwrap();
+    std::fs::write(
+        plans.join("quick.json"),
+        r#"{"name": "quick", "concurrency": [1], "prompt_tokens": [16], "output_tokens": [4], "repetitions": 1, "warmup": 0}"#,
+    )
+    .unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let log = std::fs::File::create(artifacts.join("app-desktop.log")).unwrap();
@@ -166,13 +195,21 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
 
     // A request makes the forced alert fire; dunst receives the notification.
     let chat = r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":3}"#;
-    let out = Command::new("curl").args(["-sf", &format!("{base}/v1/chat/completions"), "-H", "Content-Type: application/json", "-d", chat]).output().unwrap();
+    let out = Command::new("curl")
+        .args(["-sf", &format!("{base}/v1/chat/completions"), "-H", "Content-Type: application/json", "-d", chat])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "chat request failed");
     let history = wait_for("the notification in dunst", Duration::from_secs(15), || {
         desk.output("dunstctl", &["history"]).filter(|h| h.contains("Time to first token p90"))
     });
     let history: serde_json::Value = serde_json::from_str(&history).unwrap();
-    let note = &history["data"][0].as_array().unwrap().iter().find(|n| n["summary"]["data"].as_str().unwrap_or("").contains("Time to first token")).unwrap();
+    let note = &history["data"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["summary"]["data"].as_str().unwrap_or("").contains("Time to first token"))
+        .unwrap();
     assert_eq!(note["appname"]["data"], "mlxbar-app", "sent by the app (notify-rust names the executable)");
     assert!(note["body"]["data"].as_str().unwrap().starts_with("Now "), "{note}");
 
@@ -183,7 +220,8 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
         desk.xdotool(&["search", "--onlyvisible", "--name", "^mlxbar$"]).and_then(|o| o.lines().next().map(str::to_owned))
     });
     wait_for("the popover's live stream", Duration::from_secs(20), || {
-        get(&format!("{base}/metrics")).filter(|m| m.contains("mlxbar_http_requests_in_flight{method=\"GET\",route=\"/api/metrics/stream\"} 1"))
+        get(&format!("{base}/metrics"))
+            .filter(|m| m.contains("mlxbar_http_requests_in_flight{method=\"GET\",route=\"/api/metrics/stream\"} 1"))
     });
     let (_, _, w, h) = desk.geometry(&popover);
     assert!((360..=400).contains(&w) && h >= 600, "popover is {w}x{h}");
@@ -192,7 +230,10 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     let shot = artifacts.join("app-popover.png");
     wait_for("a popover painted in the serving state", Duration::from_secs(15), || {
         desk.screenshot(&popover, &shot);
-        let colours = Command::new("convert").args([shot.to_str().unwrap(), "-crop", "40x50+0+0", "+repage", "-unique-colors", "txt:-"]).output().ok()?;
+        let colours = Command::new("convert")
+            .args([shot.to_str().unwrap(), "-crop", "40x50+0+0", "+repage", "-unique-colors", "txt:-"])
+            .output()
+            .ok()?;
         String::from_utf8_lossy(&colours.stdout).contains("#30B158").then_some(())
     });
     desk.screenshot("root", &artifacts.join("app-desktop.png"));
@@ -200,7 +241,9 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     // Tray menu → "Run quick benchmark" (fourth item) starts the quick profile in the
     // in-process server.
     desk.tray_menu(&["Down", "Down", "Down", "Down", "Return"]);
-    let jobs = wait_for("the benchmark to start", Duration::from_secs(15), || get(&format!("{base}/api/bench")).filter(|j| j.contains("\"profile\":\"quick\"")));
+    let jobs = wait_for("the benchmark to start", Duration::from_secs(15), || {
+        get(&format!("{base}/api/bench")).filter(|j| j.contains("\"profile\":\"quick\""))
+    });
     let jobs: serde_json::Value = serde_json::from_str(&jobs).unwrap();
     assert_eq!(jobs["data"][0]["profile"], "quick", "{jobs}");
     // When it ends, a notification says how it went.
@@ -219,7 +262,10 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
         desk.output("dunstctl", &["history"]).filter(|h| h.contains("Model reloaded"))
     });
     wait_for("the reloaded server", Duration::from_secs(30), || get(&format!("{base}/health")).filter(|h| h.contains("\"ok\"")));
-    let out = Command::new("curl").args(["-sf", &format!("{base}/v1/chat/completions"), "-H", "Content-Type: application/json", "-d", chat]).output().unwrap();
+    let out = Command::new("curl")
+        .args(["-sf", &format!("{base}/v1/chat/completions"), "-H", "Content-Type: application/json", "-d", chat])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "chat request after the reload failed");
 
     // Tray menu → "Pause serving" (third from the bottom; counted from there because the
@@ -227,7 +273,18 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     // the same item, now "Resume serving", lets it through again.
     let chat_status = || {
         let out = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("{base}/v1/chat/completions"), "-H", "Content-Type: application/json", "-d", chat])
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                &format!("{base}/v1/chat/completions"),
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                chat,
+            ])
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()

@@ -19,8 +19,8 @@ use tokio::sync::broadcast;
 
 pub use rules::{Rule, RuleOverride, Severity, Signal};
 use signals::{History, Reading};
-pub use state::{NoticeKind, Phase};
 use state::RuleState;
+pub use state::{NoticeKind, Phase};
 
 /// A notification to show: an alert started firing or resolved.
 #[derive(Debug, Clone, Serialize)]
@@ -134,7 +134,9 @@ impl Alerts {
 fn notice(rule: &Rule, kind: NoticeKind, value: Option<f64>) -> Notice {
     let now_text = value.map(|v| signals::describe(rule.signal, v)).unwrap_or_else(|| "no data".into());
     let (title, body) = match kind {
-        NoticeKind::Firing => (rule.summary.clone(), format!("Now {now_text} (alert at {}).", signals::describe(rule.signal, rule.threshold))),
+        NoticeKind::Firing => {
+            (rule.summary.clone(), format!("Now {now_text} (alert at {}).", signals::describe(rule.signal, rule.threshold)))
+        }
         NoticeKind::Resolved => (format!("Resolved: {}", rule.summary), format!("Back to {now_text}.")),
     };
     Notice { alert: rule.id.clone(), kind, severity: rule.severity, title, body }

@@ -76,10 +76,14 @@ pub fn value(r: &Rule) -> String {
         // the app's rate is between its last two samples; so is irate's
         Signal::SwapInRate => "irate(mlxbar_swap_in_pages_total[1m])".into(),
         Signal::EngineErrors => max_of(&format!("increase(mlxbar_engine_failed_requests_total[{window}])"), "mlxbar_engine_failed"),
-        Signal::TtftP90 => "histogram_quantile(0.9, sum by (instance, job, le) (rate(mlxbar_time_to_first_token_seconds_bucket[5m])))".into(),
+        Signal::TtftP90 => {
+            "histogram_quantile(0.9, sum by (instance, job, le) (rate(mlxbar_time_to_first_token_seconds_bucket[5m])))".into()
+        }
         Signal::QueueBacklog => "mlxbar_scheduler_waiting_requests".into(),
         // refusals during a bench run (reason="bench_running") are not memory trouble
-        Signal::AdmissionHeld => max_of(&format!("increase(mlxbar_admission_refused_total{{reason=\"memory_pressure\"}}[{window}])"), "mlxbar_admission_blocked"),
+        Signal::AdmissionHeld => {
+            max_of(&format!("increase(mlxbar_admission_refused_total{{reason=\"memory_pressure\"}}[{window}])"), "mlxbar_admission_blocked")
+        }
         Signal::EngineStalled => "mlxbar_engine_last_step_age_seconds".into(),
     }
 }
@@ -91,7 +95,11 @@ pub fn expr(r: &Rule) -> String {
     let v = if v.contains(' ') { format!("({v})") } else { v };
     let above = format!("{v} >= {}", r.threshold);
     if r.recover_below < r.threshold {
-        format!("{above} or ({v} >= {} and on(instance, job) ALERTS{{alertname=\"{}\", alertstate=\"firing\"}})", r.recover_below, alert_name(&r.id))
+        format!(
+            "{above} or ({v} >= {} and on(instance, job) ALERTS{{alertname=\"{}\", alertstate=\"firing\"}})",
+            r.recover_below,
+            alert_name(&r.id)
+        )
     } else {
         above
     }
@@ -164,7 +172,13 @@ fn go_g4(v: f64) -> String {
         return "0".into();
     }
     if !v.is_finite() {
-        return if v.is_nan() { "NaN".into() } else if v > 0.0 { "+Inf".into() } else { "-Inf".into() };
+        return if v.is_nan() {
+            "NaN".into()
+        } else if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
     }
     // 4 significant digits, rounded half to even on the exact value as Go does
     let e = format!("{v:.3e}");

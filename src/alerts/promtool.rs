@@ -83,7 +83,11 @@ fn group(rule: &Rule, s: &Scenario, every_second: bool) -> String {
     let mut out = format!("  # {}: {}\n  - interval: 1s\n    input_series:\n", s.rule, s.about);
     for x in &s.series {
         let extra = if x.labels.is_empty() { String::new() } else { format!(",{}", x.labels) };
-        out += &format!("      - series: '{}{{instance=\"{INSTANCE}\",job=\"{JOB}\"{extra}}}'\n        values: '{}'\n", x.metric, expand(&x.values));
+        out += &format!(
+            "      - series: '{}{{instance=\"{INSTANCE}\",job=\"{JOB}\"{extra}}}'\n        values: '{}'\n",
+            x.metric,
+            expand(&x.values)
+        );
     }
     out += "    alert_rule_test:\n";
     for t in check_times(s, &runs, every_second) {

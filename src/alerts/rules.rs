@@ -167,7 +167,12 @@ pub fn resolve(overrides: &BTreeMap<String, RuleOverride>) -> Result<Vec<Rule>> 
         if r.recover_below > r.threshold {
             bail!("alert rule {id:?}: recover_below ({}) must not exceed threshold ({})", r.recover_below, r.threshold);
         }
-        for (name, v) in [("for_seconds", r.for_seconds), ("recover_seconds", r.recover_seconds), ("cooldown_seconds", r.cooldown_seconds), ("window_seconds", r.window_seconds)] {
+        for (name, v) in [
+            ("for_seconds", r.for_seconds),
+            ("recover_seconds", r.recover_seconds),
+            ("cooldown_seconds", r.cooldown_seconds),
+            ("window_seconds", r.window_seconds),
+        ] {
             if !(v >= 0.0 && v.is_finite()) {
                 bail!("alert rule {id:?}: {name} must be a non-negative number of seconds");
             }

@@ -56,7 +56,13 @@ impl Scenario {
             pressure: self.at("mlxbar_memory_pressure_level", t).filter(|v| *v >= 0.0),
             swap_used_bytes: self.at("mlxbar_swap_used_bytes", t),
             // telemetry's rate between consecutive 1 s samples, 0 for the first
-            swap_in_pages_per_second: self.get("mlxbar_swap_in_pages_total", "").map(|s| if t == 0 { 0.0 } else { (s.values[t] - s.values[t - 1]).max(0.0) }),
+            swap_in_pages_per_second: self.get("mlxbar_swap_in_pages_total", "").map(|s| {
+                if t == 0 {
+                    0.0
+                } else {
+                    (s.values[t] - s.values[t - 1]).max(0.0)
+                }
+            }),
             engine_failed: self.at("mlxbar_engine_failed", t) == Some(1.0),
             failed_requests: self.at("mlxbar_engine_failed_requests_total", t).unwrap_or(0.0) as u64,
             ttft_p90_seconds: self.ttft_p90.get(t).copied().flatten(),

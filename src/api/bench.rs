@@ -106,7 +106,11 @@ pub struct HistoryQuery {
 pub async fn history(State(state): State<AppState>, Query(q): Query<HistoryQuery>) -> Result<Json<Value>, ApiError> {
     let limit = match q.limit.as_deref() {
         None => 20,
-        Some(s) => s.parse::<usize>().ok().filter(|n| (1..=1000).contains(n)).ok_or_else(|| ApiError::bad_request(format!("limit must be a whole number from 1 to 1000, got '{s}'")).param("limit"))?,
+        Some(s) => s
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=1000).contains(n))
+            .ok_or_else(|| ApiError::bad_request(format!("limit must be a whole number from 1 to 1000, got '{s}'")).param("limit"))?,
     };
     let store = state.bench.store().clone();
     let entries = tokio::task::spawn_blocking(move || store.history(limit)).await.map_err(|e| ApiError::internal(e.to_string()))?;

@@ -9,7 +9,10 @@ use super::openai::{ChatCompletionRequest, ChatMessageIn, Content, Endpoint};
 use super::AppState;
 use crate::engine::chat_template::ChatMessage;
 
-pub async fn chat_completions(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<ChatCompletionRequest>) -> Result<Response, ApiError> {
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
     let (info, codec) = resolve_model(&state, req.model.as_deref())?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request("'messages' must contain at least one message").param("messages"));
@@ -27,7 +30,11 @@ pub async fn chat_completions(State(state): State<AppState>, OpenAiJson(req): Op
 
 fn to_template_message(index: usize, m: ChatMessageIn) -> Result<ChatMessage, ApiError> {
     if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
-        return Err(ApiError::bad_request(format!("messages[{index}].role '{}' is not one of system, developer, user, assistant, tool", m.role)).param("messages"));
+        return Err(ApiError::bad_request(format!(
+            "messages[{index}].role '{}' is not one of system, developer, user, assistant, tool",
+            m.role
+        ))
+        .param("messages"));
     }
     let content = match m.content {
         None => String::new(),
@@ -38,7 +45,10 @@ fn to_template_message(index: usize, m: ChatMessageIn) -> Result<ChatMessage, Ap
                 match (p.kind.as_str(), p.text) {
                     ("text", Some(t)) => text.push_str(&t),
                     (kind, _) => {
-                        return Err(ApiError::bad_request(format!("messages[{index}]: content part type '{kind}' is not supported (text only)")).param("messages"))
+                        return Err(ApiError::bad_request(format!(
+                            "messages[{index}]: content part type '{kind}' is not supported (text only)"
+                        ))
+                        .param("messages"))
                     }
                 }
             }

@@ -58,7 +58,12 @@ impl ApiError {
     }
 
     pub fn shutting_down() -> Self {
-        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "The server is shutting down; in-flight requests finish, new ones are refused.").code("shutting_down");
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "The server is shutting down; in-flight requests finish, new ones are refused.",
+        )
+        .code("shutting_down");
         e.retry_after_secs = Some(10);
         e
     }
@@ -84,7 +89,9 @@ impl ApiError {
     }
 
     pub fn paused() -> Self {
-        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "Serving is paused (menu bar: Resume serving). Retry later.").code("serving_paused");
+        let mut e =
+            Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "Serving is paused (menu bar: Resume serving). Retry later.")
+                .code("serving_paused");
         e.retry_after_secs = Some(30);
         e
     }

@@ -65,7 +65,11 @@ pub fn prepare(state: &AppState, info: &ModelInfo, prompt_ids: Vec<u32>, p: Comm
         return Err(ApiError::bad_request("At most 4 stop sequences are allowed").param("stop"));
     }
     if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
-        return Err(ApiError::bad_request(format!("A stop sequence may be at most {MAX_STOP_BYTES} bytes long; one is {} bytes", long.len())).param("stop"));
+        return Err(ApiError::bad_request(format!(
+            "A stop sequence may be at most {MAX_STOP_BYTES} bytes long; one is {} bytes",
+            long.len()
+        ))
+        .param("stop"));
     }
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::bad_request("A stop sequence must not be empty").param("stop"));
@@ -135,7 +139,12 @@ async fn collect(mut rx: UnboundedReceiver<Event>, mut recorder: InferenceRecord
     Err(ApiError::internal("The engine stopped before finishing this request"))
 }
 
-fn sse(meta: ResponseMeta, rx: UnboundedReceiver<Event>, recorder: InferenceRecorder, include_usage: bool) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+fn sse(
+    meta: ResponseMeta,
+    rx: UnboundedReceiver<Event>,
+    recorder: InferenceRecorder,
+    include_usage: bool,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let data = |v: serde_json::Value| SseEvent::default().data(v.to_string());
     // The chat stream opens with the assistant role; then one chunk per non-empty delta.
     let opening = (meta.endpoint == Endpoint::Chat).then(|| data(meta.chunk(Some(""), true, None, include_usage)));

@@ -5,12 +5,12 @@
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
+use super::snapshot::{Bench, Links, LoadedModel, Memory, Requests, Scheduler, Snapshot, Totals};
+use super::AppState;
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::Json;
 use futures::{Stream, StreamExt};
-use super::snapshot::{Bench, LoadedModel, Links, Memory, Requests, Scheduler, Snapshot, Totals};
-use super::AppState;
 
 /// Minimum gap between two stream events.
 const MIN_INTERVAL: Duration = Duration::from_millis(500);
@@ -81,7 +81,8 @@ fn event_data(state: &AppState) -> String {
 /// What makes a new event worth sending: requests moved, the queue or load state changed,
 /// the pressure level changed, swap or MLX memory moved by a visible step. Memory byte
 /// counts jitter every second; that alone is not news.
-type Fingerprint = (u64, usize, usize, String, Option<u8>, u64, u64, Vec<(crate::alerts::Phase, bool)>, bool, (u64, u64, bool), Option<(String, usize)>);
+type Fingerprint =
+    (u64, usize, usize, String, Option<u8>, u64, u64, Vec<(crate::alerts::Phase, bool)>, bool, (u64, u64, bool), Option<(String, usize)>);
 
 fn fingerprint(state: &AppState) -> Fingerprint {
     const SWAP_STEP: u64 = 64 << 20;
@@ -114,23 +115,26 @@ pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Res
     let now = tokio::time::Instant::now();
     // A check at most every MIN_INTERVAL, kept across events: two snapshots are never
     // closer than that.
-    let s = futures::stream::unfold((state, seen, now + MIN_INTERVAL, Instant::now()), |(state, mut seen, mut next_check, mut last_any)| async move {
-        loop {
-            tokio::time::sleep_until(next_check).await;
-            next_check = tokio::time::Instant::now() + MIN_INTERVAL;
-            let fp = fingerprint(&state);
-            if seen.as_ref() != Some(&fp) {
-                seen = Some(fp);
-                last_any = Instant::now();
-                let ev = Event::default().event("snapshot").data(event_data(&state));
-                return Some((Ok(ev), (state, seen, next_check, last_any)));
+    let s = futures::stream::unfold(
+        (state, seen, now + MIN_INTERVAL, Instant::now()),
+        |(state, mut seen, mut next_check, mut last_any)| async move {
+            loop {
+                tokio::time::sleep_until(next_check).await;
+                next_check = tokio::time::Instant::now() + MIN_INTERVAL;
+                let fp = fingerprint(&state);
+                if seen.as_ref() != Some(&fp) {
+                    seen = Some(fp);
+                    last_any = Instant::now();
+                    let ev = Event::default().event("snapshot").data(event_data(&state));
+                    return Some((Ok(ev), (state, seen, next_check, last_any)));
+                }
+                if last_any.elapsed() >= HEARTBEAT {
+                    last_any = Instant::now();
+                    return Some((Ok(Event::default().comment("heartbeat")), (state, seen, next_check, last_any)));
+                }
             }
-            if last_any.elapsed() >= HEARTBEAT {
-                last_any = Instant::now();
-                return Some((Ok(Event::default().comment("heartbeat")), (state, seen, next_check, last_any)));
-            }
-        }
-    });
+        },
+    );
     let mut stopping = state_stopping;
     let stopped = async move {
         let _ = stopping.wait_for(|s| *s).await;

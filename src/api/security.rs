@@ -38,7 +38,11 @@ fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
         // Only `[addr]` or `[addr]:port`; anything after the bracket keeps the name whole.
         return match host.find(']') {
-            Some(i) if host[i + 1..].is_empty() || host[i + 1..].strip_prefix(':').is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())) => &host[..=i],
+            Some(i)
+                if host[i + 1..].is_empty() || host[i + 1..].strip_prefix(':').is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())) =>
+            {
+                &host[..=i]
+            }
             _ => host,
         };
     }

@@ -37,5 +37,9 @@ pub async fn index() -> Response {
 }
 
 pub async fn asset(Path(path): Path<String>) -> Result<Response, ApiError> {
-    FILES.iter().find(|(p, ..)| *p == path).map(|(_, ct, body)| file(ct, body)).ok_or_else(|| ApiError::not_found(format!("No UI file {path:?}")))
+    FILES
+        .iter()
+        .find(|(p, ..)| *p == path)
+        .map(|(_, ct, body)| file(ct, body))
+        .ok_or_else(|| ApiError::not_found(format!("No UI file {path:?}")))
 }

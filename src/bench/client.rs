@@ -53,7 +53,12 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
         "temperature": 0.0, "stream": true, "stream_options": {"include_usage": true},
     });
     let start = Instant::now();
-    let resp = client.post(format!("{}/v1/chat/completions", t.base_url)).json(&body).send().await.with_context(|| format!("POST to {}", t.label))?;
+    let resp = client
+        .post(format!("{}/v1/chat/completions", t.base_url))
+        .json(&body)
+        .send()
+        .await
+        .with_context(|| format!("POST to {}", t.label))?;
     if !resp.status().is_success() {
         bail!("{}: HTTP {}: {}", t.label, resp.status(), resp.text().await.unwrap_or_default());
     }

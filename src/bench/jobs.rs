@@ -41,7 +41,11 @@ impl Active {
     pub fn remaining_seconds(&self) -> u64 {
         let p = self.progress.borrow();
         let elapsed = self.started.elapsed().as_secs_f64();
-        let estimate = if p.requests_done == 0 { 30.0 } else { elapsed / p.requests_done as f64 * p.requests_total.saturating_sub(p.requests_done) as f64 };
+        let estimate = if p.requests_done == 0 {
+            30.0
+        } else {
+            elapsed / p.requests_done as f64 * p.requests_total.saturating_sub(p.requests_done) as f64
+        };
         (estimate.ceil() as u64).clamp(1, 3600)
     }
 }
@@ -172,7 +176,15 @@ pub struct BenchJobs {
 
 impl BenchJobs {
     pub fn new(store: BenchStore, self_url: String, api_key: Option<String>, metrics: Arc<Metrics>) -> Arc<BenchJobs> {
-        Arc::new(BenchJobs { store, self_url, api_key, metrics, active: watch::channel(None).0, jobs: Mutex::new(VecDeque::new()), waiting: Default::default() })
+        Arc::new(BenchJobs {
+            store,
+            self_url,
+            api_key,
+            metrics,
+            active: watch::channel(None).0,
+            jobs: Mutex::new(VecDeque::new()),
+            waiting: Default::default(),
+        })
     }
 
     pub fn store(&self) -> &BenchStore {
@@ -246,10 +258,17 @@ impl BenchJobs {
         let j = job.clone();
         tokio::spawn(async move {
             let record = this.execute(&j, plan, token, progress_tx).await;
-            let outcome = Outcome { state: record.state, finished_unix: record.finished_unix, error: record.error.clone(), cells: record.cells.clone() };
+            let outcome = Outcome {
+                state: record.state,
+                finished_unix: record.finished_unix,
+                error: record.error.clone(),
+                cells: record.cells.clone(),
+            };
             let store = this.store.clone();
             let html = report::html(&record);
-            if let Err(e) = tokio::task::spawn_blocking(move || store.save(&record, &html)).await.map_err(anyhow::Error::from).and_then(|r| r) {
+            if let Err(e) =
+                tokio::task::spawn_blocking(move || store.save(&record, &html)).await.map_err(anyhow::Error::from).and_then(|r| r)
+            {
                 tracing::error!("saving bench run {}: {e:#}", j.id);
             }
             // In this order: whoever sees the run ended finds it in history and the

@@ -101,7 +101,11 @@ mod tests {
 
     #[test]
     fn names_x86_and_arm_cpus() {
-        let x86 = procfs::CpuInfo::from_buf_read("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 7B13\n".as_bytes()).unwrap();
+        let x86 = procfs::CpuInfo::from_buf_read(
+            "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 7B13\n"
+                .as_bytes(),
+        )
+        .unwrap();
         assert_eq!(chip_of(&x86).as_deref(), Some("AMD EPYC 7B13"));
         // An arm64 kernel's /proc/cpuinfo (Graviton 2): no "model name" line.
         let arm = "processor\t: 0\nBogoMIPS\t: 243.75\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x3\nCPU part\t: 0xd0c\nCPU revision\t: 1\n\n";
@@ -111,7 +115,9 @@ mod tests {
 
     #[test]
     fn reads_os_release() {
-        let os = etc_os_release::OsRelease::from_reader("NAME=\"Debian GNU/Linux\"\nPRETTY_NAME='Debian GNU/Linux 12 (bookworm)'\n".as_bytes()).unwrap();
+        let os =
+            etc_os_release::OsRelease::from_reader("NAME=\"Debian GNU/Linux\"\nPRETTY_NAME='Debian GNU/Linux 12 (bookworm)'\n".as_bytes())
+                .unwrap();
         assert_eq!(os.pretty_name(), "Debian GNU/Linux 12 (bookworm)");
     }
 

@@ -110,7 +110,8 @@ pub fn quantile(v: &mut [f64], q: f64) -> f64 {
 impl BenchArgs {
     /// The named plan with the command line's overrides.
     fn plan(&self, store: &BenchStore) -> Result<Plan> {
-        let mut plan = plan::find(&store.plans_dir(), &self.profile).with_context(|| format!("no bench profile named '{}' (see --list-profiles)", self.profile))?;
+        let mut plan = plan::find(&store.plans_dir(), &self.profile)
+            .with_context(|| format!("no bench profile named '{}' (see --list-profiles)", self.profile))?;
         if !self.concurrency.is_empty() {
             plan.concurrency = self.concurrency.clone();
         }
@@ -158,7 +159,13 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             t
         }
         None => {
-            let config = Config { port: 0, model: args.model.as_ref().map(PathBuf::from), weight_format: args.weight_format, data_dir: Some(data_dir.clone()), ..Config::default() };
+            let config = Config {
+                port: 0,
+                model: args.model.as_ref().map(PathBuf::from),
+                weight_format: args.weight_format,
+                data_dir: Some(data_dir.clone()),
+                ..Config::default()
+            };
             eprintln!("loading the model into an in-process mlxbar…");
             let server = Server::start(config).await?;
             server.wait_ready().await?;

@@ -97,11 +97,16 @@ impl Plan {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let name_ok = !self.name.is_empty() && self.name.len() <= 64 && self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        let name_ok =
+            !self.name.is_empty() && self.name.len() <= 64 && self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
         if !name_ok {
             bail!("plan name '{}' must be 1-64 letters, digits, '-' or '_'", self.name);
         }
-        for (axis, values, max) in [("concurrency", &self.concurrency, MAX_CONCURRENCY), ("prompt_tokens", &self.prompt_tokens, MAX_TOKENS), ("output_tokens", &self.output_tokens, MAX_TOKENS)] {
+        for (axis, values, max) in [
+            ("concurrency", &self.concurrency, MAX_CONCURRENCY),
+            ("prompt_tokens", &self.prompt_tokens, MAX_TOKENS),
+            ("output_tokens", &self.output_tokens, MAX_TOKENS),
+        ] {
             if values.is_empty() || values.iter().any(|&v| v == 0 || v > max) {
                 bail!("plan '{}': {axis} needs at least one value, each between 1 and {max}", self.name);
             }
@@ -182,8 +187,10 @@ mod tests {
     #[test]
     fn user_plans_load_override_and_broken_ones_are_skipped() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("tiny.toml"), "concurrency = [1, 2]\nprompt_tokens = [16]\noutput_tokens = [4]\nrepetitions = 2\n").unwrap();
-        std::fs::write(dir.path().join("q.json"), r#"{"name": "quick", "concurrency": [2], "prompt_tokens": [8], "output_tokens": [8]}"#).unwrap();
+        std::fs::write(dir.path().join("tiny.toml"), "concurrency = [1, 2]\nprompt_tokens = [16]\noutput_tokens = [4]\nrepetitions = 2\n")
+            .unwrap();
+        std::fs::write(dir.path().join("q.json"), r#"{"name": "quick", "concurrency": [2], "prompt_tokens": [8], "output_tokens": [8]}"#)
+            .unwrap();
         std::fs::write(dir.path().join("bad.toml"), "concurrency = [0]\nprompt_tokens = [1]\noutput_tokens = [1]\n").unwrap();
         std::fs::write(dir.path().join("garbage.json"), "{not json").unwrap();
         std::fs::write(dir.path().join("notes.txt"), "ignored").unwrap();

@@ -51,7 +51,21 @@ fn ms(s: f64) -> String {
 /// The HTML report's template, autoescaped as HTML (its name ends in .html).
 const TEMPLATE: &str = include_str!("report.html");
 
-const HTML_HEADERS: [&str; 13] = ["cell", "server", "aggregate tok/s", "per-stream tok/s", "TTFT p50", "TTFT p90", "ITL p50", "ITL p90", "e2e p50", "prompt tok/s", "peak MLX", "pressure", "errors"];
+const HTML_HEADERS: [&str; 13] = [
+    "cell",
+    "server",
+    "aggregate tok/s",
+    "per-stream tok/s",
+    "TTFT p50",
+    "TTFT p90",
+    "ITL p50",
+    "ITL p90",
+    "e2e p50",
+    "prompt tok/s",
+    "peak MLX",
+    "pressure",
+    "errors",
+];
 
 /// Self-contained HTML: run facts, two charts, the full table.
 pub fn html(record: &RunRecord) -> String {
@@ -60,7 +74,11 @@ pub fn html(record: &RunRecord) -> String {
     env.set_auto_escape_callback(|name| if name.ends_with(".html") { AutoEscape::Html } else { AutoEscape::None });
     env.add_template("report.html", TEMPLATE).expect("the report template parses");
     let m = &record.machine;
-    let targets: Vec<Value> = record.targets.iter().map(|t| context! { label => t.label, url => t.url, model => t.model_id.as_deref().unwrap_or(&t.model) }).collect();
+    let targets: Vec<Value> = record
+        .targets
+        .iter()
+        .map(|t| context! { label => t.label, url => t.url, model => t.model_id.as_deref().unwrap_or(&t.model) })
+        .collect();
     let rows: Vec<Vec<String>> = record
         .cells
         .iter()
@@ -83,7 +101,8 @@ pub fn html(record: &RunRecord) -> String {
         })
         .collect();
     // plotters escapes the text it puts in the SVG, so the charts go in as markup.
-    let charts = [chart(record, "aggregate tok/s per cell", |c| c.aggregate_tok_s), chart(record, "TTFT p50 per cell (s)", |c| c.ttft_p50)].map(Value::from_safe_string);
+    let charts = [chart(record, "aggregate tok/s per cell", |c| c.aggregate_tok_s), chart(record, "TTFT p50 per cell (s)", |c| c.ttft_p50)]
+        .map(Value::from_safe_string);
     let ctx = context! {
         id => record.id,
         profile => record.profile,
@@ -99,7 +118,8 @@ pub fn html(record: &RunRecord) -> String {
     env.get_template("report.html").and_then(|t| t.render(ctx)).expect("the report template renders")
 }
 
-const COLORS: [RGBColor; 4] = [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xff, 0x7f, 0x0e), RGBColor(0x2c, 0xa0, 0x2c), RGBColor(0xd6, 0x27, 0x28)];
+const COLORS: [RGBColor; 4] =
+    [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xff, 0x7f, 0x0e), RGBColor(0x2c, 0xa0, 0x2c), RGBColor(0xd6, 0x27, 0x28)];
 
 /// One line per target over the cells in plan order, as inline SVG.
 fn chart(record: &RunRecord, title: &str, value: impl Fn(&CellResult) -> f64) -> String {
@@ -130,7 +150,9 @@ fn chart(record: &RunRecord, title: &str, value: impl Fn(&CellResult) -> f64) ->
                 let points: Vec<(f64, f64)> = cells
                     .iter()
                     .enumerate()
-                    .filter_map(|(x, spec)| record.cells.iter().find(|c| c.target == t.label && c.cell.spec() == *spec).map(|c| (x as f64, value(c))))
+                    .filter_map(|(x, spec)| {
+                        record.cells.iter().find(|c| c.target == t.label && c.cell.spec() == *spec).map(|c| (x as f64, value(c)))
+                    })
                     .collect();
                 chart
                     .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
@@ -158,11 +180,23 @@ mod tests {
 
     fn run() -> RunRecord {
         let plan = Plan { concurrency: vec![1, 4], ..Plan::builtins().remove(0) };
-        let target = |label: &str| TargetInfo { label: label.into(), url: "http://127.0.0.1:1".into(), model: "default".into(), model_id: None, mlxbar: None };
+        let target = |label: &str| TargetInfo {
+            label: label.into(),
+            url: "http://127.0.0.1:1".into(),
+            model: "default".into(),
+            model_id: None,
+            mlxbar: None,
+        };
         let mut cells = vec![];
         for spec in plan.cells() {
             for (label, tok) in [("mlxbar", 40.0), ("<peer>", 20.0)] {
-                cells.push(CellResult { target: label.into(), cell: spec.into(), aggregate_tok_s: tok * spec.concurrency as f64, ttft_p90: 1.0, ..Default::default() });
+                cells.push(CellResult {
+                    target: label.into(),
+                    cell: spec.into(),
+                    aggregate_tok_s: tok * spec.concurrency as f64,
+                    ttft_p90: 1.0,
+                    ..Default::default()
+                });
             }
         }
         RunRecord {

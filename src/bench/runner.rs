@@ -62,7 +62,13 @@ pub async fn describe(client: &reqwest::Client, t: &Target) -> TargetInfo {
 
 /// Every cell of `plan` on every target; finished cells are pushed to `results` as they
 /// complete, so a cancelled run keeps what it measured.
-pub async fn run_plan(client: &reqwest::Client, targets: &[TargetInfo], plan: &Plan, progress: &watch::Sender<Progress>, results: &mut Vec<CellResult>) -> Result<()> {
+pub async fn run_plan(
+    client: &reqwest::Client,
+    targets: &[TargetInfo],
+    plan: &Plan,
+    progress: &watch::Sender<Progress>,
+    results: &mut Vec<CellResult>,
+) -> Result<()> {
     let cells = plan.cells();
     progress.send_modify(|p| {
         p.cells_total = cells.len() * targets.len();
@@ -83,7 +89,14 @@ pub async fn run_plan(client: &reqwest::Client, targets: &[TargetInfo], plan: &P
     Ok(())
 }
 
-async fn run_cell(client: &reqwest::Client, info: &TargetInfo, plan: &Plan, index: usize, cell: CellSpec, progress: &watch::Sender<Progress>) -> CellResult {
+async fn run_cell(
+    client: &reqwest::Client,
+    info: &TargetInfo,
+    plan: &Plan,
+    index: usize,
+    cell: CellSpec,
+    progress: &watch::Sender<Progress>,
+) -> CellResult {
     let t = Target { label: info.label.clone(), base_url: info.url.clone(), model: info.model.clone() };
     let set_phase = |phase: String| {
         progress.send_modify(|p| p.current = Some(CurrentCell { target: t.label.clone(), label: cell.label(), cell, phase }));
@@ -127,7 +140,8 @@ async fn run_cell(client: &reqwest::Client, info: &TargetInfo, plan: &Plan, inde
 
 /// Figures of one cell from its rounds: (wall time, each stream's outcome).
 fn summarize(target: &str, cell: CellSpec, rounds: &[(Duration, Vec<Result<RunTiming>>)], peaks: Peaks) -> CellResult {
-    let (mut ttft, mut itl, mut tpot, mut e2e, mut stream_tok_s, mut prompt_tok_s, mut counted, mut aggregate) = (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut ttft, mut itl, mut tpot, mut e2e, mut stream_tok_s, mut prompt_tok_s, mut counted, mut aggregate) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut requests, mut errors, mut error, mut tokens, mut wall) = (0, 0, None, 0, 0.0);
     for (elapsed, runs) in rounds {
         let mut round_tokens = 0;

@@ -231,7 +231,14 @@ pub fn mem_stats(points: &[(f64, f64)], warmup: f64) -> Option<MemStats> {
 /// Why the run failed; empty means it passed.
 /// `resident` is the series the growth bound applies to (RSS less the capped caches);
 /// `queue` the most requests seen waiting and, when known, the server's queue capacity.
-pub fn verdict(tally: &Tally, scrapes_failed: u64, drain: &Result<(), String>, queue: (u64, Option<u64>), resident: Option<&MemStats>, max_growth_mb: f64) -> Vec<String> {
+pub fn verdict(
+    tally: &Tally,
+    scrapes_failed: u64,
+    drain: &Result<(), String>,
+    queue: (u64, Option<u64>),
+    resident: Option<&MemStats>,
+    max_growth_mb: f64,
+) -> Vec<String> {
     let mut why = vec![];
     let lost = tally.lost + tally.unaccounted();
     if lost > 0 {
@@ -256,7 +263,9 @@ pub fn verdict(tally: &Tally, scrapes_failed: u64, drain: &Result<(), String>, q
     }
     match resident {
         None => why.push("no RSS samples".into()),
-        Some(m) if m.growth_mb > max_growth_mb => why.push(format!("RSS less the caches grew {:.0} MB after the warm-up (bound {max_growth_mb:.0} MB)", m.growth_mb)),
+        Some(m) if m.growth_mb > max_growth_mb => {
+            why.push(format!("RSS less the caches grew {:.0} MB after the warm-up (bound {max_growth_mb:.0} MB)", m.growth_mb))
+        }
         Some(_) => {}
     }
     why
@@ -289,7 +298,12 @@ impl Shot {
 
     /// A burst request: short, so the bursts test admission more than throughput.
     fn burst(rng: &mut ChaCha8Rng, burst: usize, i: usize) -> Shot {
-        Shot { messages: prompt::messages(rng.random_range(8..=64), 20_000 + burst, i, 0), max_tokens: rng.random_range(1..=16), temperature: 0.0, disconnect_after: None }
+        Shot {
+            messages: prompt::messages(rng.random_range(8..=64), 20_000 + burst, i, 0),
+            max_tokens: rng.random_range(1..=16),
+            temperature: 0.0,
+            disconnect_after: None,
+        }
     }
 }
 
@@ -305,7 +319,8 @@ async fn attempt(client: &reqwest::Client, t: &Target, shot: &Shot) -> Outcome {
     };
     let status = resp.status();
     if status.as_u16() == 429 {
-        let retry = resp.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+        let retry =
+            resp.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
         let shaped = resp.json::<Value>().await.ok().is_some_and(|v| v.pointer("/error/message").is_some_and(Value::is_string));
         return match (retry, shaped) {
             (Some(retry_after), true) => Outcome::Rejected { retry_after },
@@ -439,7 +454,17 @@ async fn scraper(ctx: Arc<Ctx>, start: Instant, total: Duration, done: Cancellat
         if last_progress.elapsed() >= Duration::from_secs(10) {
             last_progress = Instant::now();
             let t = ctx.tally.lock().unwrap().clone();
-            let mem = samples.last().map(|s| format!("rss {:.0} MB  mlx active {:.0} / cache {:.0} MB", s.rss / MB, s.mlx_active.unwrap_or(0.0) / MB, s.mlx_cache.unwrap_or(0.0) / MB)).unwrap_or_default();
+            let mem = samples
+                .last()
+                .map(|s| {
+                    format!(
+                        "rss {:.0} MB  mlx active {:.0} / cache {:.0} MB",
+                        s.rss / MB,
+                        s.mlx_active.unwrap_or(0.0) / MB,
+                        s.mlx_cache.unwrap_or(0.0) / MB
+                    )
+                })
+                .unwrap_or_default();
             eprintln!(
                 "[{:>4.0}s/{:.0}s] completed {}  429 {}  cancelled {}  failed {}  lost {}  in flight {}  scrapes failed {failed}  {mem}",
                 start.elapsed().as_secs_f64(),
@@ -457,7 +482,12 @@ async fn scraper(ctx: Arc<Ctx>, start: Instant, total: Duration, done: Cancellat
 }
 
 async fn metrics_text(client: &reqwest::Client, t: &Target) -> Result<String, String> {
-    let r = client.get(format!("{}/metrics", t.base_url)).timeout(Duration::from_secs(10)).send().await.map_err(|e| format!("/metrics: {e}"))?;
+    let r = client
+        .get(format!("{}/metrics", t.base_url))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| format!("/metrics: {e}"))?;
     if !r.status().is_success() {
         return Err(format!("/metrics: HTTP {}", r.status()));
     }
@@ -473,7 +503,9 @@ async fn drain(client: &reqwest::Client, t: &Target) -> Result<(), String> {
     let gauge = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok());
     let deadline = Instant::now() + DRAIN_DEADLINE;
     loop {
-        let state = metrics_text(client, t).await.map(|m| (gauge(&m, "mlxbar_scheduler_running_requests"), gauge(&m, "mlxbar_scheduler_waiting_requests")));
+        let state = metrics_text(client, t)
+            .await
+            .map(|m| (gauge(&m, "mlxbar_scheduler_running_requests"), gauge(&m, "mlxbar_scheduler_waiting_requests")));
         match state {
             Ok((Some(r), Some(w))) if r == 0.0 && w == 0.0 => return Ok(()),
             _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(250)).await,
@@ -520,15 +552,33 @@ impl SoakReport {
 
     pub fn table(&self) -> String {
         let t = &self.tally;
-        let mut s = format!("{}\nserver: {}\nmachine: {} ({} cores), {}\n", self.command, self.server, self.machine.chip, self.machine.cores, self.machine.os);
+        let mut s = format!(
+            "{}\nserver: {}\nmachine: {} ({} cores), {}\n",
+            self.command, self.server, self.machine.chip, self.machine.cores, self.machine.os
+        );
         if let Some(m) = &self.model {
             s += &format!("model: {m}\n");
         }
-        s += &format!("\n| requests ({:.0} s of load, {:.0} s to drain) | count |\n|---|---:|\n", self.load_seconds, self.seconds - self.load_seconds);
+        s += &format!(
+            "\n| requests ({:.0} s of load, {:.0} s to drain) | count |\n|---|---:|\n",
+            self.load_seconds,
+            self.seconds - self.load_seconds
+        );
         s += &format!("| sent | {} |\n| completed | {} |\n", t.sent, t.completed);
-        s += &format!("| rejected 429 (all with Retry-After; {} of {} burst requests) | {} |\n", t.burst_rejected_429, t.burst_sent, t.rejected_429);
-        s += &format!("| cancelled (client disconnects) | {} |\n| failed | {} |\n| lost | {} |\n", t.cancelled, t.failed, t.lost + t.unaccounted());
-        s += &format!("| requests/s (whole run) | {:.2} |\n| tokens received | {} ({:.1} tok/s) |\n", self.requests_per_second, t.tokens, self.tokens_per_second);
+        s += &format!(
+            "| rejected 429 (all with Retry-After; {} of {} burst requests) | {} |\n",
+            t.burst_rejected_429, t.burst_sent, t.rejected_429
+        );
+        s += &format!(
+            "| cancelled (client disconnects) | {} |\n| failed | {} |\n| lost | {} |\n",
+            t.cancelled,
+            t.failed,
+            t.lost + t.unaccounted()
+        );
+        s += &format!(
+            "| requests/s (whole run) | {:.2} |\n| tokens received | {} ({:.1} tok/s) |\n",
+            self.requests_per_second, t.tokens, self.tokens_per_second
+        );
         s += &format!("| /metrics scrapes ok / failed | {} / {} |\n", self.scrapes_ok, self.scrapes_failed);
         let capacity = self.queue_capacity.map(|c| format!(" (capacity {c})")).unwrap_or_default();
         s += &format!("| most requests waiting at once{capacity} | {} |\n", self.max_waiting);
@@ -653,7 +703,9 @@ pub async fn run(args: SoakArgs) -> Result<()> {
         s.shutdown().await;
     }
     let tally = ctx.tally.lock().unwrap().clone();
-    let series = |f: &dyn Fn(&Sample) -> Option<f64>| mem_stats(&samples.iter().filter_map(|s| Some((s.t, f(s)?))).collect::<Vec<_>>(), WARMUP_FRACTION);
+    let series = |f: &dyn Fn(&Sample) -> Option<f64>| {
+        mem_stats(&samples.iter().filter_map(|s| Some((s.t, f(s)?))).collect::<Vec<_>>(), WARMUP_FRACTION)
+    };
     let (rss, rss_less_caches) = (series(&|s| Some(s.rss)), series(&|s| Some(s.rss_less_caches())));
     let (mlx_active, mlx_cache, prefix_cache) = (series(&|s| s.mlx_active), series(&|s| s.mlx_cache), series(&|s| s.prefix_cache));
     let max_waiting = samples.iter().filter_map(|s| s.waiting).fold(0.0, f64::max) as u64;

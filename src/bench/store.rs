@@ -130,7 +130,11 @@ mod tests {
         assert_eq!(store.run("d").unwrap().state, RunState::Cancelled);
         assert!(store.run("../d").is_none());
         assert!(store.report_path("a").exists());
-        let leftovers: Vec<_> = std::fs::read_dir(store.history_dir()).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with(".tmp")).collect();
+        let leftovers: Vec<_> = std::fs::read_dir(store.history_dir())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp"))
+            .collect();
         assert!(leftovers.is_empty());
     }
 }

@@ -208,7 +208,9 @@ mod tests {
         let (positions, mask) = b.prepare_step().unwrap();
         assert_eq!(positions.as_slice::<i32>(), &[2, 3]);
         assert_eq!(mask.shape(), &[2, 1, 1, 4]);
-        let (keys, _) = b.update(0, &Array::from_slice(&[-1.0f32; 4], &[2, 1, 1, 2]), &Array::from_slice(&[-1.0f32; 4], &[2, 1, 1, 2]), &positions).unwrap();
+        let (keys, _) = b
+            .update(0, &Array::from_slice(&[-1.0f32; 4], &[2, 1, 1, 2]), &Array::from_slice(&[-1.0f32; 4], &[2, 1, 1, 2]), &positions)
+            .unwrap();
         assert_eq!(row(&keys, 0), &[0.0, 1.0, -1.0, 0.0]);
         assert_eq!(row(&keys, 1), &[20.0, 21.0, 22.0, -1.0]);
         // The last row out empties the batch.

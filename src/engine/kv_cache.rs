@@ -3,7 +3,10 @@
 //! so a decode step copies one token's keys and values, not the whole history.
 use anyhow::Result;
 use mlx_rs::{
-    ops::{self, indexing::{IndexOp, TryIndexMutOp}},
+    ops::{
+        self,
+        indexing::{IndexOp, TryIndexMutOp},
+    },
     Array,
 };
 
@@ -92,12 +95,7 @@ impl KvCache {
 
     /// Bytes held by the buffers (capacity, not just the filled part).
     pub fn nbytes(&self) -> usize {
-        self.layers
-            .iter()
-            .flat_map(|l| [&l.keys, &l.values])
-            .flatten()
-            .map(|a| a.nbytes())
-            .sum()
+        self.layers.iter().flat_map(|l| [&l.keys, &l.values]).flatten().map(|a| a.nbytes()).sum()
     }
 }
 

@@ -318,7 +318,13 @@ impl Engine {
         self.shared.ready.notify_waiters();
     }
 
-    pub fn new_request(&self, prompt_ids: Vec<u32>, max_tokens: usize, sampling: SamplingParams, stop: Vec<String>) -> (GenerationRequest, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+    pub fn new_request(
+        &self,
+        prompt_ids: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+        stop: Vec<String>,
+    ) -> (GenerationRequest, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let req = GenerationRequest { prompt_ids, max_tokens, sampling, stop, events: tx, enqueued_at: Instant::now() };
         (req, rx)
@@ -357,7 +363,8 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
     }
     let per_token = model.kv_bytes_per_token().max(1);
     let ceiling = options.max_batch * info.context_length;
-    let kv_budget_tokens = options.kv_budget_tokens.unwrap_or_else(|| (memory_limit.saturating_sub(info.weight_bytes) / 2 / per_token).min(ceiling)).max(1);
+    let kv_budget_tokens =
+        options.kv_budget_tokens.unwrap_or_else(|| (memory_limit.saturating_sub(info.weight_bytes) / 2 / per_token).min(ceiling)).max(1);
     tracing::info!(
         "MLX memory limit {} MB, cache limit {} MB; batch up to {}, KV budget {} tokens ({} KB each), prefix cache {} MB",
         memory_limit >> 20,
@@ -379,7 +386,11 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
 }
 
 /// A new engine thread with its queue (capacity: `queue_capacity`).
-fn spawn_thread(options: &EngineOptions, device: DeviceKind, shared: &Arc<Shared>) -> std::io::Result<(mpsc::SyncSender<worker::Job>, std::thread::JoinHandle<()>)> {
+fn spawn_thread(
+    options: &EngineOptions,
+    device: DeviceKind,
+    shared: &Arc<Shared>,
+) -> std::io::Result<(mpsc::SyncSender<worker::Job>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::sync_channel(options.queue_capacity.max(1) + 1);
     let (shared, options) = (shared.clone(), options.clone());
     let thread = std::thread::Builder::new().name("mlxbar-engine".into()).spawn(move || engine_thread(options, device, rx, shared))?;

@@ -65,7 +65,14 @@ fn block_hashes(tokens: &[u32]) -> impl Iterator<Item = (usize, u64)> + '_ {
 impl PrefixCache {
     /// `budget` bytes of KV at most; 0 disables the cache.
     pub fn new(budget: usize) -> Self {
-        PrefixCache { budget, next_id: 0, tick: 0, entries: HashMap::new(), index: HashMap::new(), stats: PrefixStats { budget, ..Default::default() } }
+        PrefixCache {
+            budget,
+            next_id: 0,
+            tick: 0,
+            entries: HashMap::new(),
+            index: HashMap::new(),
+            stats: PrefixStats { budget, ..Default::default() },
+        }
     }
 
     pub fn stats(&self) -> PrefixStats {

@@ -20,7 +20,9 @@ pub struct GenerationRequest {
 pub enum Event {
     /// One generated token and the text it released (empty while a character or a possible
     /// stop string is incomplete).
-    Token { text: String },
+    Token {
+        text: String,
+    },
     /// Text held back until the end (a partial stop string that never completed).
     Text(String),
     Done(Completion),

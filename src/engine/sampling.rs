@@ -53,7 +53,13 @@ impl Sampler {
         probs.iter_mut().for_each(|x| *x /= total);
         if p.top_p < 1.0 {
             let mut mass = 0.0;
-            let keep = probs.iter().position(|x| { mass += x; mass >= p.top_p }).map_or(probs.len(), |i| i + 1);
+            let keep = probs
+                .iter()
+                .position(|x| {
+                    mass += x;
+                    mass >= p.top_p
+                })
+                .map_or(probs.len(), |i| i + 1);
             probs.truncate(keep);
         }
         let total: f32 = probs.iter().sum();

@@ -26,7 +26,14 @@ pub enum Step {
 
 impl TextStream {
     pub fn new(stops: Vec<String>) -> Self {
-        TextStream { ids: vec![], prefix: 0, read: 0, text: String::new(), sent: 0, stops: stops.into_iter().filter(|s| !s.is_empty()).collect() }
+        TextStream {
+            ids: vec![],
+            prefix: 0,
+            read: 0,
+            text: String::new(),
+            sent: 0,
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+        }
     }
 
     pub fn push(&mut self, codec: &TextCodec, id: u32) -> Result<Step> {
@@ -71,10 +78,7 @@ impl TextStream {
 
 /// Length of the longest suffix of `text` that is a proper prefix of `stop`.
 fn held_tail(text: &str, stop: &str) -> usize {
-    (1..stop.len())
-        .rev()
-        .find(|&k| stop.is_char_boundary(k) && text.ends_with(&stop[..k]))
-        .unwrap_or(0)
+    (1..stop.len()).rev().find(|&k| stop.is_char_boundary(k) && text.ends_with(&stop[..k])).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -69,7 +69,8 @@ const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 /// Llama 3's and Qwen 2's pre-tokenizer split (the same regex in both).
-const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
     let model = g.get_metadata_string("tokenizer.ggml.model")?.unwrap_or_default();
@@ -91,10 +92,7 @@ pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
         .iter()
         .map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| anyhow!("bad merge '{m}'")))
         .collect::<Result<_>>()?;
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(|e| anyhow!("building BPE: {e}"))?;
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| anyhow!("building BPE: {e}"))?;
     let mut tokenizer = Tokenizer::new(bpe);
 
     let pre = g.get_metadata_string("tokenizer.ggml.pre")?.unwrap_or_else(|| "default".into());
@@ -103,11 +101,14 @@ pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
         // llama.cpp's "smollm": digits one by one, then GPT-2's byte-level split.
         "smollm" => Sequence::new(vec![PreTokenizerWrapper::Digits(Digits::new(true)), byte_level(true)]).into(),
         "llama-bpe" | "llama3" | "qwen2" | "smaug-bpe" => Sequence::new(vec![
-            PreTokenizerWrapper::Split(Split::new(
-                tokenizers::pre_tokenizers::split::SplitPattern::Regex(LLAMA3_SPLIT.into()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            ).map_err(|e| anyhow!("{e}"))?),
+            PreTokenizerWrapper::Split(
+                Split::new(
+                    tokenizers::pre_tokenizers::split::SplitPattern::Regex(LLAMA3_SPLIT.into()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(|e| anyhow!("{e}"))?,
+            ),
             byte_level(false),
         ])
         .into(),
@@ -135,10 +136,13 @@ pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
     stop_ids.extend(id("tokenizer.ggml.eot_token_id")?);
     let bos = id("tokenizer.ggml.bos_token_id")?.and_then(|b| tokens.get(b as usize).map(|t| (b, t.clone())));
     let add_bos = super::model::gguf::meta_bool(g, "tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-    let template = g.get_metadata_string("tokenizer.chat_template")?.map(|src| {
-        let eos = stop_ids.iter().next().and_then(|i| tokens.get(*i as usize)).cloned();
-        ChatTemplate::new(src, bos.as_ref().map(|b| b.1.clone()), eos)
-    }).transpose()?;
+    let template = g
+        .get_metadata_string("tokenizer.chat_template")?
+        .map(|src| {
+            let eos = stop_ids.iter().next().and_then(|i| tokens.get(*i as usize)).cloned();
+            ChatTemplate::new(src, bos.as_ref().map(|b| b.1.clone()), eos)
+        })
+        .transpose()?;
     Ok(TextCodec { tokenizer, template, stop_ids, bos, add_bos }.finish(&[]))
 }
 

@@ -401,16 +401,15 @@ fn admit(model: &Model, codec: &TextCodec, prefix: &mut PrefixCache, req: Genera
 /// Runs the next `take` prompt tokens of each `(index, take)` sequence in one pass; a
 /// sequence whose prompt is through gets its first logits.
 fn prefill(model: &Model, running: &mut [Sequence], chunks: &[(usize, usize)]) -> Result<()> {
-    let tokens: Vec<Vec<u32>> = chunks.iter().map(|&(i, take)| {
-        let done = running[i].tokens.len();
-        running[i].req.prompt_ids[done..done + take].to_vec()
-    }).collect();
-    let mut caches: Vec<&mut KvCache> = running
-        .iter_mut()
-        .enumerate()
-        .filter(|(i, _)| chunks.iter().any(|(j, _)| j == i))
-        .map(|(_, s)| &mut s.cache)
+    let tokens: Vec<Vec<u32>> = chunks
+        .iter()
+        .map(|&(i, take)| {
+            let done = running[i].tokens.len();
+            running[i].req.prompt_ids[done..done + take].to_vec()
+        })
         .collect();
+    let mut caches: Vec<&mut KvCache> =
+        running.iter_mut().enumerate().filter(|(i, _)| chunks.iter().any(|(j, _)| j == i)).map(|(_, s)| &mut s.cache).collect();
     let slices: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
     let logits = model.prefill(&slices, &mut caches)?;
     let vocab = logits.shape()[1] as usize;

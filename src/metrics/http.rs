@@ -3,9 +3,9 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use futures::StreamExt;
 use axum::middleware::Next;
 use axum::response::Response;
+use futures::StreamExt;
 
 use crate::api::AppState;
 

@@ -21,7 +21,17 @@ pub struct InferenceRecorder {
 
 impl InferenceRecorder {
     pub fn new(metrics: Arc<Metrics>, model: &str, endpoint: &'static str, stream: bool) -> Self {
-        InferenceRecorder { metrics, model: model.to_owned(), endpoint, stream, started: Instant::now(), first_token: None, last_token: None, tokens: 0, finished: false }
+        InferenceRecorder {
+            metrics,
+            model: model.to_owned(),
+            endpoint,
+            stream,
+            started: Instant::now(),
+            first_token: None,
+            last_token: None,
+            tokens: 0,
+            finished: false,
+        }
     }
 
     /// Takes note of the next engine event (None: the engine dropped the request).

@@ -169,7 +169,14 @@ pub struct LiveStats {
 
 impl Default for LiveStats {
     fn default() -> Self {
-        LiveStats { start: Instant::now(), inner: Mutex::default(), version: AtomicU64::new(0), errors: AtomicU64::new(0), requests: AtomicU64::new(0), tokens: AtomicU64::new(0) }
+        LiveStats {
+            start: Instant::now(),
+            inner: Mutex::default(),
+            version: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            tokens: AtomicU64::new(0),
+        }
     }
 }
 
@@ -368,7 +375,13 @@ impl LiveStats {
         let inner = self.inner.lock().unwrap();
         let first = now.saturating_sub(SERIES_SECONDS as u64 - 1);
         let len = (now - first + 1) as usize;
-        let mut t = Throughput { resolution_seconds: 1, tokens_per_second: vec![0; len], requests_per_second: vec![0; len], running: vec![0; len], waiting: vec![0; len] };
+        let mut t = Throughput {
+            resolution_seconds: 1,
+            tokens_per_second: vec![0; len],
+            requests_per_second: vec![0; len],
+            running: vec![0; len],
+            waiting: vec![0; len],
+        };
         let mut recorded = inner.seconds.iter().filter(|s| s.at <= now).peekable();
         let mut queue = (0, 0);
         for (i, at) in (first..=now).enumerate() {

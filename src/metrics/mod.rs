@@ -10,7 +10,8 @@ pub mod inference;
 pub mod live;
 
 use prometheus::{
-    exponential_buckets, Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::telemetry::SystemSample;
@@ -107,7 +108,9 @@ impl Metrics {
         }
         let (batch_size, batch_size_counts) = batch_size::BatchSizeHistogram::new();
         r.register(Box::new(batch_size)).unwrap();
-        let hist = |name: &str, help: &str, labels: &[&str]| reg!(HistogramVec::new(HistogramOpts::new(name, help).buckets(latency_buckets()), labels));
+        let hist = |name: &str, help: &str, labels: &[&str]| {
+            reg!(HistogramVec::new(HistogramOpts::new(name, help).buckets(latency_buckets()), labels))
+        };
         Metrics {
             info: reg!(IntGaugeVec::new(Opts::new("info", "Always 1; labels say which mlxbar, model and device serve."), &["version", "model", "device"])),
             uptime_seconds: reg!(Gauge::new("uptime_seconds", "Seconds since the server started.")),
@@ -181,8 +184,11 @@ impl Metrics {
             }
         }
         for h in [
-            &self.request_duration_seconds, &self.time_to_first_token_seconds, &self.inter_token_latency_seconds,
-            &self.queue_wait_seconds, &self.prefill_duration_seconds,
+            &self.request_duration_seconds,
+            &self.time_to_first_token_seconds,
+            &self.inter_token_latency_seconds,
+            &self.queue_wait_seconds,
+            &self.prefill_duration_seconds,
         ] {
             h.with_label_values(&[model]);
         }
@@ -202,7 +208,11 @@ impl Metrics {
         advance_to(&self.engine_failed_requests_total, e.failed_requests);
         self.prefix_cache_entries.set(e.prefix_entries as i64);
         self.prefix_cache_bytes.set(e.prefix_bytes as i64);
-        self.prefix_cache_utilization_ratio.set(if e.prefix_budget_bytes > 0 { e.prefix_bytes as f64 / e.prefix_budget_bytes as f64 } else { 0.0 });
+        self.prefix_cache_utilization_ratio.set(if e.prefix_budget_bytes > 0 {
+            e.prefix_bytes as f64 / e.prefix_budget_bytes as f64
+        } else {
+            0.0
+        });
         advance_to(&self.prefix_cache_hits_total, e.prefix_hits);
         advance_to(&self.prefix_cache_misses_total, e.prefix_misses);
         advance_to(&self.prefix_cache_evictions_total, e.prefix_evictions);
@@ -215,7 +225,13 @@ impl Metrics {
     }
 
     pub fn observe_system(&self, s: &SystemSample) {
-        for (kind, v) in [("active", s.mlx.active), ("peak", s.mlx.peak), ("cache", s.mlx.cache), ("limit", s.mlx.limit), ("cache_limit", s.mlx.cache_limit)] {
+        for (kind, v) in [
+            ("active", s.mlx.active),
+            ("peak", s.mlx.peak),
+            ("cache", s.mlx.cache),
+            ("limit", s.mlx.limit),
+            ("cache_limit", s.mlx.cache_limit),
+        ] {
             self.mlx_memory_bytes.with_label_values(&[kind]).set(v as i64);
         }
         self.process_resident_memory_bytes.set(s.process.resident_bytes as i64);
@@ -231,8 +247,16 @@ impl Metrics {
             return;
         };
         for (kind, v) in [
-            ("total", m.total), ("free", m.free), ("available", m.available), ("used", m.used), ("active", m.active),
-            ("inactive", m.inactive), ("wired", m.wired), ("compressed", m.compressed), ("app", m.app), ("cached_files", m.cached_files),
+            ("total", m.total),
+            ("free", m.free),
+            ("available", m.available),
+            ("used", m.used),
+            ("active", m.active),
+            ("inactive", m.inactive),
+            ("wired", m.wired),
+            ("compressed", m.compressed),
+            ("app", m.app),
+            ("cached_files", m.cached_files),
         ] {
             self.memory_bytes.with_label_values(&[kind]).set(v as i64);
         }

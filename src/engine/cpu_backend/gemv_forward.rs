@@ -16,10 +16,24 @@ const ROW_MAJOR: c_int = 101;
 const NO_TRANS: c_int = 111;
 const TRANS: c_int = 112;
 
-type Sgemm = unsafe extern "C" fn(c_int, c_int, c_int, c_int, c_int, c_int, f32, *const f32, c_int, *const f32, c_int, f32, *mut f32, c_int);
+type Sgemm =
+    unsafe extern "C" fn(c_int, c_int, c_int, c_int, c_int, c_int, f32, *const f32, c_int, *const f32, c_int, f32, *mut f32, c_int);
 
 extern "C" {
-    fn cblas_sgemv(order: c_int, trans: c_int, m: c_int, n: c_int, alpha: f32, a: *const f32, lda: c_int, x: *const f32, incx: c_int, beta: f32, y: *mut f32, incy: c_int);
+    fn cblas_sgemv(
+        order: c_int,
+        trans: c_int,
+        m: c_int,
+        n: c_int,
+        alpha: f32,
+        a: *const f32,
+        lda: c_int,
+        x: *const f32,
+        incx: c_int,
+        beta: f32,
+        y: *mut f32,
+        incy: c_int,
+    );
 }
 
 /// The next `cblas_sgemm` in symbol lookup order (OpenBLAS's).
@@ -36,8 +50,20 @@ fn next_sgemm() -> Sgemm {
 /// The CBLAS contract: pointers and leading dimensions describe valid matrices.
 #[no_mangle]
 pub unsafe extern "C" fn cblas_sgemm(
-    order: c_int, trans_a: c_int, trans_b: c_int, m: c_int, n: c_int, k: c_int, alpha: f32,
-    a: *const f32, lda: c_int, b: *const f32, ldb: c_int, beta: f32, c: *mut f32, ldc: c_int,
+    order: c_int,
+    trans_a: c_int,
+    trans_b: c_int,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: f32,
+    a: *const f32,
+    lda: c_int,
+    b: *const f32,
+    ldb: c_int,
+    beta: f32,
+    c: *mut f32,
+    ldc: c_int,
 ) {
     if order == ROW_MAJOR && k > 0 {
         if m == 1 {
@@ -47,7 +73,13 @@ pub unsafe extern "C" fn cblas_sgemm(
             // SAFETY: the same matrices the caller vouched for, as one gemv over B.
             return cblas_sgemv(ROW_MAJOR, t, rows, cols, alpha, b, ldb, a, incx, beta, c, 1);
         }
-        if (2..=small_m::MAX_ROWS as c_int).contains(&m) && trans_a == NO_TRANS && trans_b == TRANS && alpha == 1.0 && beta == 0.0 && small_m::available() {
+        if (2..=small_m::MAX_ROWS as c_int).contains(&m)
+            && trans_a == NO_TRANS
+            && trans_b == TRANS
+            && alpha == 1.0
+            && beta == 0.0
+            && small_m::available()
+        {
             // c[m,n] = a[m,k] . b[n,k]^T with b the weights ([out, in]), read once.
             // SAFETY: the caller's matrices, and AVX2+FMA were just checked.
             return small_m::matmul_bt(a, lda as usize, b, ldb as usize, c, ldc as usize, m as usize, n as usize, k as usize);

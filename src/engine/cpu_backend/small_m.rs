@@ -52,7 +52,17 @@ pub unsafe fn matmul_bt(a: *const f32, lda: usize, b: *const f32, ldb: usize, c:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn columns_avx2(a: *const f32, lda: usize, b: *const f32, ldb: usize, c: *mut f32, ldc: usize, m: usize, columns: std::ops::Range<usize>, k: usize) {
+unsafe fn columns_avx2(
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    columns: std::ops::Range<usize>,
+    k: usize,
+) {
     use std::arch::x86_64::*;
     let body = k - k % 8;
     let mut j = columns.start;

@@ -164,19 +164,10 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
     let kind: ModelType = serde_json::from_str(json).context("config.json")?;
     let arch = Arch::parse(&kind.model_type).context("config.json model_type")?;
     let hf: HfConfig = serde_json::from_str(json).context("config.json")?;
-    let mut rope = RopeConfig {
-        theta: hf.rope_theta,
-        traditional: hf.rope_traditional,
-        llama3_scaling: None,
-        position_scale: 1.0,
-    };
+    let mut rope = RopeConfig { theta: hf.rope_theta, traditional: hf.rope_traditional, llama3_scaling: None, position_scale: 1.0 };
     if let Some(scaling) = &hf.rope_scaling {
         if !scaling.is_null() {
-            let kind = scaling
-                .get("rope_type")
-                .or_else(|| scaling.get("type"))
-                .and_then(|v| v.as_str())
-                .unwrap_or("default");
+            let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
             match kind {
                 "llama3" => rope.llama3_scaling = Some(serde_json::from_value(scaling.clone()).context("rope_scaling")?),
                 "linear" => {

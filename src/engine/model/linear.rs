@@ -39,9 +39,7 @@ impl Weight {
     pub fn apply(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Weight::Dense(w) => ops::matmul(x, w.t())?,
-            Weight::Quantized(q) => {
-                ops::quantized_matmul(x, &q.weight, &q.scales, &q.biases, true, q.group_size, q.bits)?
-            }
+            Weight::Quantized(q) => ops::quantized_matmul(x, &q.weight, &q.scales, &q.biases, true, q.group_size, q.bits)?,
         })
     }
 
@@ -79,18 +77,28 @@ impl Weight {
     /// runs one matmul instead of several. None when their formats differ.
     pub fn concat_rows(parts: &[Weight]) -> Result<Option<Weight>> {
         if parts.iter().all(|p| matches!(p, Weight::Dense(_))) {
-            let ws: Vec<&Array> = parts.iter().map(|p| match p { Weight::Dense(w) => w, _ => unreachable!() }).collect();
+            let ws: Vec<&Array> = parts
+                .iter()
+                .map(|p| match p {
+                    Weight::Dense(w) => w,
+                    _ => unreachable!(),
+                })
+                .collect();
             return Ok(Some(Weight::Dense(ops::concatenate(&ws, 0)?)));
         }
-        let qs: Option<Vec<&Quantized>> = parts.iter().map(|p| match p { Weight::Quantized(q) => Some(q), _ => None }).collect();
+        let qs: Option<Vec<&Quantized>> = parts
+            .iter()
+            .map(|p| match p {
+                Weight::Quantized(q) => Some(q),
+                _ => None,
+            })
+            .collect();
         let Some(qs) = qs else { return Ok(None) };
         let first = qs[0];
         if qs.iter().any(|q| q.bits != first.bits || q.group_size != first.group_size) {
             return Ok(None);
         }
-        let cat = |f: fn(&Quantized) -> &Array| -> Result<Array> {
-            Ok(ops::concatenate(&qs.iter().map(|q| f(q)).collect::<Vec<_>>(), 0)?)
-        };
+        let cat = |f: fn(&Quantized) -> &Array| -> Result<Array> { Ok(ops::concatenate(&qs.iter().map(|q| f(q)).collect::<Vec<_>>(), 0)?) };
         Ok(Some(Weight::Quantized(Quantized {
             weight: cat(|q| &q.weight)?,
             scales: cat(|q| &q.scales)?,
@@ -180,10 +188,6 @@ impl Embedding {
 
 /// Checks a weight's shape against what the config says.
 pub fn expect_shape(name: &str, w: &Weight, out_features: i32) -> Result<()> {
-    ensure!(
-        w.out_features() == out_features,
-        "{name}: {} output rows, config says {out_features}",
-        w.out_features()
-    );
+    ensure!(w.out_features() == out_features, "{name}: {} output rows, config says {out_features}", w.out_features());
     Ok(())
 }

@@ -74,7 +74,14 @@ impl Projections {
         let sizes: Vec<i32> = parts.iter().map(|p| p.weight.out_features()).collect();
         Ok(match Linear::concat_rows(parts)? {
             Ok(linear) => {
-                let split_at = sizes.iter().scan(0, |acc, s| { *acc += s; Some(*acc) }).take(sizes.len() - 1).collect();
+                let split_at = sizes
+                    .iter()
+                    .scan(0, |acc, s| {
+                        *acc += s;
+                        Some(*acc)
+                    })
+                    .take(sizes.len() - 1)
+                    .collect();
                 Projections::Fused { linear, split_at }
             }
             Err(parts) => Projections::Separate(parts),
@@ -220,8 +227,12 @@ impl Model {
             .blocks
             .iter()
             .map(|b| {
-                b.attn_norm.nbytes() + b.mlp_norm.nbytes() + b.qkv.nbytes() + b.gate_up.nbytes()
-                    + b.o.weight.nbytes() + b.down.weight.nbytes()
+                b.attn_norm.nbytes()
+                    + b.mlp_norm.nbytes()
+                    + b.qkv.nbytes()
+                    + b.gate_up.nbytes()
+                    + b.o.weight.nbytes()
+                    + b.down.weight.nbytes()
             })
             .sum();
         blocks + self.embed.0.nbytes() + self.norm.nbytes() + self.lm_head.as_ref().map_or(0, |h| h.nbytes())
@@ -245,7 +256,10 @@ impl Model {
     /// evaluated.
     pub fn prefill(&self, parts: &[&[u32]], caches: &mut [&mut KvCache]) -> Result<Array> {
         let c = &self.config;
-        anyhow::ensure!(!parts.is_empty() && parts.len() == caches.len() && parts.iter().all(|p| !p.is_empty()), "one non-empty part per cache");
+        anyhow::ensure!(
+            !parts.is_empty() && parts.len() == caches.len() && parts.iter().all(|p| !p.is_empty()),
+            "one non-empty part per cache"
+        );
         let lens: Vec<i32> = parts.iter().map(|p| p.len() as i32).collect();
         let starts: Vec<i32> = lens.iter().scan(0, |acc, &l| Some(std::mem::replace(acc, *acc + l))).collect();
         let total: i32 = lens.iter().sum();
@@ -258,7 +272,8 @@ impl Model {
             let mut outs = Vec::with_capacity(parts.len());
             for (p, cache) in caches.iter_mut().enumerate() {
                 let (s, l) = (starts[p], lens[p]);
-                let mine: Vec<Array> = if parts.len() == 1 { qkv.clone() } else { qkv.iter().map(|a| a.index((.., s..s + l, ..))).collect() };
+                let mine: Vec<Array> =
+                    if parts.len() == 1 { qkv.clone() } else { qkv.iter().map(|a| a.index((.., s..s + l, ..))).collect() };
                 outs.push(self.attention(&mine, cache, i, offsets[p], l)?);
             }
             let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 1)? };
@@ -303,7 +318,13 @@ impl Model {
 
     /// The q, k, v projections `[1, batch*len, heads*head_dim]` as
     /// `[batch, heads, len, head_dim]` each, q/k normed (qwen3) and rotated by `rope`.
-    fn heads(&self, b: &Block, qkv: &[Array], [batch, len]: [i32; 2], rope: impl Fn(&Array) -> Result<Array>) -> Result<(Array, Array, Array)> {
+    fn heads(
+        &self,
+        b: &Block,
+        qkv: &[Array],
+        [batch, len]: [i32; 2],
+        rope: impl Fn(&Array) -> Result<Array>,
+    ) -> Result<(Array, Array, Array)> {
         let c = &self.config;
         let split = |a: &Array, n: i32| -> Result<Array> { Ok(a.reshape(&[batch, len, n, c.head_dim])?) };
         let norm_rope = |a: Array, norm: Option<&Array>| -> Result<Array> {

@@ -15,8 +15,7 @@ pub fn llama3_periods(dims: i32, base: f32, s: &Llama3RopeScaling) -> Vec<f32> {
             } else if wavelen < high_freq_wavelen {
                 period
             } else {
-                let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
-                    / (s.high_freq_factor - s.low_freq_factor);
+                let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
                 period / ((1.0 - smooth) / s.factor + smooth)
             }
         })
@@ -26,9 +25,7 @@ pub fn llama3_periods(dims: i32, base: f32, s: &Llama3RopeScaling) -> Vec<f32> {
 /// GGUF stores Llama 3 scaling as `rope_freqs.weight`, a factor that divides each pair's
 /// frequency (llama.cpp: theta = pos * base^(-2i/d) / factor[i]).
 pub fn gguf_periods(dims: i32, base: f32, factors: &[f32]) -> Vec<f32> {
-    (0..dims / 2)
-        .map(|i| base.powf(2.0 * i as f32 / dims as f32) * factors.get(i as usize).copied().unwrap_or(1.0))
-        .collect()
+    (0..dims / 2).map(|i| base.powf(2.0 * i as f32 / dims as f32) * factors.get(i as usize).copied().unwrap_or(1.0)).collect()
 }
 
 #[cfg(test)]

@@ -567,7 +567,8 @@ mod tests {
         let lying = json!({"a": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 16]}});
         let err = check_st(&tiny_safetensors(lying, 16)).unwrap_err().to_string();
         assert!(err.contains("(64 bytes) but its data_offsets 0..16 span 16 bytes"), "{err}");
-        let overlap = json!({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}, "b": {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}});
+        let overlap =
+            json!({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}, "b": {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}});
         assert!(check_st(&tiny_safetensors(overlap, 8)).unwrap_err().to_string().contains("overlap"));
         let dtype = json!({"a": {"dtype": "Q4", "shape": [8], "data_offsets": [0, 8]}});
         assert!(check_st(&tiny_safetensors(dtype, 8)).unwrap_err().to_string().contains("unknown dtype Q4"));

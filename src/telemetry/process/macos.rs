@@ -4,7 +4,8 @@ use super::ProcessStats;
 pub fn read() -> anyhow::Result<ProcessStats> {
     // SAFETY: mach_task_basic_info is a plain C struct of integers; all-zero is valid.
     let mut info: libc::mach_task_basic_info = unsafe { std::mem::zeroed() };
-    let mut count = (std::mem::size_of::<libc::mach_task_basic_info>() / std::mem::size_of::<libc::natural_t>()) as libc::mach_msg_type_number_t;
+    let mut count =
+        (std::mem::size_of::<libc::mach_task_basic_info>() / std::mem::size_of::<libc::natural_t>()) as libc::mach_msg_type_number_t;
     // SAFETY: mach_task_self has no preconditions; it returns this task's port.
     let task = unsafe { mach2::traps::mach_task_self() };
     // SAFETY: `info` is a live mach_task_basic_info and `count` holds its size in
