@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates tests/data/tiny/ (tiny random-weight models of every supported architecture
 # and their mlx-lm reference outputs, for tests/architectures.rs; needs Python, the tests
-# themselves do not). Installs mlx-lm at the version ../shared/peers/setup.sh pins, plus
-# gguf-py for the GGUF copies, in a venv under DIR, then runs
+# themselves do not). Installs mlx-lm 0.32.2 and mlx 0.32.4 (the pins of
+# ../shared/peers/setup.sh, which made tests/data/reference.json), plus gguf-py for the GGUF
+# copies, in a venv under DIR, then runs
 # scripts/reference/make_tiny_models.py.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

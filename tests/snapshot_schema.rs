@@ -41,18 +41,10 @@ async fn get_snapshot(base: &str) -> Value {
 
 /// Reads `snapshot` events off an SSE body into `seen` until the stream ends.
 async fn collect_events(resp: reqwest::Response, seen: tokio::sync::mpsc::UnboundedSender<Value>) {
-    let mut body = resp.bytes_stream();
-    let mut buf = String::new();
-    while let Some(chunk) = body.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            if event.starts_with("event: snapshot") {
-                let data = event.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
-                if seen.send(serde_json::from_str(data).unwrap()).is_err() {
-                    return;
-                }
-            }
+    let mut events = common::sse(resp);
+    while let Some(event) = events.next().await {
+        if event.event == "snapshot" && seen.send(serde_json::from_str(&event.data).unwrap()).is_err() {
+            return;
         }
     }
 }

@@ -4,7 +4,6 @@ use std::sync::{Arc, Mutex};
 
 use mlxbar::server::ServerStatus;
 use mlxbar::{Config, Server};
-use serde::Serialize;
 use tauri::AppHandle;
 
 #[derive(Default)]
@@ -22,7 +21,7 @@ pub struct ServerSlot {
 }
 
 /// What the app knows about its server.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct AppStatus {
     /// starting | running | failed | stopped
     pub phase: &'static str,
