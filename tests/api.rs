@@ -262,16 +262,6 @@ async fn engine_failure_is_a_500_and_the_server_keeps_serving() {
     assert_eq!(body["choices"][0]["message"]["content"], "The capital of France is Paris.");
 }
 
-/// The sum of a metric's samples in the server's Prometheus text that carry all `labels`.
-async fn sample(base: &str, metric: &str, labels: &[&str]) -> f64 {
-    let text = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-    text.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| series.split('{').next() == Some(metric) && labels.iter().all(|l| series.contains(l)))
-        .map(|(_, v)| v.parse::<f64>().unwrap())
-        .sum()
-}
-
 #[tokio::test]
 async fn a_disconnected_stream_stops_its_generation() {
     // A server of its own, so its engine steps are this request's alone.
@@ -285,7 +275,7 @@ async fn a_disconnected_stream_stops_its_generation() {
     common::read_tokens(&mut stream, 2).await;
     let health: Value = c.get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
     assert_eq!(health["queue"]["running"], 1);
-    let steps_before = sample(&base, "mlxbar_engine_steps_total", &[]).await;
+    let steps_before = common::metric_sum(&base, "mlxbar_engine_steps_total", &[]).await;
     drop(stream);
     // The engine drops it within a few steps (one step decodes one token for each running
     // request), and it is counted as cancelled with its KV released.
@@ -298,11 +288,11 @@ async fn a_disconnected_stream_stops_its_generation() {
         assert!(std::time::Instant::now() < deadline, "the abandoned request still runs: {health}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let steps = sample(&base, "mlxbar_engine_steps_total", &[]).await - steps_before;
+    let steps = common::metric_sum(&base, "mlxbar_engine_steps_total", &[]).await - steps_before;
     assert!(steps < 16.0, "{steps} engine steps ran after the client left");
-    assert_eq!(sample(&base, "mlxbar_requests_total", &[r#"result="cancelled""#, r#"stream="true""#]).await, 1.0);
-    assert_eq!(sample(&base, "mlxbar_requests_total", &[]).await, 1.0, "and nothing else ended");
-    assert_eq!(sample(&base, "mlxbar_kv_cache_tokens", &[]).await, 0.0, "its KV is released");
+    assert_eq!(common::metric_sum(&base, "mlxbar_requests_total", &[r#"result="cancelled""#, r#"stream="true""#]).await, 1.0);
+    assert_eq!(common::metric_sum(&base, "mlxbar_requests_total", &[]).await, 1.0, "and nothing else ended");
+    assert_eq!(common::metric_sum(&base, "mlxbar_kv_cache_tokens", &[]).await, 0.0, "its KV is released");
     // and the server goes on serving
     let resp = c
         .post(format!("{base}/v1/chat/completions"))

@@ -83,19 +83,9 @@ impl Streaming {
     }
 }
 
-/// Sum of a metric's samples whose labels contain `labels` (all of them for "").
-async fn metric_sum(base: &str, name: &str, labels: &str) -> f64 {
-    let text = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter(|l| l.contains(labels))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
-}
-
 /// Decode steps that ran more than `size` sequences together, from `mlxbar_batch_size`.
 async fn steps_larger_than(base: &str, size: usize) -> f64 {
-    metric(base, "mlxbar_batch_size_count").await - metric_sum(base, "mlxbar_batch_size_bucket", &format!("le=\"{size}\"")).await
+    metric(base, "mlxbar_batch_size_count").await - common::metric_sum(base, "mlxbar_batch_size_bucket", &[&format!("le=\"{size}\"")]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -139,7 +129,7 @@ async fn batched_serving_matches_one_at_a_time_and_survives_a_cancelled_stream()
     // The cancelled stream ends as cancelled, and every KV buffer is released.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let cancelled = metric_sum(&base, "mlxbar_requests_total", "result=\"cancelled\"").await;
+        let cancelled = common::metric_sum(&base, "mlxbar_requests_total", &[r#"result="cancelled""#]).await;
         let (kv_tokens, kv_bytes) = (metric(&base, "mlxbar_kv_cache_tokens").await, metric(&base, "mlxbar_kv_cache_bytes").await);
         let running = metric(&base, "mlxbar_scheduler_running_requests").await;
         if cancelled == 1.0 && kv_tokens == 0.0 && kv_bytes == 0.0 && running == 0.0 {
@@ -152,10 +142,10 @@ async fn batched_serving_matches_one_at_a_time_and_survives_a_cancelled_stream()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let finished = metric_sum(&base, "mlxbar_requests_total", "result=\"length\"").await
-        + metric_sum(&base, "mlxbar_requests_total", "result=\"stop\"").await;
+    let finished = common::metric_sum(&base, "mlxbar_requests_total", &[r#"result="length""#]).await
+        + common::metric_sum(&base, "mlxbar_requests_total", &[r#"result="stop""#]).await;
     assert_eq!(finished, 3.0, "the three streams finished normally");
-    assert_eq!(metric_sum(&base, "mlxbar_requests_total", "result=\"error\"").await, 0.0);
+    assert_eq!(common::metric_sum(&base, "mlxbar_requests_total", &[r#"result="error""#]).await, 0.0);
     server.shutdown().await;
 }
 

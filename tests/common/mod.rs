@@ -84,3 +84,14 @@ pub async fn read_tokens(stream: &mut Sse, n: usize) -> Vec<serde_json::Value> {
     }
     chunks
 }
+
+/// The sum of a metric's samples in the server's Prometheus text that carry all `labels`
+/// (e.g. `r#"result="cancelled""#`; none: every sample of the metric). 0 when none match.
+pub async fn metric_sum(base: &str, metric: &str, labels: &[&str]) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| series.split('{').next() == Some(metric) && labels.iter().all(|l| series.contains(l)))
+        .map(|(_, v)| v.parse::<f64>().unwrap())
+        .sum()
+}
