@@ -6,6 +6,7 @@ pub mod bench;
 pub mod config;
 pub mod doctor;
 pub mod engine;
+pub mod inference;
 pub mod metrics;
 pub mod model_store;
 pub mod private_fs;

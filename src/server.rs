@@ -90,6 +90,7 @@ impl Server {
             admission_gate: Some(Arc::new(move || gate_telemetry.pressure_critical())),
         })?);
         let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
+        metrics.register_engine_histogram(engine.mask_seconds());
         let mut rules = alerts::rules::resolve(&config.alerts)?;
         // The watchdog's alert fires when /health says stalled, unless the config sets its own.
         let own = config.alerts.get("engine_stalled").is_some_and(|o| o.threshold.is_some() || o.recover_below.is_some());

@@ -1,12 +1,10 @@
-//! The HTTP API: OpenAI-compatible routes plus health, with the security layers.
+//! The HTTP API: the OpenAI dialect (`openai/`, over the neutral core in `crate::inference`),
+//! health, metrics, alerts and bench routes, with the security layers.
 pub mod alerts;
 pub mod bench;
-pub mod chat;
-pub mod completions;
 pub mod cross_site;
 pub mod engine;
 pub mod error;
-pub mod generation;
 pub mod health;
 pub mod json;
 pub mod json_errors;
@@ -58,8 +56,8 @@ pub fn router(state: AppState) -> Router {
     let config = state.config.clone();
     // While a bench run holds the engine, generation waits or gets 503 (see bench::gate).
     let generation = Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(openai::chat::chat_completions))
+        .route("/v1/completions", post(openai::completions::completions))
         .route_layer(middleware::from_fn_with_state(state.clone(), bench::gate));
     let mut app = Router::new()
         .route("/", get(ui::index))

@@ -3,11 +3,13 @@
 //! HTTP side uses: it renders and counts prompts, and queues requests with back-pressure.
 pub mod batch_kv;
 pub mod chat_template;
+pub mod constraint;
 pub mod cpu_backend;
 #[cfg(feature = "test-hooks")]
 pub mod faults;
 pub mod kv_cache;
 pub mod loader;
+pub mod logprobs;
 pub mod model;
 pub mod prefix_cache;
 pub mod request;
@@ -15,6 +17,7 @@ pub mod sampling;
 pub mod stats;
 pub mod text_stream;
 pub mod tokenizer;
+pub mod tools;
 mod worker;
 
 use std::path::PathBuf;
@@ -25,6 +28,7 @@ use std::time::Instant;
 use anyhow::Result;
 use serde::Serialize;
 
+pub use constraint::{Constraint, ConstraintError, ConstraintState, Grammars};
 pub use loader::ModelInfo;
 pub use model::WeightFormat;
 pub use request::{Completion, EngineError, ErrorKind, Event, FinishReason, GenerationRequest, Timings};
@@ -103,10 +107,19 @@ pub enum LoadState {
     Stopped,
 }
 
+/// The loaded model's text side, read together (a reload replaces it whole).
+#[derive(Clone)]
+pub struct Loaded {
+    pub info: ModelInfo,
+    pub codec: Arc<TextCodec>,
+    /// Compiles requests' output constraints against this model's vocabulary.
+    pub grammars: Arc<Grammars>,
+}
+
 /// State shared between the engine thread and its handles.
 pub struct Shared {
     state: RwLock<LoadState>,
-    loaded: RwLock<Option<(ModelInfo, Arc<TextCodec>)>>,
+    loaded: RwLock<Option<Loaded>>,
     /// Requests queued, not yet taken by the engine.
     pub waiting: AtomicUsize,
     /// Sequences being generated.
@@ -227,15 +240,11 @@ impl Engine {
     }
 
     pub fn model(&self) -> Option<ModelInfo> {
-        self.shared.loaded.read().unwrap().as_ref().map(|(info, _)| info.clone())
+        self.shared.loaded.read().unwrap().as_ref().map(|l| l.info.clone())
     }
 
-    pub fn codec(&self) -> Option<Arc<TextCodec>> {
-        self.shared.loaded.read().unwrap().as_ref().map(|(_, c)| c.clone())
-    }
-
-    /// The loaded model and its codec, read together (a reload replaces both).
-    pub fn loaded(&self) -> Option<(ModelInfo, Arc<TextCodec>)> {
+    /// The loaded model, its codec and grammars.
+    pub fn loaded(&self) -> Option<Loaded> {
         self.shared.loaded.read().unwrap().clone()
     }
 
@@ -258,6 +267,11 @@ impl Engine {
     /// Decode steps since start by batch size (index = sequences decoded together).
     pub fn decode_steps_by_batch_size(&self) -> Vec<u64> {
         self.shared.stats.batch_sizes().counts()
+    }
+
+    /// The grammar-mask time histogram the engine observes (for /metrics).
+    pub fn mask_seconds(&self) -> prometheus::Histogram {
+        self.shared.stats.mask_seconds().0.clone()
     }
 
     /// Seconds the engine has gone without finishing an iteration while work waits or
@@ -326,7 +340,16 @@ impl Engine {
         stop: Vec<String>,
     ) -> (GenerationRequest, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let req = GenerationRequest { prompt_ids, max_tokens, sampling, stop, events: tx, enqueued_at: Instant::now() };
+        let req = GenerationRequest {
+            prompt_ids,
+            max_tokens,
+            sampling,
+            stop,
+            constraint: None,
+            logprobs: None,
+            events: tx,
+            enqueued_at: Instant::now(),
+        };
         (req, rx)
     }
 }
@@ -427,8 +450,14 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         info.dtype
     );
     let limits = limits(&options, &model, &info);
+    let started = Instant::now();
+    let grammars = match Grammars::new(&codec, model.config.vocab_size.max(0) as usize) {
+        Ok(g) => Arc::new(g),
+        Err(e) => return set_state(LoadState::Failed(format!("building the token trie for constrained decoding: {e:#}"))),
+    };
+    tracing::debug!("token trie for constrained decoding built in {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
     let codec = Arc::new(codec);
-    *shared.loaded.write().unwrap() = Some((info, codec.clone()));
+    *shared.loaded.write().unwrap() = Some(Loaded { info, codec: codec.clone(), grammars });
     set_state(LoadState::Ready);
     shared.stats.mark_progress();
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(model, codec, jobs, shared.clone(), limits)));

@@ -4,6 +4,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use super::constraint::ConstraintState;
+use super::logprobs::TokenLogprobs;
 use super::sampling::SamplingParams;
 
 pub struct GenerationRequest {
@@ -11,6 +13,11 @@ pub struct GenerationRequest {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
+    /// The grammar the output must follow: applied as a token mask before each sampling.
+    pub constraint: Option<ConstraintState>,
+    /// Log-probabilities to report with each token: `Some(n)` gives the chosen token's and
+    /// the `n` most likely alternatives'.
+    pub logprobs: Option<usize>,
     /// Dropping the receiver cancels the request within one decode step.
     pub events: mpsc::UnboundedSender<Event>,
     pub enqueued_at: Instant,
@@ -22,6 +29,8 @@ pub enum Event {
     /// stop string is incomplete).
     Token {
         text: String,
+        /// When the request asked for logprobs.
+        logprobs: Option<TokenLogprobs>,
     },
     /// Text held back until the end (a partial stop string that never completed).
     Text(String),

@@ -1,26 +1,46 @@
 //! Picks the next token from a logits vector: greedy at temperature 0, otherwise
-//! temperature + top-k + top-p (nucleus) with a seedable RNG.
+//! temperature + top-k + top-p (nucleus) with a seedable RNG. Before that, [`Sampler::adjust`]
+//! applies OpenAI's logit bias and presence / frequency penalties (over the tokens this
+//! sequence generated, not its prompt).
+use std::collections::HashMap;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     pub temperature: f32,
     pub top_p: f32,
     /// 0 = no limit.
     pub top_k: usize,
     pub seed: Option<u64>,
+    /// Subtracted once from the logit of every token already generated.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit per time it was generated.
+    pub frequency_penalty: f32,
+    /// Added to the logits of these tokens.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 0, seed: None }
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: vec![],
+        }
     }
 }
 
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
+    /// How often each token was generated so far (for the penalties).
+    generated: HashMap<u32, u32>,
 }
 
 impl Sampler {
@@ -29,10 +49,34 @@ impl Sampler {
             Some(s) => ChaCha8Rng::seed_from_u64(s),
             None => ChaCha8Rng::from_os_rng(),
         };
-        Sampler { params, rng }
+        Sampler { params, rng, generated: HashMap::new() }
     }
 
+    /// Applies the logit bias and the penalties in place.
+    pub fn adjust(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&id, &count) in &self.generated {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * count as f32;
+                }
+            }
+        }
+    }
+
+    /// Draws the next token and counts it as generated.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let token = self.draw(logits);
+        *self.generated.entry(token).or_default() += 1;
+        token
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits);
@@ -90,7 +134,22 @@ mod tests {
     use super::*;
 
     fn params(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> SamplingParams {
-        SamplingParams { temperature, top_p, top_k, seed: Some(seed) }
+        SamplingParams { temperature, top_p, top_k, seed: Some(seed), ..Default::default() }
+    }
+
+    #[test]
+    fn bias_and_penalties_shift_logits() {
+        let p = SamplingParams { logit_bias: vec![(2, 5.0)], presence_penalty: 1.0, frequency_penalty: 0.5, ..params(0.0, 1.0, 0, 1) };
+        let mut s = Sampler::new(p);
+        let mut logits = vec![1.0, 0.0, 0.0];
+        s.adjust(&mut logits);
+        assert_eq!(logits, vec![1.0, 0.0, 5.0]);
+        assert_eq!(s.sample(&logits), 2);
+        assert_eq!(s.sample(&logits), 2);
+        let mut logits = vec![1.0, 0.0, 0.0];
+        s.adjust(&mut logits);
+        // token 2 was generated twice: 5 - (1 + 0.5 * 2)
+        assert_eq!(logits, vec![1.0, 0.0, 3.0]);
     }
 
     #[test]

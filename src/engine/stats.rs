@@ -35,6 +35,30 @@ pub struct EngineStats {
     service_micros: AtomicU64,
     /// Decode steps run, by how many sequences each decoded together.
     batch_sizes: BatchSizes,
+    /// Time the grammar mask took per constrained step; /metrics exports this very histogram.
+    mask_seconds: MaskSeconds,
+}
+
+/// `mlxbar_constrained_decoding_mask_seconds` (the registry adds the prefix): made here (the engine observes it on every
+/// constrained step) and registered by [`crate::metrics::Metrics`].
+#[derive(Clone)]
+pub struct MaskSeconds(pub prometheus::Histogram);
+
+impl Default for MaskSeconds {
+    fn default() -> Self {
+        let opts = prometheus::HistogramOpts::new(
+            "constrained_decoding_mask_seconds",
+            "Time to compute and apply the grammar's token mask for one decode step of a constrained request (response_format, tool calls)",
+        )
+        .buckets(prometheus::exponential_buckets(2.5e-5, 2.0, 14).expect("valid buckets"));
+        MaskSeconds(prometheus::Histogram::with_opts(opts).expect("valid histogram"))
+    }
+}
+
+impl std::fmt::Debug for MaskSeconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MaskSeconds({} samples)", self.0.get_sample_count())
+    }
 }
 
 /// Decode steps by batch size: `steps[n]` counts the steps that decoded `n` sequences
@@ -130,6 +154,14 @@ impl EngineStats {
 
     pub fn batch_sizes(&self) -> &BatchSizes {
         &self.batch_sizes
+    }
+
+    pub fn record_mask(&self, seconds: f64) {
+        self.mask_seconds.0.observe(seconds);
+    }
+
+    pub fn mask_seconds(&self) -> &MaskSeconds {
+        &self.mask_seconds
     }
 
     pub fn count_failure(&self) {

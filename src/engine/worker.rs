@@ -18,10 +18,12 @@ use anyhow::Result;
 
 use super::batch_kv::BatchKv;
 use super::kv_cache::KvCache;
+use super::logprobs;
 use super::model::Model;
 use super::prefix_cache::PrefixCache;
 use super::request::{Completion, EngineError, ErrorKind, Event, FinishReason, GenerationRequest, Timings};
 use super::sampling::Sampler;
+use super::stats::EngineStats;
 use super::text_stream::{Step, TextStream};
 use super::tokenizer::TextCodec;
 use super::{AdmissionGate, Shared};
@@ -236,7 +238,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             if !seq.prefilled() || seq.logits.is_empty() {
                 continue;
             }
-            match guarded(|| emit(&codec, &codec.stop_ids, seq)) {
+            match guarded(|| emit(&codec, &codec.stop_ids, &shared.stats, seq)) {
                 Ok(Outcome::Continue(token)) => next.push((i, token)),
                 other => done.push((i, other)),
             }
@@ -384,7 +386,7 @@ fn admit(model: &Model, codec: &TextCodec, prefix: &mut PrefixCache, req: Genera
         cache,
         cached: tokens.len(),
         tokens,
-        sampler: Sampler::new(req.sampling),
+        sampler: Sampler::new(req.sampling.clone()),
         text: TextStream::new(req.stop.clone()),
         logits: vec![],
         generated: 0,
@@ -425,9 +427,9 @@ fn prefill(model: &Model, running: &mut [Sequence], chunks: &[(usize, usize)]) -
     Ok(())
 }
 
-/// Samples the next token from the last logits and sends its text; says whether the
-/// sequence goes on (and with which token).
-fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, seq: &mut Sequence) -> Result<Outcome> {
+/// Samples the next token from the last logits (within the grammar, if the request has
+/// one) and sends its text; says whether the sequence goes on (and with which token).
+fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, stats: &EngineStats, seq: &mut Sequence) -> Result<Outcome> {
     #[cfg(feature = "test-hooks")]
     if seq.fault == Some(super::faults::Fault::PanicInRequest) {
         panic!("injected engine failure (test hook)");
@@ -435,12 +437,26 @@ fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, seq: &mut Sequence) -> Resu
     if seq.req.events.is_closed() {
         return Ok(Outcome::Cancelled);
     }
+    seq.sampler.adjust(&mut seq.logits);
+    if let Some(grammar) = &mut seq.req.constraint {
+        let started = Instant::now();
+        grammar.mask(&mut seq.logits)?;
+        stats.record_mask(started.elapsed().as_secs_f64());
+    }
     let token = seq.sampler.sample(&seq.logits);
+    let logprobs = seq.req.logprobs.map(|top| logprobs::compute(&seq.logits, seq.req.sampling.temperature, token, top));
     let now = Instant::now();
     if seq.first_token_at.is_none() {
         seq.first_token_at = Some(now);
         seq.timings.time_to_first_token = now - seq.req.enqueued_at;
     }
+    let finished_grammar = match &mut seq.req.constraint {
+        Some(grammar) => {
+            grammar.commit(token)?;
+            grammar.is_finished()
+        }
+        None => false,
+    };
     if stop_ids.contains(&token) {
         return Ok(Outcome::Finished(FinishReason::Stop));
     }
@@ -449,10 +465,10 @@ fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, seq: &mut Sequence) -> Resu
         Step::Text(t) => (t, false),
         Step::Stopped(t) => (t, true),
     };
-    if seq.req.events.send(Event::Token { text }).is_err() {
+    if seq.req.events.send(Event::Token { text, logprobs }).is_err() {
         return Ok(Outcome::Cancelled);
     }
-    if stopped {
+    if stopped || finished_grammar {
         return Ok(Outcome::Finished(FinishReason::Stop));
     }
     if seq.generated >= seq.req.max_tokens {

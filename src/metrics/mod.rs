@@ -97,6 +97,13 @@ impl Metrics {
         Self::with_per_request(true)
     }
 
+    /// Exports a histogram the engine observes itself (the grammar-mask time).
+    pub fn register_engine_histogram(&self, h: prometheus::Histogram) {
+        if let Err(e) = self.registry.register(Box::new(h)) {
+            tracing::warn!("registering an engine histogram: {e}");
+        }
+    }
+
     pub fn with_per_request(per_request: bool) -> Metrics {
         let r = Registry::new_custom(Some("mlxbar".into()), None).unwrap();
         macro_rules! reg {

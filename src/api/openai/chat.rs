@@ -1,0 +1,198 @@
+//! `POST /v1/chat/completions`: OpenAI's chat request translated into the core's terms.
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+
+use super::request::{ChatCompletionRequest, ChatMessageIn, Content, ResponseFormat, ToolChoiceIn};
+use super::response::{new_meta, Endpoint};
+use crate::api::error::ApiError;
+use crate::api::json::OpenAiJson;
+use crate::api::AppState;
+use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
+use crate::inference::{self, InferenceRequest, Input, Message, OutputFormat, Part, Role, Sampling, ToolSet};
+
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let (core, include_usage, logprobs) = translate(req)?;
+    let stream = core.stream;
+    let generation = inference::start(&state, core).await?;
+    let meta = new_meta(Endpoint::Chat, &generation.model);
+    if stream {
+        return Ok(super::stream::sse(meta, generation, include_usage, logprobs).into_response());
+    }
+    let answer = generation.collect().await?;
+    Ok(axum::Json(meta.full(&answer, logprobs)).into_response())
+}
+
+/// The core request, whether usage is streamed, and whether logprobs were asked for.
+pub fn translate(req: ChatCompletionRequest) -> Result<(InferenceRequest, bool, bool), ApiError> {
+    req.check_unsupported()?;
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request("Only n=1 is supported").param("n"));
+    }
+    let messages = req.messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<Vec<_>, _>>()?;
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (true, top) => Some(top.unwrap_or(0) as usize),
+        (false, None) => None,
+        (false, Some(_)) => return Err(ApiError::bad_request("top_logprobs needs logprobs: true").param("top_logprobs")),
+    };
+    let tools = tools(req.tools, req.tool_choice, req.parallel_tool_calls)?;
+    let core = InferenceRequest {
+        model: req.model,
+        input: Input::Chat(messages),
+        tools,
+        format: format(req.response_format)?,
+        sampling: Sampling {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k.map(|k| k as usize),
+            seed: req.seed,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+            logit_bias: logit_bias(req.logit_bias)?,
+        },
+        max_tokens: req.max_completion_tokens.or(req.max_tokens).map(|m| m as usize),
+        stop: req.stop.map(|s| s.into_vec()).unwrap_or_default(),
+        logprobs,
+        endpoint: Endpoint::Chat.name(),
+        stream: req.stream,
+    };
+    Ok((core, req.stream_options.is_some_and(|o| o.include_usage), logprobs.is_some()))
+}
+
+fn message(index: usize, m: ChatMessageIn) -> Result<Message, ApiError> {
+    let bad = |what: String| Err(ApiError::bad_request(format!("messages[{index}]: {what}")).param("messages"));
+    let role = match m.role.as_str() {
+        // OpenAI's newer "developer" role is what templates call "system".
+        "system" | "developer" => Role::System,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "tool" => Role::Tool,
+        other => return bad(format!("role '{other}' is not one of system, developer, user, assistant, tool")),
+    };
+    if m.audio.is_some() || m.function_call.is_some() {
+        return bad("'audio' and 'function_call' are not supported (use tool_calls)".into());
+    }
+    if m.name.is_some() {
+        return bad("'name' is not supported: chat templates have no place for participant names".into());
+    }
+    if m.refusal.is_some() && role != Role::Assistant {
+        return bad("only assistant messages carry a 'refusal'".into());
+    }
+    let mut content = match m.content {
+        None => vec![],
+        Some(Content::Text(t)) => vec![Part::Text(t)],
+        Some(Content::Parts(parts)) => {
+            let mut out = vec![];
+            for p in parts {
+                match (p.kind.as_str(), p.text) {
+                    ("text", Some(t)) if p.other.is_empty() => out.push(Part::Text(t)),
+                    ("text", _) => return bad("a text part takes exactly 'type' and 'text'".into()),
+                    (kind, _) => return bad(format!("content part type '{kind}' is not supported (text only)")),
+                }
+            }
+            out
+        }
+    };
+    if let Some(r) = m.refusal {
+        content.push(Part::Text(r));
+    }
+    let tool_calls = match m.tool_calls {
+        Some(_) if role != Role::Assistant => return bad("only assistant messages carry 'tool_calls'".into()),
+        Some(calls) => calls
+            .into_iter()
+            .map(|c| {
+                if c.kind != "function" {
+                    return Err(ApiError::bad_request(format!(
+                        "messages[{index}].tool_calls: type '{}' is not supported (function only)",
+                        c.kind
+                    ))
+                    .param("messages"));
+                }
+                Ok(ToolCall { id: c.id, name: c.function.name, arguments: c.function.arguments })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![],
+    };
+    match (role, &m.tool_call_id) {
+        (Role::Tool, None) => return bad("a tool message needs the 'tool_call_id' of the call it answers".into()),
+        (Role::Tool, Some(_)) | (_, None) => {}
+        (_, Some(_)) => return bad("only tool messages carry a 'tool_call_id'".into()),
+    }
+    Ok(Message { role, content, tool_calls, tool_call_id: m.tool_call_id })
+}
+
+fn tools(
+    tools: Option<Vec<super::request::ToolIn>>,
+    choice: Option<ToolChoiceIn>,
+    parallel: Option<bool>,
+) -> Result<Option<ToolSet>, ApiError> {
+    let mode = match &choice {
+        None => ToolMode::Auto,
+        Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
+            "none" => return Ok(None),
+            "auto" => ToolMode::Auto,
+            "required" => ToolMode::Required,
+            other => {
+                return Err(ApiError::bad_request(format!("tool_choice '{other}' is not one of none, auto, required, or a named function"))
+                    .param("tool_choice"))
+            }
+        },
+        Some(ToolChoiceIn::Named(n)) if n.kind == "function" => ToolMode::Named(n.function.name.clone()),
+        Some(ToolChoiceIn::Named(n)) => {
+            return Err(
+                ApiError::bad_request(format!("tool_choice type '{}' is not supported (function only)", n.kind)).param("tool_choice")
+            )
+        }
+    };
+    let Some(tools) = tools else {
+        return match choice {
+            None => Ok(None),
+            Some(_) => Err(ApiError::bad_request("tool_choice needs 'tools'").param("tool_choice")),
+        };
+    };
+    let specs = tools
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if t.kind != "function" {
+                return Err(ApiError::bad_request(format!("tools[{i}]: type '{}' is not supported (function only)", t.kind)).param("tools"));
+            }
+            let f = t.function;
+            // OpenAI: no parameters means a function without arguments.
+            let parameters = f.parameters.unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}}));
+            Ok(ToolSpec { name: f.name, description: f.description, parameters })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(ToolSet { specs, mode, parallel: parallel.unwrap_or(true) }))
+}
+
+pub fn format(f: Option<ResponseFormat>) -> Result<Option<OutputFormat>, ApiError> {
+    Ok(match f {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(OutputFormat::JsonObject),
+        Some(ResponseFormat::JsonSchema { json_schema }) => match json_schema.schema {
+            Some(schema) if schema.is_object() || schema.is_boolean() => Some(OutputFormat::JsonSchema(schema)),
+            Some(_) => {
+                return Err(
+                    ApiError::bad_request("response_format.json_schema.schema must be a JSON Schema object").param("response_format")
+                )
+            }
+            // OpenAI: a json_schema without a schema takes any JSON.
+            None => Some(OutputFormat::JsonObject),
+        },
+    })
+}
+
+/// `{"<token id>": bias}` as OpenAI sends it.
+pub fn logit_bias(bias: Option<std::collections::BTreeMap<String, f32>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    bias.unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            k.parse::<u32>()
+                .map(|id| (id, v))
+                .map_err(|_| ApiError::bad_request(format!("logit_bias keys must be token ids, got '{k}'")).param("logit_bias"))
+        })
+        .collect()
+}

@@ -1,0 +1,55 @@
+//! What comes back, in no dialect's words: a stream of [`Output`]s, or the whole [`Answer`].
+use crate::engine::tools::ToolCall;
+use crate::engine::Completion;
+
+/// One token's log-probability and its likeliest alternatives, as text.
+#[derive(Debug, Clone)]
+pub struct TextLogprobs {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(String, Vec<u8>, f32)>,
+}
+
+#[derive(Debug)]
+pub enum Output {
+    /// Answer text (may be empty when only logprobs come with it).
+    Text {
+        text: String,
+        logprobs: Vec<TextLogprobs>,
+    },
+    /// A tool call begins: its id and function name, before any arguments.
+    ToolCallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// The next piece of a call's JSON arguments.
+    ToolCallArguments {
+        index: usize,
+        fragment: String,
+    },
+    Done {
+        finish: Finish,
+        usage: Completion,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The model ended its turn (end token, stop string, or the grammar complete).
+    Stop,
+    /// `max_tokens` or the context ran out.
+    Length,
+    /// The answer is tool calls.
+    ToolCalls,
+}
+
+/// A whole answer, for clients that do not stream.
+pub struct Answer {
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub logprobs: Vec<TextLogprobs>,
+    pub finish: Finish,
+    pub usage: Completion,
+}

@@ -1,0 +1,98 @@
+//! What a client asks for, in no dialect's words.
+use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
+
+pub struct InferenceRequest {
+    /// The model the client named; None or "default" means the loaded one.
+    pub model: Option<String>,
+    pub input: Input,
+    /// Functions the model may (or must) call; None: no tools (OpenAI's `tool_choice: none`
+    /// also ends up here, so the model is not told about them).
+    pub tools: Option<ToolSet>,
+    /// The shape the answer must have, enforced by constrained decoding.
+    pub format: Option<OutputFormat>,
+    pub sampling: Sampling,
+    /// None: up to the context's end.
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    /// `Some(n)`: report each token's log-probability and the `n` likeliest alternatives.
+    pub logprobs: Option<usize>,
+    /// Which dialect and endpoint asked, for the metrics' `endpoint` label.
+    pub endpoint: &'static str,
+    pub stream: bool,
+}
+
+pub enum Input {
+    /// A conversation, rendered with the model's chat template.
+    Chat(Vec<Message>),
+    /// Raw prompt text (no template).
+    Text(String),
+    /// Prompt token ids.
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    /// A tool's result, answering one of the assistant's calls.
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Part>,
+    /// The calls an assistant turn made.
+    pub tool_calls: Vec<ToolCall>,
+    /// On a tool message: the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+/// A piece of a message. Only text today; images and audio will be parts beside it.
+pub enum Part {
+    Text(String),
+}
+
+impl Message {
+    pub fn text(&self) -> String {
+        self.content.iter().map(|Part::Text(t)| t.as_str()).collect()
+    }
+}
+
+pub struct ToolSet {
+    pub specs: Vec<ToolSpec>,
+    pub mode: ToolMode,
+    /// More than one call per answer.
+    pub parallel: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputFormat {
+    /// Any JSON object.
+    JsonObject,
+    /// A value valid against this JSON Schema.
+    JsonSchema(serde_json::Value),
+}
+
+/// Sampling as asked; None takes the server's default.
+#[derive(Debug, Clone, Default)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logit_bias: Vec<(u32, f32)>,
+}

@@ -1,0 +1,360 @@
+//! Runs an [`InferenceRequest`]: checks it against the loaded model and the server's limits,
+//! builds the prompt and the grammar, queues it, and turns the engine's token events into
+//! [`Output`]s (tool calls parsed out of the text by the model family's parser).
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rand::Rng;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::output::{Answer, Finish, Output, TextLogprobs};
+use super::prompt::prompt_ids;
+use super::request::{InferenceRequest, OutputFormat, ToolSet};
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::engine::logprobs::TokenLogprobs;
+use crate::engine::tools::{ToolCall, ToolCallStream, ToolDelta, ToolMode};
+use crate::engine::{Constraint, Event, FinishReason, Grammars, Loaded, SamplingParams, SubmitError};
+use crate::metrics::inference::InferenceRecorder;
+
+/// Longest stop string, in bytes: each is matched against the text on every token, on the
+/// engine thread every request shares.
+pub const MAX_STOP_BYTES: usize = 256;
+/// Most alternatives `logprobs` may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Most tools one request may offer: each becomes a branch of the call grammar.
+pub const MAX_TOOLS: usize = 128;
+
+/// A queued request's answer as it comes.
+pub struct Generation {
+    /// The id of the model that answers.
+    pub model: String,
+    rx: UnboundedReceiver<Event>,
+    recorder: InferenceRecorder,
+    grammars: Arc<Grammars>,
+    /// Set when the request has tools: splits calls out of the text.
+    tools: Option<ToolCallStream>,
+    /// Calls begun so far.
+    calls: usize,
+    /// Logprobs of tokens whose text has not been released yet.
+    logprobs: Vec<TextLogprobs>,
+    queue: VecDeque<Output>,
+    ended: bool,
+}
+
+/// Validates and queues the request; its answer comes from [`Generation::next`].
+pub async fn start(state: &AppState, req: InferenceRequest) -> Result<Generation, ApiError> {
+    let loaded = resolve_model(state, req.model.as_deref())?;
+    let sampling = sampling(state, &req, loaded.codec.vocab_size())?;
+    let stop = check_stop(req.stop)?;
+    if let Some(n) = req.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+        return Err(ApiError::bad_request(format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}")).param("top_logprobs"));
+    }
+    if let Some(tools) = &req.tools {
+        check_tools(tools)?;
+        if req.format.is_some() {
+            return Err(ApiError::bad_request(
+                "response_format together with tools is not supported: send one, or set tool_choice to \"none\"",
+            )
+            .param("response_format"));
+        }
+    }
+    let specs = req.tools.as_ref().map(|t| t.specs.as_slice()).unwrap_or_default();
+    let prompt = prompt_ids(&loaded.codec, req.input, specs)?;
+    let max_tokens = check_length(&loaded, &prompt, req.max_tokens)?;
+    let format = loaded.info.tool_format;
+    let constraint = match (&req.format, &req.tools) {
+        (Some(OutputFormat::JsonObject), _) => Some((Constraint::JsonObject, "response_format")),
+        (Some(OutputFormat::JsonSchema(schema)), _) => Some((Constraint::JsonSchema(schema.clone()), "response_format")),
+        (None, Some(tools)) => Some((Constraint::Lark(format.parser().grammar(&tools.specs, &tools.mode, tools.parallel)), "tools")),
+        (None, None) => None,
+    };
+    let constraint = match constraint {
+        None => None,
+        Some((c, param)) => {
+            // Compiling a large schema takes milliseconds: off the async threads.
+            let grammars = loaded.grammars.clone();
+            let compiled = tokio::task::spawn_blocking(move || grammars.compile(&c))
+                .await
+                .map_err(|e| ApiError::internal(format!("compiling the grammar: {e}")))?;
+            Some(compiled.map_err(|e| ApiError::bad_request(e.message).param(param).code("unsupported_schema"))?)
+        }
+    };
+    if state.config.admission == crate::config::Admission::Refuse && state.telemetry.pressure_critical() {
+        state.metrics.admission_refused_total.with_label_values(&["memory_pressure"]).inc();
+        return Err(ApiError::memory_pressure());
+    }
+    let (mut engine_req, rx) = state.engine.new_request(prompt, max_tokens, sampling, stop);
+    engine_req.constraint = constraint;
+    engine_req.logprobs = req.logprobs;
+    state.engine.submit(engine_req)?;
+    Ok(Generation {
+        recorder: InferenceRecorder::new(state.metrics.clone(), &loaded.info.id, req.endpoint, req.stream),
+        model: loaded.info.id,
+        rx,
+        grammars: loaded.grammars,
+        tools: req.tools.map(|_| ToolCallStream::new(format)),
+        calls: 0,
+        logprobs: vec![],
+        queue: VecDeque::new(),
+        ended: false,
+    })
+}
+
+/// The request's `model`: absent, "default" or the loaded model's id.
+fn resolve_model(state: &AppState, requested: Option<&str>) -> Result<Loaded, ApiError> {
+    if state.draining.load(Ordering::Relaxed) {
+        return Err(ApiError::shutting_down());
+    }
+    if state.paused.load(Ordering::Relaxed) {
+        return Err(ApiError::paused());
+    }
+    match (requested, state.engine.loaded()) {
+        (Some(m), Some(loaded)) if m != "default" && m != loaded.info.id => Err(ApiError::model_not_found(m)),
+        (_, Some(loaded)) => Ok(loaded),
+        (_, None) => Err(ApiError::from(match state.engine.state() {
+            crate::engine::LoadState::Loading => SubmitError::Loading,
+            other => SubmitError::Unavailable(format!("{other:?}")),
+        })),
+    }
+}
+
+fn sampling(state: &AppState, req: &InferenceRequest, vocab: usize) -> Result<SamplingParams, ApiError> {
+    let s = &req.sampling;
+    let temperature = s.temperature.unwrap_or(state.config.default_temperature);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::bad_request(format!("temperature must be between 0 and 2, got {temperature}")).param("temperature"));
+    }
+    let top_p = s.top_p.unwrap_or(state.config.default_top_p);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad_request(format!("top_p must be in (0, 1], got {top_p}")).param("top_p"));
+    }
+    let penalty = |v: Option<f32>, name: &'static str| match v.unwrap_or(0.0) {
+        p if (-2.0..=2.0).contains(&p) => Ok(p),
+        p => Err(ApiError::bad_request(format!("{name} must be between -2 and 2, got {p}")).param(name)),
+    };
+    for &(id, bias) in &s.logit_bias {
+        if id as usize >= vocab {
+            return Err(
+                ApiError::bad_request(format!("logit_bias names token {id}, outside the vocabulary (size {vocab})")).param("logit_bias")
+            );
+        }
+        if !(-100.0..=100.0).contains(&bias) {
+            return Err(ApiError::bad_request(format!("logit_bias values must be between -100 and 100, got {bias}")).param("logit_bias"));
+        }
+    }
+    Ok(SamplingParams {
+        temperature,
+        top_p,
+        top_k: s.top_k.unwrap_or(0),
+        seed: s.seed,
+        presence_penalty: penalty(s.presence_penalty, "presence_penalty")?,
+        frequency_penalty: penalty(s.frequency_penalty, "frequency_penalty")?,
+        logit_bias: s.logit_bias.clone(),
+    })
+}
+
+fn check_stop(stop: Vec<String>) -> Result<Vec<String>, ApiError> {
+    if stop.len() > 4 {
+        return Err(ApiError::bad_request("At most 4 stop sequences are allowed").param("stop"));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad_request(format!(
+            "A stop sequence may be at most {MAX_STOP_BYTES} bytes long; one is {} bytes",
+            long.len()
+        ))
+        .param("stop"));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request("A stop sequence must not be empty").param("stop"));
+    }
+    Ok(stop)
+}
+
+fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::bad_request(m).param("tools"));
+    if tools.specs.is_empty() {
+        return bad("'tools' must list at least one function (or leave it out)".into());
+    }
+    if tools.specs.len() > MAX_TOOLS {
+        return bad(format!("At most {MAX_TOOLS} tools are supported, got {}", tools.specs.len()));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for (i, t) in tools.specs.iter().enumerate() {
+        let valid = !t.name.is_empty() && t.name.len() <= 64 && t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            return bad(format!("tools[{i}].function.name '{}' must be 1-64 characters of a-z, A-Z, 0-9, '_' and '-'", t.name));
+        }
+        if !names.insert(t.name.as_str()) {
+            return bad(format!("tools[{i}]: the function name '{}' appears twice", t.name));
+        }
+        if !t.parameters.is_object() {
+            return bad(format!("tools[{i}].function.parameters must be a JSON Schema object"));
+        }
+    }
+    if let ToolMode::Named(name) = &tools.mode {
+        if !names.contains(name.as_str()) {
+            return Err(
+                ApiError::bad_request(format!("tool_choice names the function '{name}', which is not in 'tools'")).param("tool_choice")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The completion's token budget: as asked, or what the context leaves.
+fn check_length(loaded: &Loaded, prompt: &[u32], requested: Option<usize>) -> Result<usize, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request("The prompt is empty").param("prompt"));
+    }
+    if requested == Some(0) {
+        return Err(ApiError::bad_request("max_tokens must be at least 1").param("max_tokens"));
+    }
+    let context = loaded.info.context_length;
+    let prompt_len = prompt.len();
+    let max_tokens = requested.unwrap_or(context.saturating_sub(prompt_len));
+    if prompt_len + max_tokens > context || prompt_len >= context {
+        return Err(ApiError::bad_request(format!(
+            "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {max_tokens} in the completion). Please reduce the length of the prompt or completion.",
+            prompt_len + max_tokens
+        ))
+        .param("messages")
+        .code("context_length_exceeded"));
+    }
+    Ok(max_tokens)
+}
+
+impl Generation {
+    /// The next piece of the answer; None after `Done` or an error.
+    pub async fn next(&mut self) -> Option<Result<Output, ApiError>> {
+        loop {
+            if let Some(out) = self.queue.pop_front() {
+                return Some(Ok(out));
+            }
+            if self.ended {
+                return None;
+            }
+            let ev = self.rx.recv().await;
+            self.recorder.observe(ev.as_ref());
+            match ev {
+                Some(Event::Token { text, logprobs }) => {
+                    if let Some(lp) = logprobs {
+                        let described = self.describe(&lp);
+                        self.logprobs.push(described);
+                    }
+                    self.text(text);
+                }
+                Some(Event::Text(text)) => self.text(text),
+                Some(Event::Done(usage)) => {
+                    self.ended = true;
+                    if let Err(e) = self.flush_tools(usage.finish_reason) {
+                        return Some(Err(e));
+                    }
+                    let finish = match usage.finish_reason {
+                        FinishReason::Length => Finish::Length,
+                        FinishReason::Stop if self.calls > 0 => Finish::ToolCalls,
+                        FinishReason::Stop => Finish::Stop,
+                    };
+                    self.queue.push_back(Output::Done { finish, usage });
+                }
+                Some(Event::Error(e)) => {
+                    self.ended = true;
+                    return Some(Err(ApiError::from(e)));
+                }
+                None => {
+                    self.ended = true;
+                    return Some(Err(ApiError::internal("The engine stopped before finishing this request")));
+                }
+            }
+        }
+    }
+
+    /// The whole answer.
+    pub async fn collect(mut self) -> Result<Answer, ApiError> {
+        let (mut text, mut tool_calls, mut logprobs) = (String::new(), Vec::<ToolCall>::new(), Vec::new());
+        while let Some(out) = self.next().await {
+            match out? {
+                Output::Text { text: t, logprobs: lp } => {
+                    text.push_str(&t);
+                    logprobs.extend(lp);
+                }
+                Output::ToolCallStart { id, name, .. } => tool_calls.push(ToolCall { id, name, arguments: String::new() }),
+                Output::ToolCallArguments { index, fragment } => {
+                    if let Some(call) = tool_calls.get_mut(index) {
+                        call.arguments.push_str(&fragment);
+                    }
+                }
+                Output::Done { finish, usage } => return Ok(Answer { text, tool_calls, logprobs, finish, usage }),
+            }
+        }
+        Err(ApiError::internal("The engine stopped before finishing this request"))
+    }
+
+    fn text(&mut self, text: String) {
+        let Some(stream) = &mut self.tools else {
+            if !text.is_empty() || !self.logprobs.is_empty() {
+                let logprobs = std::mem::take(&mut self.logprobs);
+                self.queue.push_back(Output::Text { text, logprobs });
+            }
+            return;
+        };
+        let deltas = stream.push(&text);
+        self.tool_deltas(deltas);
+    }
+
+    fn tool_deltas(&mut self, deltas: Vec<ToolDelta>) {
+        for d in deltas {
+            let out = match d {
+                ToolDelta::Text(text) if text.is_empty() => continue,
+                ToolDelta::Text(text) => Output::Text { text, logprobs: std::mem::take(&mut self.logprobs) },
+                ToolDelta::CallStart { index, name } => {
+                    self.calls = self.calls.max(index + 1);
+                    Output::ToolCallStart { index, id: call_id(), name }
+                }
+                ToolDelta::CallArguments { index, fragment } => Output::ToolCallArguments { index, fragment },
+            };
+            self.queue.push_back(out);
+        }
+    }
+
+    /// Releases what the tool parser held; a call cut short by `max_tokens` is dropped.
+    fn flush_tools(&mut self, reason: FinishReason) -> Result<(), ApiError> {
+        let Some(stream) = &mut self.tools else { return Ok(()) };
+        match stream.finish() {
+            Ok(deltas) => {
+                self.tool_deltas(deltas);
+                Ok(())
+            }
+            Err(_) if reason == FinishReason::Length => Ok(()),
+            Err(e) => Err(ApiError::internal(format!("The model's tool call could not be parsed: {e}"))),
+        }
+    }
+
+    fn describe(&self, lp: &TokenLogprobs) -> TextLogprobs {
+        let piece = |id: u32| {
+            let bytes = self.grammars.token_bytes(id);
+            (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+        };
+        let (token, bytes) = piece(lp.id);
+        TextLogprobs {
+            token,
+            bytes,
+            logprob: lp.logprob,
+            top: lp
+                .top
+                .iter()
+                .map(|&(id, l)| {
+                    let (t, b) = piece(id);
+                    (t, b, l)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// OpenAI-style call id: `call_` and 24 random alphanumerics.
+fn call_id() -> String {
+    let suffix: String = rand::rng().sample_iter(rand::distr::Alphanumeric).take(24).map(char::from).collect();
+    format!("call_{suffix}")
+}
