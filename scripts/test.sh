@@ -9,7 +9,8 @@ say() { printf '\033[1m[test]\033[0m %s\n' "$*"; }
 
 # Tools the tests run for real: Prometheus and promtool; Xvfb, a D-Bus session bus, the
 # dunst notification daemon, the trayer tray host, xdotool and ImageMagick for the app on a
-# virtual desktop; Chromium and Node.js for the popover's browser tests.
+# virtual desktop; Chromium and Node.js for the popover's browser tests. (Python with venv,
+# which the official client SDKs run in, comes with scripts/setup.sh.)
 if [ "$(uname -s)" = Darwin ]; then
   command -v prometheus >/dev/null || brew install prometheus
   command -v node >/dev/null || brew install node
@@ -35,6 +36,8 @@ cargo build --release --workspace --bins
 cargo clippy --release --workspace --all-targets -- -D warnings
 ./target/release/mlxbar fetch-model >/dev/null
 ./target/release/mlxbar doctor
+say "client SDKs for the API tests (openai, in a venv; scripts/sdk-venv.sh)"
+bash scripts/sdk-venv.sh >/dev/null
 cargo test --release --workspace --lib --bins --tests --no-fail-fast -- --test-threads=2
 say "popover browser tests (Playwright + Chromium)"
 (cd ui && npm ci --no-audit --no-fund --loglevel=error && npm test)

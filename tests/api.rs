@@ -237,6 +237,77 @@ async fn bad_requests_get_openai_errors_with_fitting_statuses() {
     assert_eq!(resp.status(), 405);
 }
 
+/// Nothing a request carries is ignored: each field mlxbar does not do is a 400 naming it.
+#[tokio::test]
+async fn fields_mlxbar_does_not_do_are_refused_by_name() {
+    let cases = [
+        ("/v1/chat/completions", json!({"n": 3}), "n"),
+        ("/v1/chat/completions", json!({"audio": {"voice": "alloy", "format": "wav"}}), "audio"),
+        ("/v1/chat/completions", json!({"modalities": ["text", "audio"]}), "modalities"),
+        ("/v1/chat/completions", json!({"functions": [{"name": "f", "parameters": {}}]}), "functions"),
+        ("/v1/chat/completions", json!({"function_call": "auto"}), "function_call"),
+        ("/v1/chat/completions", json!({"prediction": {"type": "content", "content": "x"}}), "prediction"),
+        ("/v1/chat/completions", json!({"reasoning_effort": "low"}), "reasoning_effort"),
+        ("/v1/chat/completions", json!({"web_search_options": {}}), "web_search_options"),
+        ("/v1/chat/completions", json!({"store": true}), "store"),
+        ("/v1/chat/completions", json!({"service_tier": "flex"}), "service_tier"),
+        ("/v1/chat/completions", json!({"top_logprobs": 2}), "top_logprobs"),
+        ("/v1/chat/completions", json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+        ("/v1/chat/completions", json!({"tool_choice": "required"}), "tool_choice"),
+        ("/v1/chat/completions", json!({"logit_bias": {"hello": 1}}), "logit_bias"),
+        ("/v1/chat/completions", json!({"logit_bias": {"5": 101}}), "logit_bias"),
+        ("/v1/chat/completions", json!({"presence_penalty": 2.5}), "presence_penalty"),
+        ("/v1/chat/completions", json!({"made_up_field": 1}), "made_up_field"),
+        ("/v1/completions", json!({"echo": true}), "echo"),
+        ("/v1/completions", json!({"suffix": "x"}), "suffix"),
+        ("/v1/completions", json!({"best_of": 2}), "best_of"),
+        ("/v1/completions", json!({"logprobs": 6}), "logprobs"),
+    ];
+    for (path, extra, name) in cases {
+        let mut b = if path == "/v1/completions" { json!({"prompt": "hi", "max_tokens": 2}) } else { chat("hi") };
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, body) = post(path, b).await;
+        assert_eq!(status, 400, "{extra}: {body}");
+        assert_error(&body, "invalid_request_error");
+        assert!(body["error"]["message"].as_str().unwrap().contains(name), "{extra}: {body}");
+    }
+    // Message-level fields too: image parts, names, tool fields on the wrong roles.
+    for (message, name) in [
+        (json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}), "image_url"),
+        (json!({"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}), "input_audio"),
+        (json!({"role": "user", "content": "hi", "name": "ana"}), "name"),
+        (json!({"role": "tool", "content": "18 C"}), "tool_call_id"),
+        (json!({"role": "user", "content": "hi", "tool_call_id": "call_1"}), "tool_call_id"),
+        (json!({"role": "user", "content": "hi", "mood": "happy"}), "mood"),
+    ] {
+        let (status, body) = post("/v1/chat/completions", json!({"messages": [message], "max_tokens": 2})).await;
+        assert_eq!(status, 400, "{message}: {body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(name), "{message}: {body}");
+    }
+}
+
+/// logit_bias and the penalties change what is sampled.
+#[tokio::test]
+async fn logit_bias_and_penalties_steer_the_answer() {
+    let answer = |extra: Value| async move {
+        let mut b = chat("Say hello.");
+        b["max_tokens"] = json!(12);
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, body) = post("/v1/chat/completions", b).await;
+        assert_eq!(status, 200, "{body}");
+        body["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    };
+    let plain = answer(json!({})).await;
+    // One token pushed far ahead is all a greedy answer says, max_tokens times over.
+    let biased = answer(json!({"logit_bias": {"28": 100}})).await;
+    assert_ne!(biased, plain);
+    let piece = &biased[..biased.len() / 12];
+    assert!(!piece.is_empty() && biased == piece.repeat(12), "{biased:?}");
+    // A strong frequency penalty forbids repeating any token.
+    let repeated = answer(json!({"logit_bias": {"28": 5}, "frequency_penalty": 2.0})).await;
+    assert_ne!(repeated, biased);
+}
+
 #[tokio::test]
 async fn foreign_host_headers_are_refused() {
     let c = client();

@@ -32,7 +32,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OpenAiJson<T> {
         let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            if inner.is_syntax() || inner.is_eof() {
+            let message = inner.to_string();
+            if let Some(field) = message.strip_prefix("unknown field `").and_then(|m| m.split('`').next()) {
+                // OpenAI's own words for it; a field mlxbar does not know is never ignored.
+                let at = path.rsplit_once('.').map(|(parent, _)| parent).filter(|p| !p.is_empty() && *p != ".");
+                let at = at.map(|p| format!(" (in '{p}')")).unwrap_or_default();
+                ApiError::bad_request(format!("Unrecognized request argument supplied: {field}{at}"))
+            } else if inner.is_syntax() || inner.is_eof() {
                 ApiError::bad_request(format!("We could not parse the JSON body of your request: {inner}"))
             } else if path == "." {
                 ApiError::bad_request(format!("Invalid request: {inner}"))
