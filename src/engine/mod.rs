@@ -3,6 +3,7 @@
 //! HTTP side uses: it renders and counts prompts, and queues requests with back-pressure.
 pub mod batch_kv;
 pub mod chat_template;
+pub mod constraint;
 pub mod cpu_backend;
 #[cfg(feature = "test-hooks")]
 pub mod faults;
