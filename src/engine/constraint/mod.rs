@@ -1,0 +1,204 @@
+//! Constrained decoding with llguidance: what the output must match ([`Constraint`]), the
+//! per-model grammar compiler ([`Grammars`]) and one sequence's grammar state
+//! ([`ConstraintState`]), which masks the logits before sampling and follows the tokens
+//! sampled.
+//!
+//! JSON Schema support (draft 2020-12 as llguidance implements it):
+//! - honoured: `type`, `enum`, `const`, `anyOf`, `allOf`, `oneOf` (only where llguidance can
+//!   prove the branches disjoint, otherwise an error), `$ref` (local, e.g. to `$defs`),
+//!   `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`, `properties`,
+//!   `additionalProperties`, `patternProperties`, `required`, `minProperties`/`maxProperties`
+//!   (only when every listed property is required), `minLength`, `maxLength`, `pattern`,
+//!   `format` (`date-time`, `date`, `time`, `duration`, `email`, `hostname`, `ipv4`, `ipv6`,
+//!   `uuid`, `uri`, ...; an unknown format is an error; formats are llguidance's regexes,
+//!   without RFC length limits such as 64 octets before an email's `@`), `minimum`, `maximum`,
+//!   `exclusiveMinimum`, `exclusiveMaximum`, `multipleOf`;
+//! - accepted as annotations: `$schema`, `$id`, `$anchor`, `$defs`, `definitions`, `$comment`,
+//!   `title`, `description`, `default`, `examples`, `deprecated`, `readOnly`, `writeOnly`,
+//!   `contentMediaType`, `contentEncoding`, `discriminator`, and any `x-*` key;
+//! - refused with an error naming the keyword: everything else, e.g. `if`/`then`/`else`,
+//!   `not`, `uniqueItems`, `contains`, `minContains`, `maxContains`, `propertyNames`,
+//!   `dependentRequired`, `dependentSchemas`, `dependencies`, `unevaluatedProperties`,
+//!   `unevaluatedItems`, `$dynamicRef`, `$recursiveRef`, and misspellings.
+//!
+//! JSON output is laid out compactly: no free whitespace, one optional space after `,` and
+//! `:` ([`schema::layout`]).
+pub mod schema;
+pub mod tokens;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::{Matcher, ParserFactory};
+
+use super::TextCodec;
+
+/// What the output must match. Neutral: no dialect's field names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// Any JSON object (OpenAI `json_object`).
+    JsonObject,
+    /// A JSON Schema (draft 2020-12 subset llguidance supports; see the module's note).
+    JsonSchema(serde_json::Value),
+    /// A grammar in llguidance's Lark dialect (tool calls are built this way; may embed
+    /// `%json {...}`: pass the schema through [`schema::prepare`] first).
+    Lark(String),
+}
+
+/// A constraint that cannot be compiled; the message names the feature.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ConstraintError {
+    pub message: String,
+}
+
+impl ConstraintError {
+    pub fn new(message: impl Into<String>) -> Self {
+        ConstraintError { message: message.into() }
+    }
+}
+
+/// Built once per loaded model (from its TextCodec); `Send + Sync`, shared via Arc by the
+/// HTTP side (which compiles constraints so a bad schema is a 400 before queueing).
+pub struct Grammars {
+    factory: Arc<ParserFactory>,
+    stop_ids: Arc<[u32]>,
+    /// Ids the tokenizer knows; logits past it are never allowed.
+    tokenizer_vocab: usize,
+    n_vocab: usize,
+}
+
+impl Grammars {
+    /// `n_vocab`: width of the model's logits (may exceed the tokenizer's vocab; extra ids are
+    /// never allowed).
+    pub fn new(codec: &TextCodec, n_vocab: usize) -> Result<Grammars> {
+        let env = tokens::tok_env(codec, n_vocab)?;
+        let mut factory = ParserFactory::new_simple(&env)?;
+        factory.quiet();
+        *factory.limits_mut() = limits();
+        let stop_ids: BTreeSet<u32> = codec.stop_ids.iter().copied().filter(|&id| (id as usize) < codec.vocab_size()).collect();
+        Ok(Grammars {
+            factory: Arc::new(factory),
+            stop_ids: stop_ids.into_iter().collect(),
+            tokenizer_vocab: codec.vocab_size(),
+            n_vocab: n_vocab.max(codec.vocab_size()),
+        })
+    }
+
+    /// Width of the masks (the logits) this was built for.
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// Compiles; an unsupported schema feature or a bad grammar is an Err naming it.
+    pub fn compile(&self, c: &Constraint) -> Result<ConstraintState, ConstraintError> {
+        let grammar = match c {
+            Constraint::JsonObject => TopLevelGrammar::from_json_schema(schema::prepare(&serde_json::json!({"type": "object"}))?),
+            Constraint::JsonSchema(s) => TopLevelGrammar::from_json_schema(schema::prepare(s)?),
+            Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        };
+        let parser = self.factory.create_parser(grammar).map_err(|e| ConstraintError::new(compile_message(c, &e)))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(ConstraintError::new(e));
+        }
+        Ok(ConstraintState { matcher, stop_ids: self.stop_ids.clone(), tokenizer_vocab: self.tokenizer_vocab })
+    }
+}
+
+/// llguidance's defaults, except that errors do not carry the parser state and grammar (they
+/// become API error messages).
+fn limits() -> ParserLimits {
+    ParserLimits { verbose_errors: false, ..ParserLimits::default() }
+}
+
+fn compile_message(c: &Constraint, e: &anyhow::Error) -> String {
+    let what = match c {
+        Constraint::JsonObject | Constraint::JsonSchema(_) => "JSON Schema",
+        Constraint::Lark(_) => "grammar",
+    };
+    format!("invalid {what}: {e}")
+}
+
+/// One sequence's grammar state: `Send` (moves to the engine thread inside GenerationRequest).
+pub struct ConstraintState {
+    matcher: Matcher,
+    stop_ids: Arc<[u32]>,
+    tokenizer_vocab: usize,
+}
+
+impl std::fmt::Debug for ConstraintState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstraintState").field("finished", &self.is_finished()).finish_non_exhaustive()
+    }
+}
+
+impl ConstraintState {
+    /// Sets every logit the grammar forbids to -inf (the model's stop ids are allowed exactly
+    /// when the grammar may end). Returns Err if the grammar is in an error state.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        if let Some(e) = self.matcher.get_error() {
+            bail!("constraint: {e}");
+        }
+        let allowed = if self.matcher.is_stopped() {
+            // Finished: only a stop token can follow.
+            let mut none = toktrie::SimpleVob::alloc(self.tokenizer_vocab);
+            self.stop_ids.iter().for_each(|&id| none.allow_token(id));
+            none
+        } else {
+            let mut allowed = self.matcher.compute_mask().map_err(|e| anyhow!("constraint: {e}"))?;
+            // The TokEnv's EOS set is the stop ids, so llguidance allows them together; kept
+            // explicit in case a grammar names one of them.
+            if self.stop_ids.iter().any(|&id| allowed.is_allowed(id)) {
+                self.stop_ids.iter().for_each(|&id| allowed.allow_token(id));
+            }
+            allowed
+        };
+        let words = allowed.as_slice();
+        let known = logits.len().min(self.tokenizer_vocab);
+        let (inside, beyond) = logits.split_at_mut(known);
+        for (i, chunk) in inside.chunks_mut(32).enumerate() {
+            match words.get(i).copied().unwrap_or(0) {
+                u32::MAX => {}
+                0 => chunk.fill(f32::NEG_INFINITY),
+                w => {
+                    for (bit, l) in chunk.iter_mut().enumerate() {
+                        if w & (1 << bit) == 0 {
+                            *l = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+            }
+        }
+        beyond.fill(f32::NEG_INFINITY);
+        Ok(())
+    }
+
+    /// Advances by the sampled token (a stop id is accepted when the grammar may end).
+    pub fn commit(&mut self, token: u32) -> Result<()> {
+        if self.matcher.is_stopped() && !self.matcher.is_error() {
+            if self.stop_ids.contains(&token) {
+                return Ok(());
+            }
+            bail!("constraint: token {token} after the grammar finished");
+        }
+        self.matcher.consume_token(token).map_err(|e| anyhow!("constraint: {e}"))
+    }
+
+    /// The grammar is complete and allows nothing more: generation must end (FinishReason::Stop).
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped() && !self.matcher.is_error()
+    }
+}
+
+// The engine thread takes states across threads; the HTTP side shares Grammars.
+const _: () = {
+    const fn send<T: Send>() {}
+    const fn send_sync<T: Send + Sync>() {}
+    send::<ConstraintState>();
+    send_sync::<Grammars>();
+};
