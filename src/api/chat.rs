@@ -22,7 +22,7 @@ pub async fn chat_completions(
         .template
         .as_ref()
         .ok_or_else(|| ApiError::bad_request("This model has no chat template; use /v1/completions").param("messages"))?;
-    let prompt = template.render(&messages, true).map_err(|e| ApiError::bad_request(format!("{e:#}")).param("messages"))?;
+    let prompt = template.render(&messages, &[], true).map_err(|e| ApiError::bad_request(format!("{e:#}")).param("messages"))?;
     let ids = codec.encode(&prompt).map_err(|e| ApiError::internal(format!("{e:#}")))?;
     let prepared = prepare(&state, &info, ids, req.common)?;
     respond(&state, new_meta(Endpoint::Chat, &info.id), prepared).await
@@ -57,5 +57,5 @@ fn to_template_message(index: usize, m: ChatMessageIn) -> Result<ChatMessage, Ap
     };
     // Templates know "system"; OpenAI's newer "developer" role means the same.
     let role = if m.role == "developer" { "system".to_string() } else { m.role };
-    Ok(ChatMessage { role, content })
+    Ok(ChatMessage::new(role, content))
 }

@@ -15,6 +15,7 @@ pub mod sampling;
 pub mod stats;
 pub mod text_stream;
 pub mod tokenizer;
+pub mod tools;
 mod worker;
 
 use std::path::PathBuf;
