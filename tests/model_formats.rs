@@ -82,7 +82,7 @@ fn an_mlx_quantized_folder_computes_what_the_gguf_does() {
     let (_, codec, info) = loader::load(dir.path(), WeightFormat::Float32).unwrap();
     assert_eq!(info.source, "mlx-folder");
     let rendered =
-        codec.template.as_ref().unwrap().render(&serde_json::from_value::<Vec<_>>(case["messages"].clone()).unwrap(), true).unwrap();
+        codec.template.as_ref().unwrap().render(&serde_json::from_value::<Vec<_>>(case["messages"].clone()).unwrap(), &[], true).unwrap();
     assert_eq!(codec.encode(&rendered).unwrap(), prompt, "tokenizer.json + tokenizer_config.json give the same prompt");
     assert!(codec.stop_ids.contains(&2));
 

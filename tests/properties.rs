@@ -430,11 +430,11 @@ proptest! {
         contents in prop::collection::vec(hostile_text(), 1..4),
         roles in prop::collection::vec(prop_oneof![prop::sample::select(vec!["user", "assistant", "system"]).prop_map(str::to_string), hostile_text()], 4),
     ) {
-        let messages: Vec<ChatMessage> = contents.iter().zip(&roles).map(|(c, r)| ChatMessage { role: r.clone(), content: c.clone() }).collect();
+        let messages: Vec<ChatMessage> = contents.iter().zip(&roles).map(|(c, r)| ChatMessage::new(r.clone(), c.clone())).collect();
         let model = codec().template.as_ref().expect("the default model has a chat template");
         let local = ChatTemplate::new(METHOD_TEMPLATE.into(), None, None).unwrap();
         for (name, template) in [("model", model), ("local", &local)] {
-            let out = template.render(&messages, true).map_err(|e| TestCaseError::fail(format!("{name}: {e:#}")))?;
+            let out = template.render(&messages, &[], true).map_err(|e| TestCaseError::fail(format!("{name}: {e:#}")))?;
             for m in &messages {
                 prop_assert!(out.contains(&m.content), "{} template dropped or changed content {:?}", name, m.content);
             }

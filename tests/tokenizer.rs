@@ -35,7 +35,7 @@ fn chat_template_renders_like_transformers() {
     let template = codec.template.as_ref().expect("the GGUF carries a chat template");
     for case in common::reference()["prompts"].as_array().unwrap() {
         let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
-        let text = template.render(&messages, true).unwrap();
+        let text = template.render(&messages, &[], true).unwrap();
         assert_eq!(text, case["rendered"].as_str().unwrap());
         let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
         assert_eq!(codec.encode(&text).unwrap(), ids);

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::model::{gguf, hf, Model, WeightFormat};
 use super::tokenizer::{self, TextCodec};
+use super::tools::ToolFormat;
 
 /// What the API and `/health` say about the loaded model.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
@@ -23,6 +24,8 @@ pub struct ModelInfo {
     pub context_length: usize,
     pub vocab_size: i32,
     pub layers: usize,
+    /// The model family's tool-call syntax, from its chat template and vocabulary.
+    pub tool_format: ToolFormat,
     pub load_seconds: f64,
 }
 
@@ -58,6 +61,7 @@ pub fn load(path: &Path, format: WeightFormat) -> Result<(Model, TextCodec, Mode
         context_length: model.config.max_position_embeddings,
         vocab_size: model.config.vocab_size,
         layers: model.config.num_layers,
+        tool_format: ToolFormat::detect(codec.template.as_ref().map(|t| t.source()), &codec.tokenizer),
         load_seconds: started.elapsed().as_secs_f64(),
     };
     Ok((model, codec, info))

@@ -1,0 +1,121 @@
+//! Splits a growing answer into text and tool-call deltas. Text that could be the start of a
+//! call (a partial opener, like `TextStream` holds a partial stop string) and whitespace that
+//! may border a call are held back; inside a call, `CallStart` goes out as soon as the name is
+//! complete and the arguments' raw JSON text follows in fragments as it arrives. Each push
+//! re-reads the whole answer with the parser's own reading (answers are short) and sends what
+//! that reading adds, so the deltas always add up to what `parse` returns for the whole.
+use super::scan::{self, finish_call, Seg, Syntax};
+use super::{hermes, llama3, mistral, ToolFormat, ToolParseError};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolDelta {
+    Text(String),
+    CallStart { index: usize, name: String },
+    CallArguments { index: usize, fragment: String },
+}
+
+pub struct ToolCallStream {
+    syntax: &'static dyn Syntax,
+    text: String,
+    /// Per segment already seen: bytes of text sent, or (call started, argument bytes sent).
+    sent: Vec<Sent>,
+    /// Set once the answer is malformed: nothing more is sent until `finish` reports it.
+    failed: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Sent {
+    Text(usize),
+    Call { started: bool, args: usize },
+}
+
+impl ToolCallStream {
+    pub fn new(format: ToolFormat) -> Self {
+        let syntax: &'static dyn Syntax = match format {
+            ToolFormat::Hermes => &hermes::Hermes,
+            ToolFormat::Llama3Json => &llama3::Llama3Json,
+            ToolFormat::Mistral => &mistral::Mistral,
+        };
+        ToolCallStream { syntax, text: String::new(), sent: Vec::new(), failed: None }
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<ToolDelta> {
+        self.text.push_str(text);
+        if self.failed.is_some() {
+            return vec![];
+        }
+        let (segs, err) = scan::scan(self.syntax, &self.text, false);
+        self.failed = err;
+        self.emit(&segs)
+    }
+
+    /// End of generation: releases held text; an unfinished call is an Err.
+    pub fn finish(&mut self) -> Result<Vec<ToolDelta>, ToolParseError> {
+        if let Some(e) = &self.failed {
+            return Err(ToolParseError::new(e.clone()));
+        }
+        let (segs, err) = scan::scan(self.syntax, &self.text, true);
+        if let Some(e) = err {
+            self.failed = Some(e.clone());
+            return Err(ToolParseError::new(e));
+        }
+        for s in &segs {
+            if let Seg::Call(c) = s {
+                finish_call(c)?;
+            }
+        }
+        Ok(self.emit(&segs))
+    }
+
+    fn emit(&mut self, segs: &[Seg]) -> Vec<ToolDelta> {
+        let mut out = Vec::new();
+        let mut index = 0;
+        for (i, seg) in segs.iter().enumerate() {
+            match seg {
+                Seg::Text(t) => {
+                    let from = match self.sent.get(i) {
+                        Some(Sent::Text(n)) => *n,
+                        _ => 0,
+                    };
+                    if t.len() > from {
+                        push_text(&mut out, &t[from..]);
+                    }
+                    self.set(i, Sent::Text(t.len()));
+                }
+                Seg::Call(c) => {
+                    let (mut started, mut args) = match self.sent.get(i) {
+                        Some(Sent::Call { started, args }) => (*started, *args),
+                        _ => (false, 0),
+                    };
+                    if let (false, Some(name)) = (started, &c.name) {
+                        out.push(ToolDelta::CallStart { index, name: name.clone() });
+                        started = true;
+                    }
+                    if started && c.args.len() > args {
+                        out.push(ToolDelta::CallArguments { index, fragment: c.args[args..].to_string() });
+                        args = c.args.len();
+                    }
+                    self.set(i, Sent::Call { started, args });
+                    index += 1;
+                }
+            }
+        }
+        out
+    }
+
+    fn set(&mut self, i: usize, s: Sent) {
+        if i < self.sent.len() {
+            self.sent[i] = s;
+        } else {
+            self.sent.push(s);
+        }
+    }
+}
+
+fn push_text(out: &mut Vec<ToolDelta>, t: &str) {
+    if let Some(ToolDelta::Text(prev)) = out.last_mut() {
+        prev.push_str(t);
+    } else {
+        out.push(ToolDelta::Text(t.to_string()));
+    }
+}
