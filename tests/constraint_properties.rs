@@ -87,7 +87,8 @@ fn schema() -> impl Strategy<Value = Value> {
                 let properties: serde_json::Map<String, Value> = fields.iter().map(|(k, (s, _))| (k.clone(), s.clone())).collect();
                 json!({"type": "object", "properties": properties, "required": required, "additionalProperties": false})
             }),
-            (inner.clone(), 0u64..3, 0u64..3).prop_map(|(items, min, k)| json!({"type": "array", "items": items, "minItems": min, "maxItems": min + k})),
+            (inner.clone(), 0u64..3, 0u64..3)
+                .prop_map(|(items, min, k)| json!({"type": "array", "items": items, "minItems": min, "maxItems": min + k})),
             (inner.clone(), inner).prop_map(|(a, b)| json!({ "anyOf": [a, b] })),
         ]
     })
@@ -133,7 +134,13 @@ fn check(codec: &TextCodec, g: &Grammars, schema: &Value, rng: &mut Rng) -> Resu
     let text = text.unwrap();
     let value: Value = serde_json::from_str(&text).map_err(|e| TestCaseError::fail(format!("{text:?} is not JSON: {e}")))?;
     let validator = jsonschema::validator_for(schema).unwrap();
-    prop_assert!(validator.is_valid(&value), "{} does not match {}: {:?}", text, schema, validator.validate(&value).err().map(|e| e.to_string()));
+    prop_assert!(
+        validator.is_valid(&value),
+        "{} does not match {}: {:?}",
+        text,
+        schema,
+        validator.validate(&value).err().map(|e| e.to_string())
+    );
     Ok(())
 }
 
@@ -149,7 +156,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(config(12))]
+    #![proptest_config(config(16))]
 
     #[test]
     fn random_walks_match_random_schemas_on_the_default_vocabulary(schema in schema(), seed in any::<u64>()) {

@@ -24,9 +24,9 @@
 //! JSON output is laid out compactly: no free whitespace, one optional space after `,` and
 //! `:` ([`schema::layout`]).
 pub mod schema;
-pub mod tokens;
 #[cfg(test)]
 mod tests;
+pub mod tokens;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -80,12 +80,14 @@ impl Grammars {
         let mut factory = ParserFactory::new_simple(&env)?;
         factory.quiet();
         *factory.limits_mut() = limits();
-        let stop_ids: BTreeSet<u32> = codec.stop_ids.iter().copied().filter(|&id| (id as usize) < codec.vocab_size()).collect();
+        // (`vocab_size` builds the tokenizer's whole vocabulary map)
+        let tokenizer_vocab = codec.vocab_size();
+        let stop_ids: BTreeSet<u32> = codec.stop_ids.iter().copied().filter(|&id| (id as usize) < tokenizer_vocab).collect();
         Ok(Grammars {
             factory: Arc::new(factory),
             stop_ids: stop_ids.into_iter().collect(),
-            tokenizer_vocab: codec.vocab_size(),
-            n_vocab: n_vocab.max(codec.vocab_size()),
+            tokenizer_vocab,
+            n_vocab: n_vocab.max(tokenizer_vocab),
         })
     }
 

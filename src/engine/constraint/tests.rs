@@ -68,6 +68,8 @@ fn walk(g: &Grammars, codec: &TextCodec, state: &mut ConstraintState, seed: u64,
     let mut rng = Rng(seed);
     let closers: Vec<u32> = ["\"", "}", "]"].iter().filter_map(|t| codec.tokenizer.token_to_id(t)).collect();
     let mut logits = vec![0f32; g.n_vocab()];
+    // (`vocab_size` builds the whole vocabulary map: once, not per step)
+    let vocab = codec.vocab_size();
     let (mut out, mut mask_time) = (Vec::new(), Duration::ZERO);
     for _ in 0..budget {
         if state.is_finished() {
@@ -77,7 +79,7 @@ fn walk(g: &Grammars, codec: &TextCodec, state: &mut ConstraintState, seed: u64,
         let t = Instant::now();
         state.mask(&mut logits).unwrap();
         mask_time += t.elapsed();
-        assert!(logits[codec.vocab_size()..].iter().all(|l| *l == f32::NEG_INFINITY), "ids past the tokenizer are forbidden");
+        assert!(logits[vocab..].iter().all(|l| *l == f32::NEG_INFINITY), "ids past the tokenizer are forbidden");
         let allowed: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
         assert!(!allowed.is_empty(), "the mask allows something");
         let stops: Vec<u32> = codec.stop_ids.iter().copied().filter(|id| logits[*id as usize].is_finite()).collect();
@@ -141,17 +143,25 @@ fn supported_schemas() -> Vec<Value> {
 #[test]
 fn walks_under_supported_schemas_produce_valid_json_on_the_default_vocabulary() {
     let (g, codec) = (default_grammars(), default_codec());
-    let (mut steps, mut time) = (0, Duration::ZERO);
+    let (mut steps, mut time, mut compiles, mut compile_time) = (0, Duration::ZERO, 0u32, Duration::ZERO);
     for (i, schema) in supported_schemas().into_iter().enumerate() {
         for seed in 0..3 {
+            let t = Instant::now();
             let mut state = g.compile(&Constraint::JsonSchema(schema.clone())).unwrap_or_else(|e| panic!("{schema}: {e}"));
+            compile_time += t.elapsed();
+            compiles += 1;
             let w = walk(g, codec, &mut state, seed * 1000 + i as u64, 400);
             assert_valid(&schema, &w.text);
             steps += w.steps;
             time += w.mask_time;
         }
     }
-    eprintln!("mask on {} tokens: {:?} per step over {steps} steps", codec.vocab_size(), time / steps as u32);
+    eprintln!(
+        "on {} tokens: mask {:?} per step over {steps} steps, compile {:?} per schema",
+        codec.vocab_size(),
+        time / steps as u32,
+        compile_time / compiles
+    );
 }
 
 #[test]
@@ -166,8 +176,10 @@ fn refused_keywords_are_named() {
         (json!({"type": "object", "dependentRequired": {"a": ["b"]}}), "keyword 'dependentRequired'"),
         (json!({"type": "object", "unevaluatedProperties": false}), "keyword 'unevaluatedProperties'"),
         // a misspelling deep inside is found, with where it is
-        (json!({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string", "maxLenght": 3}}}}),
-         "keyword 'maxLenght' (at /properties/a/items)"),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string", "maxLenght": 3}}}}),
+            "keyword 'maxLenght' (at /properties/a/items)",
+        ),
         (json!({"$defs": {"d": {"type": "string", "nullable": true}}, "$ref": "#/$defs/d"}), "keyword 'nullable' (at /$defs/d)"),
         // llguidance's own refusals come through
         (json!({"type": "string", "format": "colour"}), "colour"),
@@ -208,7 +220,9 @@ fn a_lark_grammar_ends_by_itself_and_then_allows_only_stop_tokens() {
     let g = Grammars::new(&codec, codec.vocab_size() + 64).unwrap();
     assert_eq!(g.n_vocab(), 384);
     for seed in 0..6 {
-        let mut state = g.compile(&Constraint::Lark(r#"start: "yes" | "no" | "maybe " NUM  %import common.NUMBER -> NUM"#.replace("  %", "\n%"))).unwrap_or_else(|e| panic!("{e}"));
+        let mut state = g
+            .compile(&Constraint::Lark(r#"start: "yes" | "no" | "maybe " NUM  %import common.NUMBER -> NUM"#.replace("  %", "\n%")))
+            .unwrap_or_else(|e| panic!("{e}"));
         let w = walk(&g, &codec, &mut state, seed, 50);
         assert!(w.text == "yes" || w.text == "no" || w.text.starts_with("maybe "), "{:?}", w.text);
     }

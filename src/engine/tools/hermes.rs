@@ -133,9 +133,14 @@ mod tests {
 
     #[test]
     fn streams_like_it_parses() {
-        for s in
-            [ONE, TWO, TEXT_FIRST, "Sure.\n\n<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\nDone.", "no calls <tool here"]
-        {
+        for s in [
+            ONE,
+            TWO,
+            TEXT_FIRST,
+            "Sure.\n\n<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\nDone.",
+            "no calls <tool here",
+            "Voilà 🌤\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich ☀\"}}\n</tool_call>",
+        ] {
             every_split(ToolFormat::Hermes, s);
         }
     }
