@@ -359,7 +359,7 @@ fn parse_both(v: &Value) {
     let chat: Result<ChatCompletionRequest, _> = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes));
     let completion: Result<CompletionRequest, _> = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes));
     if let (Ok(c), Some(n)) = (&chat, v.get("max_tokens").and_then(Value::as_u64)) {
-        assert_eq!(c.common.max_tokens, Some(n as u32));
+        assert_eq!(c.max_tokens, Some(n as u32));
     }
     let _ =
         (completion, serde_json::from_value::<ChatCompletionRequest>(v.clone()), serde_json::from_value::<CompletionRequest>(v.clone()));
@@ -478,7 +478,7 @@ proptest! {
         }).collect();
         let live: Vec<&String> = stops.iter().filter(|s| !s.is_empty()).collect();
 
-        let mut stream = TextStream::new(stops.clone());
+        let mut stream = TextStream::new(stops.clone(), false);
         let mut sent = String::new();
         let mut stopped = false;
         for &id in &ids {

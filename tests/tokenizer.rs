@@ -46,7 +46,7 @@ fn chat_template_renders_like_transformers() {
 }
 
 fn stream_all(codec: &TextCodec, text: &str, stops: &[&str]) -> (String, bool) {
-    let mut s = TextStream::new(stops.iter().map(|s| s.to_string()).collect());
+    let mut s = TextStream::new(stops.iter().map(|s| s.to_string()).collect(), false);
     let mut out = String::new();
     for id in codec.encode(text).unwrap() {
         match s.push(codec, id).unwrap() {
@@ -77,7 +77,7 @@ fn text_stream_rebuilds_text_and_cuts_at_stop_strings() {
 #[test]
 fn text_stream_never_sends_a_held_back_prefix() {
     let codec = codec();
-    let mut s = TextStream::new(vec!["END".into()]);
+    let mut s = TextStream::new(vec!["END".into()], false);
     let mut sent = String::new();
     for id in codec.encode("alpha EN").unwrap() {
         if let Step::Text(t) = s.push(&codec, id).unwrap() {

@@ -347,6 +347,7 @@ impl Engine {
             stop,
             constraint: None,
             logprobs: None,
+            special_tokens_as_text: false,
             events: tx,
             enqueued_at: Instant::now(),
         };

@@ -14,10 +14,13 @@ pub struct GenerationRequest {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     /// The grammar the output must follow: applied as a token mask before each sampling.
-    pub constraint: Option<ConstraintState>,
+    pub constraint: Option<Box<ConstraintState>>,
     /// Log-probabilities to report with each token: `Some(n)` gives the chosen token's and
     /// the `n` most likely alternatives'.
     pub logprobs: Option<usize>,
+    /// Decode special tokens into the text (stop tokens aside): tool-call markers are
+    /// special tokens in some families.
+    pub special_tokens_as_text: bool,
     /// Dropping the receiver cancels the request within one decode step.
     pub events: mpsc::UnboundedSender<Event>,
     pub enqueued_at: Instant,

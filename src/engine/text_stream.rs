@@ -14,6 +14,8 @@ pub struct TextStream {
     /// Bytes of `text` already handed out.
     sent: usize,
     stops: Vec<String>,
+    /// Special tokens decode to their text instead of nothing.
+    keep_special: bool,
 }
 
 #[derive(Debug, PartialEq)]
@@ -25,7 +27,7 @@ pub enum Step {
 }
 
 impl TextStream {
-    pub fn new(stops: Vec<String>) -> Self {
+    pub fn new(stops: Vec<String>, keep_special: bool) -> Self {
         TextStream {
             ids: vec![],
             prefix: 0,
@@ -33,13 +35,15 @@ impl TextStream {
             text: String::new(),
             sent: 0,
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            keep_special,
         }
     }
 
     pub fn push(&mut self, codec: &TextCodec, id: u32) -> Result<Step> {
         self.ids.push(id);
-        let before = codec.decode(&self.ids[self.prefix..self.read])?;
-        let now = codec.decode(&self.ids[self.prefix..])?;
+        let skip = !self.keep_special;
+        let before = codec.decode_with(&self.ids[self.prefix..self.read], skip)?;
+        let now = codec.decode_with(&self.ids[self.prefix..], skip)?;
         if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.is_char_boundary(before.len()) {
             self.text.push_str(&now[before.len()..]);
             self.prefix = self.read;

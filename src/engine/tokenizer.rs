@@ -40,7 +40,12 @@ impl TextCodec {
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tokenizer.decode(ids, true).map_err(|e| anyhow!("tokenizer: {e}"))
+        self.decode_with(ids, true)
+    }
+
+    /// `skip_special`: special tokens decode to nothing (the usual) or to their text.
+    pub fn decode_with(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.tokenizer.decode(ids, skip_special).map_err(|e| anyhow!("tokenizer: {e}"))
     }
 
     pub fn vocab_size(&self) -> usize {

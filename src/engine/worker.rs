@@ -387,7 +387,7 @@ fn admit(model: &Model, codec: &TextCodec, prefix: &mut PrefixCache, req: Genera
         cached: tokens.len(),
         tokens,
         sampler: Sampler::new(req.sampling.clone()),
-        text: TextStream::new(req.stop.clone()),
+        text: TextStream::new(req.stop.clone(), req.special_tokens_as_text),
         logits: vec![],
         generated: 0,
         timings: Timings { queue: admitted_at - req.enqueued_at, ..Default::default() },

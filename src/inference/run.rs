@@ -46,7 +46,7 @@ pub struct Generation {
 /// Validates and queues the request; its answer comes from [`Generation::next`].
 pub async fn start(state: &AppState, req: InferenceRequest) -> Result<Generation, ApiError> {
     let loaded = resolve_model(state, req.model.as_deref())?;
-    let sampling = sampling(state, &req, loaded.codec.vocab_size())?;
+    let sampling = sampling(state, &req, loaded.grammars.n_vocab())?;
     let stop = check_stop(req.stop)?;
     if let Some(n) = req.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
         return Err(ApiError::bad_request(format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}")).param("top_logprobs"));
@@ -67,7 +67,11 @@ pub async fn start(state: &AppState, req: InferenceRequest) -> Result<Generation
     let constraint = match (&req.format, &req.tools) {
         (Some(OutputFormat::JsonObject), _) => Some((Constraint::JsonObject, "response_format")),
         (Some(OutputFormat::JsonSchema(schema)), _) => Some((Constraint::JsonSchema(schema.clone()), "response_format")),
-        (None, Some(tools)) => Some((Constraint::Lark(format.parser().grammar(&tools.specs, &tools.mode, tools.parallel)), "tools")),
+        (None, Some(tools)) => {
+            // A named function is called once, as OpenAI does.
+            let parallel = tools.parallel && !matches!(tools.mode, ToolMode::Named(_));
+            Some((Constraint::Lark(format.parser().grammar(&tools.specs, &tools.mode, parallel, &loaded.codec.tokenizer)), "tools"))
+        }
         (None, None) => None,
     };
     let constraint = match constraint {
@@ -86,8 +90,11 @@ pub async fn start(state: &AppState, req: InferenceRequest) -> Result<Generation
         return Err(ApiError::memory_pressure());
     }
     let (mut engine_req, rx) = state.engine.new_request(prompt, max_tokens, sampling, stop);
-    engine_req.constraint = constraint;
+    engine_req.constraint = constraint.map(Box::new);
     engine_req.logprobs = req.logprobs;
+    // Call markers that are special tokens (`[TOOL_CALLS]`, `<|python_tag|>`) must reach the
+    // tool parser as text.
+    engine_req.special_tokens_as_text = req.tools.is_some();
     state.engine.submit(engine_req)?;
     Ok(Generation {
         recorder: InferenceRecorder::new(state.metrics.clone(), &loaded.info.id, req.endpoint, req.stream),
@@ -191,6 +198,12 @@ fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
         }
         if !t.parameters.is_object() {
             return bad(format!("tools[{i}].function.parameters must be a JSON Schema object"));
+        }
+        // Calls are decoded against the parameters: a keyword the grammar cannot honour is refused.
+        if let Err(e) = crate::engine::constraint::schema::check(&t.parameters) {
+            return Err(ApiError::bad_request(format!("tools[{i}].function.parameters: {}", e.message))
+                .param("tools")
+                .code("unsupported_schema"));
         }
     }
     if let ToolMode::Named(name) = &tools.mode {

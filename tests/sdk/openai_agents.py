@@ -281,7 +281,7 @@ def parse_array_of_objects():
 def json_object_mode():
     r = client.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "Give me a JSON object describing a cat."}],
+        messages=[{"role": "user", "content": "Return a JSON object with the keys name and age for a cat called Tom who is 3 years old."}],
         response_format={"type": "json_object"},
         temperature=0,
         max_tokens=200,

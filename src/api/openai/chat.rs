@@ -1,28 +1,21 @@
 //! `POST /v1/chat/completions`: OpenAI's chat request translated into the core's terms.
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::request::{ChatCompletionRequest, ChatMessageIn, Content, ResponseFormat, ToolChoiceIn};
-use super::response::{new_meta, Endpoint};
+use super::response::Endpoint;
 use crate::api::error::ApiError;
 use crate::api::json::OpenAiJson;
 use crate::api::AppState;
 use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
-use crate::inference::{self, InferenceRequest, Input, Message, OutputFormat, Part, Role, Sampling, ToolSet};
+use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Part, Role, Sampling, ToolSet};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
     OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let (core, include_usage, logprobs) = translate(req)?;
-    let stream = core.stream;
-    let generation = inference::start(&state, core).await?;
-    let meta = new_meta(Endpoint::Chat, &generation.model);
-    if stream {
-        return Ok(super::stream::sse(meta, generation, include_usage, logprobs).into_response());
-    }
-    let answer = generation.collect().await?;
-    Ok(axum::Json(meta.full(&answer, logprobs)).into_response())
+    super::answer(&state, core, Endpoint::Chat, include_usage, logprobs).await
 }
 
 /// The core request, whether usage is streamed, and whether logprobs were asked for.

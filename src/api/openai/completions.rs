@@ -1,28 +1,21 @@
 //! `POST /v1/completions`: raw text (or token ids) in, continuation out.
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::chat::{format, logit_bias};
 use super::request::{CompletionRequest, Prompt};
-use super::response::{new_meta, Endpoint};
+use super::response::Endpoint;
 use crate::api::error::ApiError;
 use crate::api::json::OpenAiJson;
 use crate::api::AppState;
-use crate::inference::{self, InferenceRequest, Input, Sampling};
+use crate::inference::{InferenceRequest, Input, Sampling};
 
 /// The legacy endpoint's limit on `logprobs`.
 const MAX_LOGPROBS: u32 = 5;
 
 pub async fn completions(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<CompletionRequest>) -> Result<Response, ApiError> {
     let (core, include_usage, logprobs) = translate(req)?;
-    let stream = core.stream;
-    let generation = inference::start(&state, core).await?;
-    let meta = new_meta(Endpoint::Completions, &generation.model);
-    if stream {
-        return Ok(super::stream::sse(meta, generation, include_usage, logprobs).into_response());
-    }
-    let answer = generation.collect().await?;
-    Ok(axum::Json(meta.full(&answer, logprobs)).into_response())
+    super::answer(&state, core, Endpoint::Completions, include_usage, logprobs).await
 }
 
 pub fn translate(req: CompletionRequest) -> Result<(InferenceRequest, bool, bool), ApiError> {

@@ -43,3 +43,16 @@ fn no_prefix_space(pre: &mut Value) {
         _ => {}
     }
 }
+
+impl super::Grammars {
+    /// A token's exact bytes (a special token's text without toktrie's 0xFF marker), for
+    /// `logprobs`; empty for ids past the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let trie = self.factory.tok_env().tok_trie();
+        if id as usize >= trie.vocab_size() {
+            return vec![];
+        }
+        let bytes = trie.token(id);
+        bytes.strip_prefix(&[toktrie::TokTrie::SPECIAL_TOKEN_MARKER]).unwrap_or(bytes).to_vec()
+    }
+}

@@ -3,6 +3,7 @@
 //! the text of a first call after the lead, of each further call, and a close; this file
 //! assembles those into the grammar for a [`ToolMode`].
 use super::{ToolMode, ToolSpec};
+use crate::engine::constraint::schema;
 
 /// A marker as a Lark atom: the special token itself (`<[id]>`) when the vocabulary has it as
 /// one token that llguidance treats as special (added and flagged special, or shaped `<...>`),
@@ -44,6 +45,10 @@ fn rx_escape(s: &str) -> String {
     out
 }
 
+/// Most calls one answer may make: a small model that repeats its call would otherwise go
+/// on until `max_tokens`.
+pub const MAX_CALLS: usize = 8;
+
 /// The family's calls, for [`build`].
 pub(super) struct Shape<'a> {
     /// Lark atoms opening the call region, e.g. `<[151657]>` or `"<tool_call>"`.
@@ -77,12 +82,16 @@ fn allowed(tools: &[ToolSpec], mode: &ToolMode) -> Vec<ToolSpec> {
     }
 }
 
-/// The arguments schema for `%json`: the tool's parameters when they are a JSON object, else any object.
+/// The arguments schema for `%json`: the tool's parameters when they are a JSON object, else
+/// any object, with the compact JSON layout of [`schema::prepare`] (whose keyword check the
+/// server runs on every tool before it builds a grammar).
 fn schema(t: &ToolSpec) -> String {
-    match &t.parameters {
-        serde_json::Value::Object(m) if !m.is_empty() => serde_json::to_string(&t.parameters).expect("JSON serializes"),
-        _ => r#"{"type":"object"}"#.into(),
-    }
+    let params = match &t.parameters {
+        serde_json::Value::Object(m) if !m.is_empty() => t.parameters.clone(),
+        _ => serde_json::json!({"type": "object"}),
+    };
+    let prepared = schema::prepare(&params).unwrap_or(params);
+    serde_json::to_string(&prepared).expect("JSON serializes")
 }
 
 pub(super) fn build(shape: &Shape, tools: &[ToolSpec], mode: &ToolMode, parallel: bool) -> String {
@@ -92,7 +101,7 @@ pub(super) fn build(shape: &Shape, tools: &[ToolSpec], mode: &ToolMode, parallel
     if tools.is_empty() {
         return format!("start: TEXT_ANY\n{any_text}");
     }
-    let calls = "calls: first_call next_call* close\n";
+    let calls = format!("calls: first_call next_call{{0,{}}} close\n", MAX_CALLS - 1);
     let one = "calls: first_call close\n";
     let start = match (mode, &shape.lead_text) {
         (ToolMode::Auto, Some(_)) => "start: TEXT_ANY | prefix calls\n".to_string(),
@@ -100,7 +109,7 @@ pub(super) fn build(shape: &Shape, tools: &[ToolSpec], mode: &ToolMode, parallel
         _ => "start: lead calls\n".to_string(),
     };
     g.push_str(&start);
-    g.push_str(if parallel { calls } else { one });
+    g.push_str(if parallel { &calls } else { one });
     g.push_str(&format!("lead: {}\n", shape.lead));
     g.push_str(&format!("close: {}\n", if shape.close.is_empty() { "\"\"" } else { &shape.close }));
     let alts = |prefix: &str| (0..tools.len()).map(|i| format!("{prefix}_{i}")).collect::<Vec<_>>().join(" | ");

@@ -38,7 +38,7 @@ pub(super) enum Opener {
 }
 
 /// A family's call syntax.
-pub(super) trait Syntax {
+pub(super) trait Syntax: Send + Sync {
     fn find_opener(&self, text: &str, from: usize) -> Opener;
     /// The calls whose body starts at `at`: the calls read so far and where text resumes
     /// (`None`: the answer ends inside the calls). With `is_final`, an unfinished call is an Err.
