@@ -79,7 +79,10 @@ async fn prometheus_scrapes_counters_and_histograms() {
     let client = reqwest::Client::new();
     let mut generated = 0;
     for (i, stream) in [false, true, false].into_iter().enumerate() {
-        let body = json!({"messages": [{"role": "user", "content": format!("Count to {}.", i + 3)}], "max_tokens": 8, "temperature": 0, "stream": stream, "stream_options": {"include_usage": true}});
+        let mut body = json!({"messages": [{"role": "user", "content": format!("Count to {}.", i + 3)}], "max_tokens": 8, "temperature": 0, "stream": stream});
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
         let resp = client.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
         assert_eq!(resp.status(), 200);
         let usage: Value = if stream {

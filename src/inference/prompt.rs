@@ -1,12 +1,12 @@
 //! A request's input as prompt token ids: a conversation through the model's chat template
-//! (with its tools), raw text through the tokenizer, or ids as given.
-use super::request::{Input, Message};
+//! (with its tools and the answer's format), raw text through the tokenizer, or ids as given.
+use super::request::{Input, Message, OutputFormat, Role};
 use crate::api::error::ApiError;
 use crate::engine::chat_template::ChatMessage;
 use crate::engine::tools::ToolSpec;
 use crate::engine::TextCodec;
 
-pub fn prompt_ids(codec: &TextCodec, input: Input, tools: &[ToolSpec]) -> Result<Vec<u32>, ApiError> {
+pub fn prompt_ids(codec: &TextCodec, input: Input, tools: &[ToolSpec], format: Option<&OutputFormat>) -> Result<Vec<u32>, ApiError> {
     let encode = |text: &str| codec.encode(text).map_err(|e| ApiError::internal(format!("{e:#}")));
     match input {
         Input::Chat(messages) => {
@@ -17,7 +17,10 @@ pub fn prompt_ids(codec: &TextCodec, input: Input, tools: &[ToolSpec]) -> Result
                 .template
                 .as_ref()
                 .ok_or_else(|| ApiError::bad_request("This model has no chat template; use /v1/completions").param("messages"))?;
-            let messages: Vec<ChatMessage> = messages.iter().map(template_message).collect();
+            let mut messages: Vec<ChatMessage> = messages.iter().map(template_message).collect();
+            if let Some(format) = format {
+                describe_format(&mut messages, format);
+            }
             let prompt = template.render(&messages, tools, true).map_err(|e| ApiError::bad_request(format!("{e:#}")).param("messages"))?;
             encode(&prompt)
         }
@@ -38,5 +41,22 @@ fn template_message(m: &Message) -> ChatMessage {
         content: m.text(),
         tool_calls: m.tool_calls.clone(),
         tool_call_id: m.tool_call_id.clone(),
+    }
+}
+
+/// Tells the model the format its answer must have, at the end of the system turn (one is put
+/// first if there is none), as OpenAI does: the grammar guarantees the shape, but a model that
+/// knows the schema fills it sensibly and closes it (one that does not, a small one above all,
+/// may repeat an array's items until `max_tokens`).
+fn describe_format(messages: &mut Vec<ChatMessage>, format: &OutputFormat) {
+    let text = match format {
+        OutputFormat::JsonObject => "Answer with a JSON object.".to_string(),
+        OutputFormat::JsonSchema(schema) => format!("Answer with a JSON object that matches this JSON Schema:\n{schema}"),
+    };
+    match messages.first_mut() {
+        Some(first) if first.role == Role::System.as_str() => {
+            first.content = if first.content.is_empty() { text } else { format!("{}\n\n{text}", first.content) };
+        }
+        _ => messages.insert(0, ChatMessage::new(Role::System.as_str(), text)),
     }
 }

@@ -61,7 +61,7 @@ pub async fn start(state: &AppState, req: InferenceRequest) -> Result<Generation
         }
     }
     let specs = req.tools.as_ref().map(|t| t.specs.as_slice()).unwrap_or_default();
-    let prompt = prompt_ids(&loaded.codec, req.input, specs)?;
+    let prompt = prompt_ids(&loaded.codec, req.input, specs, req.format.as_ref())?;
     let max_tokens = check_length(&loaded, &prompt, req.max_tokens)?;
     let format = loaded.info.tool_format;
     let constraint = match (&req.format, &req.tools) {
@@ -298,7 +298,11 @@ impl Generation {
                         call.arguments.push_str(&fragment);
                     }
                 }
-                Output::Done { finish, usage } => return Ok(Answer { text, tool_calls, logprobs, finish, usage }),
+                Output::Done { finish, usage } => {
+                    // A call `max_tokens` cut short is not a call.
+                    tool_calls.retain(|c| serde_json::from_str::<serde_json::Value>(&c.arguments).is_ok());
+                    return Ok(Answer { text, tool_calls, logprobs, finish, usage });
+                }
             }
         }
         Err(ApiError::internal("The engine stopped before finishing this request"))
@@ -331,7 +335,8 @@ impl Generation {
         }
     }
 
-    /// Releases what the tool parser held; a call cut short by `max_tokens` is dropped.
+    /// Releases what the tool parser held; a call cut short by `max_tokens` stays unfinished
+    /// (streamed, its start has gone out; [`Generation::collect`] drops it).
     fn flush_tools(&mut self, reason: FinishReason) -> Result<(), ApiError> {
         let Some(stream) = &mut self.tools else { return Ok(()) };
         match stream.finish() {

@@ -21,6 +21,9 @@ pub async fn chat_completions(
 /// The core request, whether usage is streamed, and whether logprobs were asked for.
 pub fn translate(req: ChatCompletionRequest) -> Result<(InferenceRequest, bool, bool), ApiError> {
     req.check_unsupported()?;
+    if req.stream_options.is_some() && !req.stream {
+        return Err(ApiError::bad_request("stream_options is only allowed with stream: true").param("stream_options"));
+    }
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("Only n=1 is supported").param("n"));
     }
@@ -124,7 +127,8 @@ fn tools(
     let mode = match &choice {
         None => ToolMode::Auto,
         Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
-            "none" => return Ok(None),
+            // The tools are still checked below, then left out.
+            "none" => ToolMode::Auto,
             "auto" => ToolMode::Auto,
             "required" => ToolMode::Required,
             other => {
@@ -140,9 +144,10 @@ fn tools(
         }
     };
     let Some(tools) = tools else {
-        return match choice {
-            None => Ok(None),
-            Some(_) => Err(ApiError::bad_request("tool_choice needs 'tools'").param("tool_choice")),
+        return match (choice, parallel) {
+            (None, None) => Ok(None),
+            (Some(_), _) => Err(ApiError::bad_request("tool_choice needs 'tools'").param("tool_choice")),
+            (None, Some(_)) => Err(ApiError::bad_request("parallel_tool_calls needs 'tools'").param("parallel_tool_calls")),
         };
     };
     let specs = tools
@@ -158,6 +163,9 @@ fn tools(
             Ok(ToolSpec { name: f.name, description: f.description, parameters })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if matches!(&choice, Some(ToolChoiceIn::Mode(m)) if m == "none") {
+        return Ok(None);
+    }
     Ok(Some(ToolSet { specs, mode, parallel: parallel.unwrap_or(true) }))
 }
 

@@ -22,6 +22,9 @@ pub fn translate(req: CompletionRequest) -> Result<(InferenceRequest, bool, bool
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("Only n=1 is supported").param("n"));
     }
+    if req.stream_options.is_some() && !req.stream {
+        return Err(ApiError::bad_request("stream_options is only allowed with stream: true").param("stream_options"));
+    }
     if req.best_of.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("Only best_of=1 is supported").param("best_of"));
     }
