@@ -81,8 +81,8 @@ async fn serve(config: Config) -> Result<()> {
     tokio::select! {
         ready = server.wait_ready() => match ready {
             Ok(()) => {
-                let model = server.engine().model().map(|m| m.id.clone()).unwrap_or_default();
-                tracing::info!("ready: model {model} on {}; try:", server.engine().device().as_str());
+                let models = server.models();
+                tracing::info!("ready: model {} on {}; try:", models.default_id(), models.device().as_str());
                 eprintln!(
                     "  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'"
                 );
