@@ -119,6 +119,8 @@ impl Server {
             telemetry: telemetry.clone(),
             alerts: alerts.clone(),
             bench: bench.clone(),
+            // The library refreshes when a pull finishes (the lead wires on_done to it).
+            pulls: crate::library::pull::Pulls::new(Arc::new(|_snapshot: &std::path::Path| {})),
             paused: paused.clone(),
             draining,
             stopping: stopping_rx,
