@@ -22,6 +22,8 @@ enum Command {
     Doctor,
     /// Download and verify the default model into the cache
     FetchModel,
+    /// Download a model from Hugging Face into the hub cache (resumable; HF_ENDPOINT, HF_TOKEN honoured)
+    Pull(mlxbar::library::pull::cli::PullArgs),
     /// The alert rules in force
     #[command(subcommand)]
     Alerts(AlertsCommand),
@@ -63,6 +65,11 @@ async fn main() -> Result<()> {
                 None => Config::default(),
             };
             print!("{}", mlxbar::alerts::rules::prometheus_rules(&mlxbar::alerts::rules::resolve(&config.alerts)?));
+            Ok(())
+        }
+        Command::Pull(args) => {
+            let path = tokio::task::spawn_blocking(move || mlxbar::library::pull::cli::run(args)).await??;
+            println!("{}", path.display());
             Ok(())
         }
         Command::FetchModel => {

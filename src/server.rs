@@ -144,6 +144,13 @@ impl Server {
             telemetry: telemetry.clone(),
             alerts: alerts.clone(),
             bench: bench.clone(),
+            // A finished pull is in the library before it says "done".
+            pulls: crate::library::pull::Pulls::new({
+                let library = models.library().clone();
+                Arc::new(move |_snapshot: &std::path::Path| {
+                    library.refresh();
+                })
+            }),
             paused: paused.clone(),
             draining,
             stopping: stopping_rx,

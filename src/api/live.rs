@@ -33,6 +33,7 @@ pub fn snapshot(state: &AppState) -> Snapshot {
         device: e.device(),
         models: e.active_views(),
         library_generation: e.library_generation(),
+        pulls: state.pulls.list(),
         state: e.default_state(),
         scheduler: Scheduler {
             waiting: e.waiting(),
@@ -87,7 +88,8 @@ fn models_fingerprint(state: &AppState) -> String {
     let views = state.models.active_views();
     let parts: Vec<String> =
         views.iter().map(|v| format!("{}:{:?}:{}:{}", v.entry.id, v.state, (v.progress.unwrap_or(0.0) * 10.0) as u32, v.pinned)).collect();
-    format!("{} {}", state.models.library_generation(), parts.join(","))
+    let pulls: Vec<String> = state.pulls.list().iter().map(|p| format!("{}:{:?}:{}", p.repo, p.state, p.bytes_done >> 20)).collect();
+    format!("{} {} {}", state.models.library_generation(), parts.join(","), pulls.join(","))
 }
 
 fn fingerprint(state: &AppState) -> Fingerprint {

@@ -12,6 +12,7 @@ pub mod live;
 pub mod metrics;
 pub mod models;
 pub mod openai;
+pub mod pull;
 pub mod security;
 pub mod snapshot;
 pub mod ui;
@@ -42,6 +43,8 @@ pub struct AppState {
     pub telemetry: Arc<Telemetry>,
     pub alerts: Arc<Alerts>,
     pub bench: Arc<BenchJobs>,
+    /// Pulls from Hugging Face (`POST /api/models/pull`).
+    pub pulls: Arc<crate::library::pull::Pulls>,
     /// Set from the menu bar: generation requests get 503 until resumed.
     pub paused: Arc<AtomicBool>,
     /// Set when shutdown begins: in-flight requests finish, new ones get 503.
@@ -80,6 +83,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/history", get(bench::history))
         .route("/api/history/{id}", get(bench::history_run))
         .route("/api/engine/reload", post(engine::reload))
+        .route("/api/models/pull", post(pull::start))
+        .route("/api/models/pulls", get(pull::list))
         .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/models, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");

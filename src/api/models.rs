@@ -62,6 +62,7 @@ pub async fn library(State(state): State<AppState>, Query(q): Query<ListQuery>) 
         },
         "generation": models.library_generation(),
         "models": list,
+        "pulls": state.pulls.list(),
     }))
 }
 

@@ -37,6 +37,8 @@ pub struct Snapshot {
     pub models: Vec<ModelView>,
     /// Bumps when the library changes: refetch `GET /api/models`.
     pub library_generation: u64,
+    /// Downloads from Hugging Face, running and recent.
+    pub pulls: Vec<crate::library::pull::PullProgress>,
     /// The default model's state.
     pub state: LoadState,
     pub scheduler: Scheduler,

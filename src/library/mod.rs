@@ -4,6 +4,7 @@
 //! file-system change.
 pub mod entry;
 pub mod inspect;
+pub mod pull;
 pub mod sources;
 pub mod watch;
 
