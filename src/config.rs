@@ -6,6 +6,7 @@
 //! host = "127.0.0.1"
 //! port = 8080
 //! model = "/path/to/model.gguf"   # or an MLX/HF folder; default: SmolLM2-135M-Instruct Q4_1
+//! models_dirs = ["~/models"]      # more folders scanned for models (besides the hub cache, LM Studio's, mlxbar's)
 //! weight_format = "auto"          # auto | float32 | native
 //! queue_capacity = 64
 //! max_body_bytes = 4194304
@@ -47,6 +48,8 @@ pub struct Config {
     pub host: IpAddr,
     pub port: u16,
     pub model: Option<PathBuf>,
+    /// More folders the model library scans (`.gguf` files, MLX folders, hub-cache repos).
+    pub models_dirs: Vec<PathBuf>,
     pub weight_format: WeightFormat,
     pub queue_capacity: usize,
     pub max_body_bytes: usize,
@@ -86,6 +89,7 @@ impl Default for Config {
             host: IpAddr::from([127, 0, 0, 1]),
             port: 8080,
             model: None,
+            models_dirs: vec![],
             weight_format: WeightFormat::Auto,
             queue_capacity: 64,
             max_body_bytes: 4 * 1024 * 1024,

@@ -22,6 +22,8 @@ enum Command {
     Doctor,
     /// Download and verify the default model into the cache
     FetchModel,
+    /// List the local models (Hugging Face hub cache, LM Studio, mlxbar's models dir, models_dirs) and whether each can run
+    Models(mlxbar::library::cli::ModelsArgs),
     /// The alert rules in force
     #[command(subcommand)]
     Alerts(AlertsCommand),
@@ -65,6 +67,7 @@ async fn main() -> Result<()> {
             print!("{}", mlxbar::alerts::rules::prometheus_rules(&mlxbar::alerts::rules::resolve(&config.alerts)?));
             Ok(())
         }
+        Command::Models(args) => tokio::task::spawn_blocking(move || mlxbar::library::cli::run(&args)).await?,
         Command::FetchModel => {
             let path = tokio::task::spawn_blocking(model_store::ensure_default_model).await??;
             println!("{}", path.display());
