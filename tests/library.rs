@@ -14,13 +14,7 @@ use mlxbar::library::{Library, ModelEntry, ModelFormat, ModelSource, Quantizatio
 
 /// Sources with only what a test names (nothing from this machine's real folders).
 fn sources(root: &Path) -> Sources {
-    Sources {
-        hub_caches: vec![],
-        lmstudio: vec![],
-        mlxbar_models: root.join("no-mlxbar-models"),
-        models_dirs: vec![],
-        paths: vec![],
-    }
+    Sources { hub_caches: vec![], lmstudio: vec![], mlxbar_models: root.join("no-mlxbar-models"), models_dirs: vec![], paths: vec![] }
 }
 
 fn get(lib: &Library, id: &str) -> ModelEntry {
@@ -108,7 +102,10 @@ fn refused_models_say_why() {
         assert!(!e.runnable || e.unsupported_reason.is_none());
         e.unsupported_reason
     };
-    assert_eq!(why("gpt-bigcode-tiny").as_deref(), Some("unsupported architecture 'gpt_bigcode' (supported: llama, mistral, qwen2, qwen3)"));
+    assert_eq!(
+        why("gpt-bigcode-tiny").as_deref(),
+        Some("unsupported architecture 'gpt_bigcode' (supported: llama, mistral, qwen2, qwen3)")
+    );
     assert_eq!(get(&lib, "gpt-bigcode-tiny").architecture.as_deref(), Some("gpt_bigcode"));
     let vision = why("llava-tiny").unwrap();
     assert!(vision.starts_with("vision model (LlavaForConditionalGeneration"), "{vision}");

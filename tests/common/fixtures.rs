@@ -4,7 +4,8 @@
 //! symlinks + refs/main), LM Studio's layout, and folders the engine must refuse.
 //!
 //! Conversions take seconds, so each is built once into cargo's per-target temp dir
-//! (kept between runs) and hard-linked into a test's directory.
+//! (kept between runs; bump `FIXTURE_VERSION` when the conversion changes) and
+//! hard-linked into a test's directory: replace those files, never write into them.
 #![allow(dead_code)]
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,8 @@ pub fn mlx_folder(dir: &Path, bits: Option<i32>) {
     }
 }
 
+const FIXTURE_VERSION: u32 = 1;
+
 fn cached_mlx_folder(bits: Option<i32>) -> PathBuf {
     static BUILT: OnceLock<Mutex<HashMap<Option<i32>, PathBuf>>> = OnceLock::new();
     let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
@@ -46,8 +49,8 @@ fn cached_mlx_folder(bits: Option<i32>) -> PathBuf {
         return p.clone();
     }
     let name = match bits {
-        None => "smollm2-mlx-q4_1".to_string(),
-        Some(b) => format!("smollm2-mlx-{b}bit-g64"),
+        None => format!("smollm2-mlx-q4_1-v{FIXTURE_VERSION}"),
+        Some(b) => format!("smollm2-mlx-{b}bit-g64-v{FIXTURE_VERSION}"),
     };
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("library-fixtures");
     let dir = root.join(&name);
@@ -56,7 +59,10 @@ fn cached_mlx_folder(bits: Option<i32>) -> PathBuf {
         // Built aside and renamed: another test binary may be building it too.
         let tmp = tempfile::tempdir_in(&root).unwrap();
         gguf_to_mlx_folder(&super::model_path(), tmp.path(), bits);
-        let _ = std::fs::rename(tmp.keep(), &dir);
+        let kept = tmp.keep();
+        if std::fs::rename(&kept, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&kept);
+        }
     }
     built.insert(bits, dir.clone());
     dir
