@@ -77,10 +77,8 @@ pub fn table(entries: &[ModelEntry]) -> String {
 
 /// 134515008 -> "134.5M"; 98362432 B -> "98.4 MB".
 fn si(v: f64, unit: &str) -> String {
-    let (scaled, prefix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")]
-        .into_iter()
-        .find(|(s, _)| v >= *s)
-        .map_or((v, ""), |(s, p)| (v / s, p));
+    let (scaled, prefix) =
+        [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")].into_iter().find(|(s, _)| v >= *s).map_or((v, ""), |(s, p)| (v / s, p));
     let sep = if unit.is_empty() { "" } else { " " };
     if prefix.is_empty() {
         format!("{v}{sep}{unit}")

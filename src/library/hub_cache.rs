@@ -149,7 +149,10 @@ mod tests {
 
     #[test]
     fn repo_ids_from_dir_names() {
-        assert_eq!(repo_id("models--mlx-community--SmolLM2-135M-Instruct-8bit").as_deref(), Some("mlx-community/SmolLM2-135M-Instruct-8bit"));
+        assert_eq!(
+            repo_id("models--mlx-community--SmolLM2-135M-Instruct-8bit").as_deref(),
+            Some("mlx-community/SmolLM2-135M-Instruct-8bit")
+        );
         assert_eq!(repo_id("models--gpt2").as_deref(), Some("gpt2"));
         assert_eq!(repo_id("datasets--org--x"), None);
         assert_eq!(repo_id("models--"), None);

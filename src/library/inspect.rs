@@ -166,8 +166,13 @@ pub fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
 pub fn missing_shards(dir: &Path) -> Vec<String> {
     let Ok(text) = std::fs::read_to_string(dir.join("model.safetensors.index.json")) else { return vec![] };
     let Ok(index) = serde_json::from_str::<serde_json::Value>(&text) else { return vec![] };
-    let mut shards: Vec<String> =
-        index.get("weight_map").and_then(|m| m.as_object()).into_iter().flatten().filter_map(|(_, f)| f.as_str().map(str::to_string)).collect();
+    let mut shards: Vec<String> = index
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .into_iter()
+        .flatten()
+        .filter_map(|(_, f)| f.as_str().map(str::to_string))
+        .collect();
     shards.sort();
     shards.dedup();
     shards.retain(|f| !dir.join(f).is_file());

@@ -14,8 +14,8 @@ use anyhow::{bail, Context, Result};
 use mlx_rs::{io::GgufFile, Array, Dtype};
 
 use super::config::{Arch, ModelConfig, RopeConfig};
-use super::validate::GgufSummary;
 use super::linear::{Quantized, Weight};
+use super::validate::GgufSummary;
 use super::{rope, TensorMap};
 
 /// Reads a numeric metadata value (stored by MLX as a scalar array).

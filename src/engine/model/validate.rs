@@ -38,7 +38,9 @@ pub enum GgufValue {
     Float(f64),
     Bool(bool),
     Str(String),
-    Array { len: u64 },
+    Array {
+        len: u64,
+    },
 }
 
 impl GgufValue {
