@@ -564,6 +564,16 @@ mod tests {
         assert_eq!((s.version, s.tensors, s.metadata_entries, s.alignment), (3, 2, 2, 32));
         assert_eq!(s.data_start % 32, 0);
         assert_eq!(check_gguf(&tiny_gguf(Some(64))).unwrap().alignment, 64);
+        // The header walk keeps what the model library reads: values, array lengths, tensor infos.
+        assert_eq!(s.string("general.architecture"), Some("llama"));
+        assert_eq!(s.array_len("tokenizer.ggml.tokens"), Some(2));
+        assert_eq!(check_gguf(&tiny_gguf(Some(64))).unwrap().number("general.alignment"), Some(64.0));
+        let names: Vec<&str> = s.tensor_infos.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a.weight", "b.weight"]);
+        assert_eq!(
+            (s.tensor_infos[1].dims.as_slice(), s.tensor_infos[1].ggml_type.name, s.tensor_infos[1].bytes),
+            (&[4u64, 2][..], "F32", 32)
+        );
     }
 
     #[test]
