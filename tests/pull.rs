@@ -3,6 +3,7 @@
 //! snapshot symlinks, refs/main) with only the files a model needs; a cut download resumes
 //! with Range, within a pull and from an earlier one's partial; a missing file's 404 names
 //! it; a GGUF repo yields the asked file or the list of choices; the server's job list.
+#[path = "pull/hub.rs"]
 mod hub;
 
 use std::collections::BTreeSet;
@@ -77,7 +78,11 @@ fn a_model_repo_lands_in_the_hub_cache_layout() {
         assert_eq!(std::fs::read_link(&link).unwrap(), PathBuf::from(format!("../../blobs/{etag}")), "{name}: a relative link to its blob");
         assert_eq!(std::fs::read(&link).unwrap(), files[name], "{name}: byte for byte");
     }
-    assert_eq!(etag_of("model.safetensors", &files["model.safetensors"]), sha256(&files["model.safetensors"]), "LFS blobs are named by sha256");
+    assert_eq!(
+        etag_of("model.safetensors", &files["model.safetensors"]),
+        sha256(&files["model.safetensors"]),
+        "LFS blobs are named by sha256"
+    );
     assert_eq!(std::fs::read_to_string(repo_dir.join("refs/main")).unwrap(), commit);
     let blobs = names_in(&repo_dir.join("blobs"));
     assert_eq!(blobs.len(), 4, "{blobs:?}");

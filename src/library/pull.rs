@@ -260,4 +260,3 @@ impl<'a> Tracker<'a> {
         }
     }
 }
-

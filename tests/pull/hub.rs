@@ -153,7 +153,12 @@ fn files_of(dir: &std::path::Path, prefix: &str, out: &mut Vec<String>) {
     }
 }
 
-async fn info(State(state): State<Arc<HubState>>, Path((org, name, rev)): Path<(String, String, String)>, method: Method, headers: HeaderMap) -> Response {
+async fn info(
+    State(state): State<Arc<HubState>>,
+    Path((org, name, rev)): Path<(String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
     let repo = format!("{org}/{name}");
     log(&state, &method, format!("/api/models/{repo}/revision/{rev}"), &headers);
     let dir = state.root.join(&repo);
@@ -205,7 +210,12 @@ async fn resolve(
     serve(&state, &method, &headers, &file, bytes, &etag, Some(&commit)).await
 }
 
-async fn cdn(State(state): State<Arc<HubState>>, Path((org, name, file)): Path<(String, String, String)>, method: Method, headers: HeaderMap) -> Response {
+async fn cdn(
+    State(state): State<Arc<HubState>>,
+    Path((org, name, file)): Path<(String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
     let repo = format!("{org}/{name}");
     log(&state, &method, format!("/cdn/{repo}/{file}"), &headers);
     let Ok(bytes) = std::fs::read(state.root.join(&repo).join(&file)) else {
@@ -215,11 +225,17 @@ async fn cdn(State(state): State<Arc<HubState>>, Path((org, name, file)): Path<(
     serve(&state, &method, &headers, &file, bytes, &etag, None).await
 }
 
-async fn serve(state: &HubState, method: &Method, headers: &HeaderMap, file: &str, bytes: Vec<u8>, etag: &str, commit: Option<&str>) -> Response {
+async fn serve(
+    state: &HubState,
+    method: &Method,
+    headers: &HeaderMap,
+    file: &str,
+    bytes: Vec<u8>,
+    etag: &str,
+    commit: Option<&str>,
+) -> Response {
     let total = bytes.len();
-    let start = headers
-        .get("range")
-        .and_then(|v| v.to_str().ok()?.strip_prefix("bytes=")?.strip_suffix('-')?.parse::<usize>().ok());
+    let start = headers.get("range").and_then(|v| v.to_str().ok()?.strip_prefix("bytes=")?.strip_suffix('-')?.parse::<usize>().ok());
     let mut out = HeaderMap::new();
     out.insert("etag", format!("\"{etag}\"").parse().unwrap());
     out.insert("accept-ranges", "bytes".parse().unwrap());

@@ -7,7 +7,7 @@ pub const DISK_HEADROOM: u64 = 256 << 20;
 
 /// `Err` with the figures when `needed` more bytes (plus the headroom) do not fit in `free`.
 pub fn check_space(needed: u64, free: u64) -> Result<(), String> {
-    if needed.saturating_add(DISK_HEADROOM) <= free {
+    if needed.checked_add(DISK_HEADROOM).is_some_and(|n| n <= free) {
         return Ok(());
     }
     Err(format!(

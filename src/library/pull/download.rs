@@ -95,7 +95,8 @@ impl Hub {
         segments.extend(repo.split('/'));
         segments.extend(["revision", revision]);
         let url = self.url(&segments)?;
-        let resp = self.auth(self.client.get(url.clone())).send().await.with_context(|| format!("asking {} about {repo}", self.endpoint))?;
+        let resp =
+            self.auth(self.client.get(url.clone())).send().await.with_context(|| format!("asking {} about {repo}", self.endpoint))?;
         let status = resp.status();
         if !status.is_success() {
             let why = hub_message(resp.headers());
@@ -123,7 +124,11 @@ impl Hub {
     /// The blob name and size of one file (`shown_revision` is the one the user named).
     pub async fn head(&self, repo: &str, revision: &str, shown_revision: &str, file: &str) -> Result<Head> {
         let url = self.resolve_url(repo, revision, file)?;
-        let resp = self.auth(self.head_client.head(url.clone())).send().await.with_context(|| format!("asking {} about {repo}/{file}", self.endpoint))?;
+        let resp = self
+            .auth(self.head_client.head(url.clone()))
+            .send()
+            .await
+            .with_context(|| format!("asking {} about {repo}/{file}", self.endpoint))?;
         let status = resp.status();
         let headers = resp.headers();
         if status == StatusCode::NOT_FOUND {
@@ -204,10 +209,9 @@ pub async fn fetch_blob(
     while have < remote.size {
         if failures >= ATTEMPTS {
             let e = last_error.unwrap_or_else(|| anyhow::anyhow!("no progress"));
-            return Err(e.context(format!(
-                "downloading {repo}/{} stopped at {have} of {} bytes; pull again to resume",
-                remote.file, remote.size
-            )));
+            return Err(
+                e.context(format!("downloading {repo}/{} stopped at {have} of {} bytes; pull again to resume", remote.file, remote.size))
+            );
         }
         if failures > 0 {
             tokio::time::sleep(Duration::from_millis(200 << failures.min(4))).await;

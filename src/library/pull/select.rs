@@ -113,11 +113,7 @@ pub fn select_files(siblings: &[String], gguf_file: Option<&str>) -> Result<Vec<
         return Ok(vec![only.to_string()]);
     }
     if !ggufs.is_empty() {
-        return Err(format!(
-            "it has {} GGUF files; choose one with --file (API: \"file\"): {}",
-            ggufs.len(),
-            choices()
-        ));
+        return Err(format!("it has {} GGUF files; choose one with --file (API: \"file\"): {}", ggufs.len(), choices()));
     }
     let mut shown: Vec<&str> = siblings.iter().take(20).map(|s| s.as_str()).collect();
     if siblings.len() > 20 {
