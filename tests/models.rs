@@ -157,7 +157,9 @@ async fn switching_models_by_name_gives_a_fresh_servers_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_for_an_unloaded_model_share_one_load() {
     let base = common::start_server(config(|_| {}));
-    let loads = || common::metric_sum(&base, "mlxbar_model_loads_total", &[&format!(r#"model="{FOUR}""#)]);
+    let label = format!(r#"model="{FOUR}""#);
+    let labels = [label.as_str()];
+    let loads = || common::metric_sum(&base, "mlxbar_model_loads_total", &labels);
     let before = loads().await;
     let asks: Vec<_> = (0..4).map(|_| tokio::spawn({
         let base = base.clone();
