@@ -22,6 +22,13 @@
 //! mlx_memory_limit_bytes = ...    # default: MLX's, at most 75% of RAM
 //! mlx_cache_limit_bytes = ...     # default: 1 GiB or RAM/16, whichever is smaller
 //! admission = "refuse"            # under critical memory pressure: refuse (503) | wait
+//! max_loaded_models = 2           # models kept loaded together (the least recently used idle one unloads first)
+//! keep_alive = "15m"              # an idle model unloads after this ("30s", "1h"; -1: never; 0: after each answer)
+//! memory_budget_bytes = ...       # what loaded models may take together; default: the MLX memory limit
+//! pinned = ["org/name"]           # models never unloaded for idle time or LRU
+//! models_dirs = ["/path/to/models"]  # more folders of models, besides the hub cache and LM Studio's
+//! [aliases]                       # extra names for models: `"model": "fast"` means this one
+//! fast = "mlx-community/SmolLM2-135M-Instruct-4bit"
 //! data_dir = "/path"              # bench runs and history; default: the user data dir + mlxbar
 //! bench_wait_seconds = 10         # while a bench run holds the engine, requests wait this long, then 503
 //! stall_seconds = 30              # no engine step for this long with work waiting: /health says stalled
@@ -66,6 +73,18 @@ pub struct Config {
     pub mlx_cache_limit_bytes: Option<usize>,
     /// What new requests meet while memory pressure is critical.
     pub admission: Admission,
+    /// Models kept loaded together.
+    pub max_loaded_models: usize,
+    /// How long an idle model stays loaded (a request's `keep_alive` overrides it).
+    pub keep_alive: crate::registry::KeepAlive,
+    /// What loaded models may take together; None: the MLX memory limit.
+    pub memory_budget_bytes: Option<usize>,
+    /// Ids of models kept loaded through idle time and LRU.
+    pub pinned: Vec<String>,
+    /// Extra names for models (name -> id).
+    pub aliases: BTreeMap<String, String>,
+    /// Folders of models (GGUF files, MLX folders) besides the hub cache and LM Studio's.
+    pub models_dirs: Vec<PathBuf>,
     /// Bench runs, history and user plans live below `metrics/` here [default: [`default_data_dir`]].
     pub data_dir: Option<PathBuf>,
     /// While a bench run holds the engine, generation requests wait up to this long, then 503.
@@ -102,6 +121,12 @@ impl Default for Config {
             mlx_memory_limit_bytes: None,
             mlx_cache_limit_bytes: None,
             admission: Admission::Refuse,
+            max_loaded_models: 2,
+            keep_alive: crate::registry::KeepAlive::DEFAULT,
+            memory_budget_bytes: None,
+            pinned: vec![],
+            aliases: BTreeMap::new(),
+            models_dirs: vec![],
             data_dir: None,
             bench_wait_seconds: 10.0,
             stall_seconds: 30.0,
@@ -226,6 +251,9 @@ impl Config {
         }
         if !(0.0..=3600.0).contains(&self.bench_wait_seconds) {
             bail!("bench_wait_seconds must be between 0 and 3600");
+        }
+        if self.max_loaded_models == 0 || self.max_loaded_models > 64 {
+            bail!("max_loaded_models must be between 1 and 64");
         }
         if self.queue_capacity == 0 {
             bail!("queue_capacity must be at least 1");

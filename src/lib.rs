@@ -7,9 +7,11 @@ pub mod config;
 pub mod doctor;
 pub mod engine;
 pub mod inference;
+pub mod library;
 pub mod metrics;
 pub mod model_store;
 pub mod private_fs;
+pub mod registry;
 pub mod server;
 pub mod telemetry;
 

@@ -22,6 +22,8 @@ enum Command {
     Doctor,
     /// Download and verify the default model into the cache
     FetchModel,
+    /// Download a model from Hugging Face into the hub cache (resumable; HF_ENDPOINT, HF_TOKEN honoured)
+    Pull(mlxbar::library::pull::cli::PullArgs),
     /// The alert rules in force
     #[command(subcommand)]
     Alerts(AlertsCommand),
@@ -65,6 +67,11 @@ async fn main() -> Result<()> {
             print!("{}", mlxbar::alerts::rules::prometheus_rules(&mlxbar::alerts::rules::resolve(&config.alerts)?));
             Ok(())
         }
+        Command::Pull(args) => {
+            let path = tokio::task::spawn_blocking(move || mlxbar::library::pull::cli::run(args)).await??;
+            println!("{}", path.display());
+            Ok(())
+        }
         Command::FetchModel => {
             let path = tokio::task::spawn_blocking(model_store::ensure_default_model).await??;
             println!("{}", path.display());
@@ -81,8 +88,8 @@ async fn serve(config: Config) -> Result<()> {
     tokio::select! {
         ready = server.wait_ready() => match ready {
             Ok(()) => {
-                let model = server.engine().model().map(|m| m.id.clone()).unwrap_or_default();
-                tracing::info!("ready: model {model} on {}; try:", server.engine().device().as_str());
+                let models = server.models();
+                tracing::info!("ready: model {} on {}; try:", models.default_id(), models.device().as_str());
                 eprintln!(
                     "  curl http://{addr}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'"
                 );

@@ -14,9 +14,11 @@ use crate::api::{self, AppState};
 use crate::bench::jobs::BenchJobs;
 use crate::bench::store::BenchStore;
 use crate::config::Config;
-use crate::engine::{Engine, EngineOptions, LoadState};
+use crate::engine::LoadState;
+use crate::library::{inspect, Library, ModelEntry, ModelFormat, ModelSource, Sources, Watcher};
 use crate::metrics::Metrics;
 use crate::model_store;
+use crate::registry::{Models, Parts};
 use crate::telemetry::memory::PressureLevel;
 use crate::telemetry::Telemetry;
 
@@ -51,11 +53,13 @@ pub struct PortInUse {
 pub struct Server {
     addr: SocketAddr,
     state: AppState,
-    engine: Arc<Engine>,
+    models: Arc<Models>,
     telemetry: Arc<Telemetry>,
     alerts: Arc<Alerts>,
     paused: Arc<AtomicBool>,
     monitor: JoinHandle<()>,
+    /// Rescans the library when a model folder changes; dropped with the server.
+    _watcher: Option<Watcher>,
     stopping: tokio::sync::watch::Sender<bool>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
@@ -78,19 +82,40 @@ impl Server {
         let addr = listener.local_addr()?;
         let telemetry = Telemetry::start(std::time::Duration::from_secs(1));
         let gate_telemetry = telemetry.clone();
-        let engine = Arc::new(Engine::start(EngineOptions {
-            model_path,
-            weight_format: config.weight_format,
-            queue_capacity: config.queue_capacity,
-            max_batch: config.max_batch,
-            kv_budget_tokens: config.kv_budget_tokens,
-            prefix_cache_bytes: config.prefix_cache_bytes,
-            mlx_memory_limit: config.mlx_memory_limit_bytes,
-            mlx_cache_limit: config.mlx_cache_limit_bytes,
-            admission_gate: Some(Arc::new(move || gate_telemetry.pressure_critical())),
-        })?);
         let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
-        metrics.register_engine_histogram(engine.mask_seconds());
+        let config = Arc::new(config);
+        let library = {
+            let sources = Sources::from_env(config.models_dirs.clone(), vec![model_path.clone()]);
+            Arc::new(tokio::task::spawn_blocking(move || Library::new(sources)).await?)
+        };
+        let watcher = match library.watch() {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!("not watching the model folders for changes ({e:#}); GET /api/models?refresh=true rescans");
+                None
+            }
+        };
+        let default = default_entry(&library, &model_path);
+        let models = Models::new(
+            config.clone(),
+            Parts {
+                library,
+                default,
+                telemetry: telemetry.clone(),
+                metrics: metrics.clone(),
+                gate: Some(Arc::new(move || gate_telemetry.pressure_critical())),
+            },
+        );
+        // The default model loads now; the server answers meanwhile (/health: loading).
+        tokio::spawn({
+            let models = models.clone();
+            async move {
+                let id = models.default_id().to_string();
+                if let Err(e) = models.load(&id).await {
+                    tracing::error!("the default model {id} did not load: {e}");
+                }
+            }
+        });
         let mut rules = alerts::rules::resolve(&config.alerts)?;
         // The watchdog's alert fires when /health says stalled, unless the config sets its own.
         let own = config.alerts.get("engine_stalled").is_some_and(|o| o.threshold.is_some() || o.recover_below.is_some());
@@ -99,7 +124,7 @@ impl Server {
             r.summary = alerts::rules::summary(r.signal, r.threshold, r.window_seconds);
         }
         let alerts = Alerts::new(rules);
-        let monitor = alerts::monitor::spawn(alerts.clone(), engine.clone(), telemetry.clone(), metrics.clone());
+        let monitor = alerts::monitor::spawn(alerts.clone(), models.clone(), telemetry.clone(), metrics.clone());
         // The bench talks to this server over loopback (or the bound address if it is not
         // a wildcard).
         let self_ip = if addr.ip().is_unspecified() { std::net::IpAddr::from([127, 0, 0, 1]) } else { addr.ip() };
@@ -113,12 +138,19 @@ impl Server {
         let draining = Arc::new(AtomicBool::new(false));
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
         let state = AppState {
-            engine: engine.clone(),
-            config: Arc::new(config),
+            models: models.clone(),
+            config,
             metrics,
             telemetry: telemetry.clone(),
             alerts: alerts.clone(),
             bench: bench.clone(),
+            // A finished pull is in the library before it says "done".
+            pulls: crate::library::pull::Pulls::new({
+                let library = models.library().clone();
+                Arc::new(move |_snapshot: &std::path::Path| {
+                    library.refresh();
+                })
+            }),
             paused: paused.clone(),
             draining,
             stopping: stopping_rx,
@@ -135,15 +167,16 @@ impl Server {
                 tracing::error!("server error: {e}");
             }
         });
-        Ok(Server { addr, state, engine, telemetry, alerts, paused, monitor, stopping, stop: Some(stop), task })
+        Ok(Server { addr, state, models, telemetry, alerts, paused, monitor, _watcher: watcher, stopping, stop: Some(stop), task })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
-    pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+    /// The model registry: list, load and unload models (the tray's Model menu).
+    pub fn models(&self) -> &Arc<Models> {
+        &self.models
     }
 
     pub fn url(&self) -> String {
@@ -154,12 +187,12 @@ impl Server {
         let sys = self.telemetry.latest();
         ServerStatus {
             url: self.url(),
-            state: self.engine.state(),
+            state: self.models.default_state(),
             paused: self.is_paused(),
             pressure: sys.memory.as_ref().map(|m| m.pressure).unwrap_or_default(),
             tokens_per_second: self.state.metrics.live.tokens_per_second_now(),
-            running: self.engine.running(),
-            waiting: self.engine.waiting(),
+            running: self.models.running(),
+            waiting: self.models.waiting(),
             alerts_firing: self.alerts.view().iter().filter(|a| a.firing && !a.snoozed).count(),
             bench_running: self.state.bench.active().is_some(),
             stalled: crate::api::health::status_word(&self.state) == "stalled",
@@ -191,7 +224,7 @@ impl Server {
     }
 
     pub async fn wait_ready(&self) -> Result<()> {
-        self.engine.wait_ready().await
+        self.models.wait_ready().await
     }
 
     /// Drains, then stops: new generation requests get 503 `shutting_down` while the
@@ -203,18 +236,40 @@ impl Server {
         let deadline = tokio::time::Instant::now() + grace;
         let bench_active = self.state.bench.active().is_some();
         // A bench run's requests are not worth waiting for.
-        while !bench_active && self.engine.running() + self.engine.waiting() > 0 && tokio::time::Instant::now() < deadline {
+        while !bench_active && self.models.running() + self.models.waiting() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         self.state.bench.cancel_active().await;
         self.telemetry.stop();
         self.monitor.abort();
         let _ = self.stopping.send(true);
-        let engine = self.engine.clone();
-        let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+        let models = self.models.clone();
+        let _ = tokio::task::spawn_blocking(move || models.shutdown()).await;
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         let _ = (&mut self.task).await;
     }
+}
+
+/// The default model's library entry; a path the library cannot describe still gets one
+/// (named after its file), so its load runs and the loader says what is wrong.
+fn default_entry(library: &Library, path: &std::path::Path) -> ModelEntry {
+    let found = library.entries().into_iter().find(|e| e.path == path).or_else(|| inspect::inspect(path));
+    found.unwrap_or_else(|| ModelEntry {
+        id: path.file_stem().or(path.file_name()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()),
+        path: path.to_path_buf(),
+        format: if path.is_dir() { ModelFormat::Mlx } else { ModelFormat::Gguf },
+        source: ModelSource::Path,
+        revision: None,
+        architecture: None,
+        parameters: None,
+        quantization: None,
+        size_bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        context_length: None,
+        chat_template: false,
+        shape: None,
+        runnable: false,
+        unsupported_reason: Some(format!("{} could not be read as a model", path.display())),
+    })
 }

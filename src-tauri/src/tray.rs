@@ -202,21 +202,13 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, items: &MenuItems<R>, id: &str) {
         "reload" => {
             // Back from a failed load, a dead or stalled engine: a fresh engine thread
             // loads the model; a notification says how it went.
-            if let Some(engine) = slot.with(|s| s.engine().clone()) {
+            if let Some(models) = slot.with(|s| s.models().clone()) {
                 let notifier = app.clone();
                 tauri::async_runtime::spawn(async move {
-                    let again = engine.clone();
-                    let reload = tauri::async_runtime::spawn_blocking(move || again.reload()).await;
-                    let (title, body) = match reload {
-                        Ok(Ok(())) => match engine.wait_ready().await {
-                            Ok(()) => (
-                                "Model reloaded".to_string(),
-                                engine.model().map(|m| format!("{} is serving again", m.id)).unwrap_or_default(),
-                            ),
-                            Err(e) => ("The model failed to load".to_string(), e.to_string()),
-                        },
-                        Ok(Err(e)) => ("Could not reload the model".to_string(), e.to_string()),
-                        Err(e) => ("Could not reload the model".to_string(), e.to_string()),
+                    let id = models.default_id().to_string();
+                    let (title, body) = match models.reload(&id).await {
+                        Ok(()) => ("Model reloaded".to_string(), format!("{id} is serving again")),
+                        Err(e) => ("The model failed to load".to_string(), e.to_string()),
                     };
                     crate::notify::show(&notifier, &title, &body);
                 });

@@ -8,8 +8,8 @@ use tokio::task::JoinHandle;
 
 use super::signals::Reading;
 use super::{Alerts, NoticeKind};
-use crate::engine::{Engine, LoadState};
 use crate::metrics::Metrics;
+use crate::registry::{Models, SlotState};
 use crate::telemetry::Telemetry;
 
 pub const INTERVAL: Duration = Duration::from_secs(1);
@@ -18,27 +18,27 @@ pub const INTERVAL: Duration = Duration::from_secs(1);
 /// is also exported on `/metrics` (see `scenarios::Scenario::reading` for which series), so
 /// the Prometheus rules see the same numbers. Failures and stalls come from the engine
 /// itself: they count even with `metrics_enabled = false`.
-pub fn reading(engine: &Engine, telemetry: &Telemetry, metrics: &Metrics) -> Reading {
+pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Reading {
     let sys = telemetry.latest();
     let mem = sys.memory.as_ref();
     let ttft = metrics.live.ttft_seconds();
-    let stats = engine.stats();
+    let stats = models.stats();
     Reading {
         pressure: mem.and_then(|m| m.pressure.as_number()).map(f64::from),
         swap_used_bytes: mem.map(|m| m.swap_used as f64),
         swap_in_pages_per_second: mem.map(|_| sys.swap_in_rate),
-        engine_failed: matches!(engine.state(), LoadState::Failed(_)),
+        engine_failed: models.active_views().iter().any(|v| v.state == SlotState::Failed),
         failed_requests: stats.failed_requests,
         ttft_p90_seconds: (ttft.count > 0).then_some(ttft.p90),
-        waiting_requests: engine.waiting() as f64,
+        waiting_requests: models.waiting() as f64,
         admission_blocked: stats.admission_blocked,
         refused_total: metrics.admission_refused_total.with_label_values(&["memory_pressure"]).get(),
-        engine_stall_seconds: engine.stall_seconds(),
+        engine_stall_seconds: models.stall_seconds(),
     }
 }
 
 /// Evaluates the rules every [`INTERVAL`] until the returned task is aborted.
-pub fn spawn(alerts: Arc<Alerts>, engine: Arc<Engine>, telemetry: Arc<Telemetry>, metrics: Arc<Metrics>) -> JoinHandle<()> {
+pub fn spawn(alerts: Arc<Alerts>, models: Arc<Models>, telemetry: Arc<Telemetry>, metrics: Arc<Metrics>) -> JoinHandle<()> {
     for rule in alerts.rules() {
         metrics.alerts_firing.with_label_values(&[&rule.id]).set(0);
     }
@@ -47,8 +47,8 @@ pub fn spawn(alerts: Arc<Alerts>, engine: Arc<Engine>, telemetry: Arc<Telemetry>
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tick.tick().await;
-            metrics.live.sample_scheduler(engine.running(), engine.waiting());
-            let r = reading(&engine, &telemetry, &metrics);
+            metrics.live.sample_scheduler(models.running(), models.waiting());
+            let r = reading(&models, &telemetry, &metrics);
             for n in alerts.evaluate(&r, Instant::now()) {
                 match n.kind {
                     NoticeKind::Firing => tracing::warn!(alert = %n.alert, "{}: {}", n.title, n.body),

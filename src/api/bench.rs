@@ -43,8 +43,8 @@ pub async fn start(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<St
     if state.paused.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(ApiError::paused());
     }
-    if state.engine.model().is_none() {
-        return Err(ApiError::unavailable("The model is not loaded yet; retry shortly"));
+    if state.models.engine(state.models.default_id()).is_none() {
+        return Err(ApiError::unavailable("The default model is not loaded; retry shortly"));
     }
     match state.bench.start(&req.profile) {
         Ok(job) => {

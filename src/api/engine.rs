@@ -1,5 +1,6 @@
-//! `POST /api/engine/reload`: loads the model afresh on a new engine thread, the way back
-//! from a failed load or a dead engine (the menu bar's "Reload model" does the same).
+//! `POST /api/engine/reload`: loads the default model afresh on a new engine thread, the
+//! way back from a failed load or a dead engine (the menu bar's "Reload model" does the
+//! same; `POST /api/models/{id}/load` does it for any model).
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -8,16 +9,19 @@ use serde_json::json;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::engine::ReloadError;
+use crate::registry::SlotState;
 
 /// 202 once the reload has started (`GET /health` follows it); 409 while loading.
 pub async fn reload(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let engine = state.engine.clone();
-    // Stopping the old thread waits for its current step.
-    let started = tokio::task::spawn_blocking(move || engine.reload()).await.map_err(|e| ApiError::internal(format!("reload: {e}")))?;
-    match started {
-        Ok(()) => Ok((StatusCode::ACCEPTED, Json(json!({"state": "loading"}))).into_response()),
-        Err(e @ ReloadError::AlreadyLoading) => Err(ApiError::conflict(format!("Cannot reload: {e}")).code("model_loading")),
-        Err(e) => Err(ApiError::unavailable(format!("Cannot reload: {e}"))),
+    let models = state.models.clone();
+    let id = models.default_id().to_string();
+    if models.slot_state(&id).0 == SlotState::Loading {
+        return Err(ApiError::conflict("Cannot reload: the model is already loading").code("model_loading"));
     }
+    tokio::spawn(async move {
+        if let Err(e) = models.reload(&id).await {
+            tracing::error!("reloading {id}: {e}");
+        }
+    });
+    Ok((StatusCode::ACCEPTED, Json(json!({"state": "loading"}))).into_response())
 }

@@ -186,3 +186,28 @@ impl From<crate::engine::EngineError> for ApiError {
         }
     }
 }
+
+impl From<crate::registry::ModelError> for ApiError {
+    fn from(e: crate::registry::ModelError) -> Self {
+        use crate::registry::budget::Refusal;
+        use crate::registry::ModelError::*;
+        match e {
+            NotFound(model) => ApiError::model_not_found(&model),
+            NotRunnable { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error", e.to_string())
+                .param("model")
+                .code("model_not_runnable"),
+            Refused { refusal: Refusal::Memory { .. }, message } => ApiError::insufficient_memory(message),
+            Refused { refusal: Refusal::Pressure, .. } => ApiError::memory_pressure(),
+            Refused { refusal: Refusal::Busy { .. }, message } => {
+                let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).code("models_busy");
+                e.retry_after_secs = Some(5);
+                e
+            }
+            Failed { reason, .. } => ApiError::unavailable(format!("The engine is not available: {reason}")),
+            Loading(model) => ApiError::unavailable(format!("{model} is still loading; retry shortly")),
+            NotLoaded(_) => ApiError::conflict(e.to_string()).code("model_not_loaded"),
+            QueueFull { waiting } => ApiError::queue_full(waiting, 5),
+            Stopped => ApiError::shutting_down(),
+        }
+    }
+}

@@ -13,27 +13,28 @@ use crate::engine::LoadState;
 
 /// The one word `/health` answers with; 200 only for `ok`.
 pub fn status_word(state: &AppState) -> &'static str {
-    let engine = &state.engine;
-    match engine.state() {
+    let models = &state.models;
+    match models.default_state() {
         LoadState::Loading => "loading",
         LoadState::Failed(_) => "failed",
         LoadState::Stopped => "stopped",
         LoadState::Ready if state.draining.load(std::sync::atomic::Ordering::Relaxed) => "stopping",
-        LoadState::Ready if engine.stall_seconds() >= state.config.stall_seconds => "stalled",
+        LoadState::Ready if models.stall_seconds() >= state.config.stall_seconds => "stalled",
         LoadState::Ready => "ok",
     }
 }
 
-/// 200 when the model is ready and the engine makes progress; 503 while loading, after a
-/// failure, while stalled (no step for `stall_seconds` with work waiting) or stopping.
+/// 200 when the default model is ready (or unloaded while idle: a request loads it) and
+/// every engine makes progress; 503 while it loads, after a failure, while stalled (no step
+/// for `stall_seconds` with work waiting) or stopping.
 pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
     let word = status_word(&state);
     let status = if word == "ok" { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     if !super::security::key_given(&state, &headers) {
         return (status, Json(json!({"status": word})));
     }
-    let engine = &state.engine;
-    let load = engine.state();
+    let models = &state.models;
+    let load = models.default_state();
     let (name, detail) = match &load {
         LoadState::Loading => ("loading", None),
         LoadState::Ready => ("ready", None),
@@ -44,11 +45,12 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl I
         "status": word,
         "state": name,
         "detail": detail,
-        "model": engine.model(),
-        "device": engine.device().as_str(),
+        "model": models.engine(models.default_id()).and_then(|e| e.model()),
+        "loaded": models.engines().into_iter().map(|(id, _)| id).collect::<Vec<_>>(),
+        "device": models.device().as_str(),
         "version": env!("CARGO_PKG_VERSION"),
-        "queue": {"waiting": engine.waiting(), "running": engine.running(), "capacity": engine.options().queue_capacity},
-        "last_step_age_seconds": engine.stall_seconds(),
+        "queue": {"waiting": models.waiting(), "running": models.running(), "capacity": state.config.queue_capacity},
+        "last_step_age_seconds": models.stall_seconds(),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
     });
     (status, Json(body))

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use super::snapshot::{Bench, Links, LoadedModel, Memory, Requests, Scheduler, Snapshot, Totals};
+use super::snapshot::{Bench, Links, Memory, Requests, Scheduler, Snapshot, Totals};
 use super::AppState;
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
@@ -19,7 +19,7 @@ const HEARTBEAT: Duration = Duration::from_secs(15);
 const RETRY: Duration = Duration::from_millis(1500);
 
 pub fn snapshot(state: &AppState) -> Snapshot {
-    let e = &state.engine;
+    let e = &state.models;
     let m = &state.metrics;
     let sys = state.telemetry.latest();
     let (requests, completion_tokens) = m.live.totals();
@@ -31,18 +31,17 @@ pub fn snapshot(state: &AppState) -> Snapshot {
         started_at: state.started_unix,
         uptime_seconds: state.started.elapsed().as_secs_f64(),
         device: e.device(),
-        models: e
-            .model()
-            .map(|info| vec![LoadedModel { info, state: e.state(), kv_bytes: caches.kv_bytes, prefix_cache_bytes: caches.prefix_bytes }])
-            .unwrap_or_default(),
-        state: e.state(),
+        models: e.active_views(),
+        library_generation: e.library_generation(),
+        pulls: state.pulls.list(),
+        state: e.default_state(),
         scheduler: Scheduler {
             waiting: e.waiting(),
             running: e.running(),
-            queue_capacity: e.options().queue_capacity,
+            queue_capacity: state.config.queue_capacity,
             last_step_age_seconds: e.stall_seconds(),
             health: super::health::status_word(state),
-            max_batch: e.options().max_batch,
+            max_batch: state.config.max_batch,
             tokens_per_second: m.live.tokens_per_second_now(),
         },
         caches,
@@ -84,6 +83,15 @@ fn event_data(state: &AppState) -> String {
 type Fingerprint =
     (u64, usize, usize, String, Option<u8>, u64, u64, Vec<(crate::alerts::Phase, bool)>, bool, (u64, u64, bool), Option<(String, usize)>);
 
+/// The models' states (a load's progress in tenths) and the library's generation.
+fn models_fingerprint(state: &AppState) -> String {
+    let views = state.models.active_views();
+    let parts: Vec<String> =
+        views.iter().map(|v| format!("{}:{:?}:{}:{}", v.entry.id, v.state, (v.progress.unwrap_or(0.0) * 10.0) as u32, v.pinned)).collect();
+    let pulls: Vec<String> = state.pulls.list().iter().map(|p| format!("{}:{:?}:{}", p.repo, p.state, p.bytes_done >> 20)).collect();
+    format!("{} {} {}", state.models.library_generation(), parts.join(","), pulls.join(","))
+}
+
 fn fingerprint(state: &AppState) -> Fingerprint {
     const SWAP_STEP: u64 = 64 << 20;
     const MLX_STEP: u64 = 16 << 20;
@@ -91,16 +99,16 @@ fn fingerprint(state: &AppState) -> Fingerprint {
     let mem = sys.memory.as_ref();
     (
         state.metrics.live.version(),
-        state.engine.waiting(),
-        state.engine.running(),
-        format!("{:?}", state.engine.state()),
+        state.models.waiting(),
+        state.models.running(),
+        models_fingerprint(state),
         mem.and_then(|m| m.pressure.as_number()),
         mem.map_or(0, |m| m.swap_used / SWAP_STEP),
         sys.mlx.active / MLX_STEP,
         state.alerts.view().iter().map(|a| (a.state, a.snoozed)).collect(),
         state.paused.load(std::sync::atomic::Ordering::Relaxed),
         {
-            let c = state.engine.stats();
+            let c = state.models.stats();
             (c.prefix_entries, c.prefix_hits, c.admission_blocked)
         },
         state.bench.active().map(|a| (a.id.clone(), a.requests_done())),

@@ -12,6 +12,7 @@ pub mod live;
 pub mod metrics;
 pub mod models;
 pub mod openai;
+pub mod pull;
 pub mod security;
 pub mod snapshot;
 pub mod ui;
@@ -29,19 +30,21 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use crate::alerts::Alerts;
 use crate::bench::jobs::BenchJobs;
 use crate::config::Config;
-use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::telemetry::Telemetry;
 use error::ApiError;
 
 #[derive(Clone)]
 pub struct AppState {
-    pub engine: Arc<Engine>,
+    /// The model registry: every engine, loaded on demand.
+    pub models: Arc<crate::registry::Models>,
     pub config: Arc<Config>,
     pub metrics: Arc<Metrics>,
     pub telemetry: Arc<Telemetry>,
     pub alerts: Arc<Alerts>,
     pub bench: Arc<BenchJobs>,
+    /// Pulls from Hugging Face (`POST /api/models/pull`).
+    pub pulls: Arc<crate::library::pull::Pulls>,
     /// Set from the menu bar: generation requests get 503 until resumed.
     pub paused: Arc<AtomicBool>,
     /// Set when shutdown begins: in-flight requests finish, new ones get 503.
@@ -64,6 +67,8 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/{*path}", get(ui::asset))
         .merge(generation)
         .route("/v1/models", get(models::list_models))
+        .route("/api/models", get(models::library))
+        .route("/api/models/{*rest}", post(models::action))
         .route("/health", get(health::health))
         .route("/metrics", get(metrics::prometheus))
         .route("/api/metrics/snapshot", get(live::get_snapshot))
@@ -78,7 +83,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/history", get(bench::history))
         .route("/api/history/{id}", get(bench::history_run))
         .route("/api/engine/reload", post(engine::reload))
-        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
+        .route("/api/models/pull", post(pull::start))
+        .route("/api/models/pulls", get(pull::list))
+        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/models, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;

@@ -13,10 +13,10 @@ use serde::Serialize;
 
 use crate::alerts::AlertView;
 use crate::bench::jobs::JobView;
-use crate::engine::loader::ModelInfo;
 use crate::engine::stats::StatsView;
 use crate::engine::{DeviceKind, LoadState};
 use crate::metrics::live::{ByResult, Distributions, FinishedRequest, Throughput};
+use crate::registry::ModelView;
 use crate::telemetry::memory::MemoryStats;
 use crate::telemetry::mlx_memory::MlxMemory;
 use crate::telemetry::process::ProcessStats;
@@ -32,8 +32,14 @@ pub struct Snapshot {
     pub started_at: u64,
     pub uptime_seconds: f64,
     pub device: DeviceKind,
-    /// The loaded model (at most one); empty until a model has loaded.
-    pub models: Vec<LoadedModel>,
+    /// The models not unloaded (loaded, loading with progress, unloading, failed); the
+    /// whole library is at `GET /api/models`.
+    pub models: Vec<ModelView>,
+    /// Bumps when the library changes: refetch `GET /api/models`.
+    pub library_generation: u64,
+    /// Downloads from Hugging Face, running and recent.
+    pub pulls: Vec<crate::library::pull::PullProgress>,
+    /// The default model's state.
     pub state: LoadState,
     pub scheduler: Scheduler,
     pub caches: StatsView,
@@ -49,14 +55,6 @@ pub struct Snapshot {
     pub links: Links,
     pub timings: Distributions,
     pub throughput: Throughput,
-}
-
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct LoadedModel {
-    pub info: ModelInfo,
-    pub state: LoadState,
-    pub kv_bytes: u64,
-    pub prefix_cache_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]

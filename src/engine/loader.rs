@@ -29,29 +29,38 @@ pub struct ModelInfo {
     pub load_seconds: f64,
 }
 
+/// Loads the model at `path`, named after its file or folder.
 pub fn load(path: &Path, format: WeightFormat) -> Result<(Model, TextCodec, ModelInfo)> {
+    let id = match path.is_dir() {
+        true => path.file_name(),
+        false => path.file_stem(),
+    }
+    .map(|s| s.to_string_lossy().into_owned())
+    .unwrap_or_else(|| "model".into());
+    load_reporting(path, &id, format, &|_| {})
+}
+
+/// Loads the model at `path` as `id`, telling `progress` how far it has got (0..1): reading
+/// the file is the first tenth, materializing the weights layer by layer the rest.
+pub fn load_reporting(path: &Path, id: &str, format: WeightFormat, progress: &dyn Fn(f64)) -> Result<(Model, TextCodec, ModelInfo)> {
     let started = Instant::now();
     let (model, codec, source) = if path.is_dir() {
         let (config, tensors) = hf::load(path)?;
         let codec = tokenizer::from_hf_dir(path)?;
-        (Model::assemble(config, tensors, format)?, codec, "mlx-folder")
+        progress(0.1);
+        (Model::assemble_reporting(config, tensors, format, progress)?, codec, "mlx-folder")
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         let loaded = gguf::load(path)?;
         let codec = tokenizer::from_gguf(&loaded.file)?;
-        (Model::assemble(loaded.config, loaded.tensors, format)?, codec, "gguf")
+        progress(0.1);
+        (Model::assemble_reporting(loaded.config, loaded.tensors, format, progress)?, codec, "gguf")
     } else if path.exists() {
         bail!("{} is neither a .gguf file nor a model folder (config.json + *.safetensors)", path.display());
     } else {
         bail!("model path {} does not exist", path.display());
     };
-    let id = match source {
-        "gguf" => path.file_stem(),
-        _ => path.file_name(),
-    }
-    .map(|s| s.to_string_lossy().into_owned())
-    .unwrap_or_else(|| "model".into());
     let info = ModelInfo {
-        id,
+        id: id.to_string(),
         path: path.display().to_string(),
         source,
         architecture: model.config.arch.name(),

@@ -43,30 +43,39 @@ pub type AdmissionGate = Arc<dyn Fn() -> bool + Send + Sync>;
 #[derive(Clone)]
 pub struct EngineOptions {
     pub model_path: PathBuf,
+    /// The id clients name the model by (the registry's: `org/name` for hub models).
+    pub model_id: String,
     pub weight_format: WeightFormat,
     /// Requests that may wait for the engine; more get "queue full".
     pub queue_capacity: usize,
     /// Sequences decoded together in one batched step.
     pub max_batch: usize,
     /// KV tokens (prompt + max_tokens) running requests may claim together; None derives
-    /// it from the MLX memory limit.
+    /// it from `kv_budget_bytes`.
     pub kv_budget_tokens: Option<usize>,
+    /// Bytes of KV this engine's running requests may hold together: its share of memory,
+    /// granted by the registry's budget before the load.
+    pub kv_budget_bytes: usize,
+    /// MLX's process-wide memory limit (set by `registry::budget`): one request needing
+    /// more than it leaves beside the weights is refused.
+    pub mlx_memory_limit: usize,
     /// Bytes of finished sequences' KV kept for prefix reuse (0: off).
     pub prefix_cache_bytes: usize,
-    /// MLX allocator limits set at start; None: derived from the machine's memory.
-    pub mlx_memory_limit: Option<usize>,
-    pub mlx_cache_limit: Option<usize>,
     pub admission_gate: Option<AdmissionGate>,
+    /// The process-wide grammar-mask histogram every engine observes.
+    pub mask_seconds: stats::MaskSeconds,
 }
 
 impl std::fmt::Debug for EngineOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EngineOptions")
             .field("model_path", &self.model_path)
+            .field("model_id", &self.model_id)
             .field("weight_format", &self.weight_format)
             .field("queue_capacity", &self.queue_capacity)
             .field("max_batch", &self.max_batch)
             .field("kv_budget_tokens", &self.kv_budget_tokens)
+            .field("kv_budget_bytes", &self.kv_budget_bytes)
             .field("prefix_cache_bytes", &self.prefix_cache_bytes)
             .finish_non_exhaustive()
     }
@@ -131,6 +140,8 @@ pub struct Shared {
     /// Set by [`Engine::shutdown`]: running requests end at their next step.
     stopping: std::sync::atomic::AtomicBool,
     ready: tokio::sync::Notify,
+    /// How far the load has got, in thousandths.
+    load_progress: std::sync::atomic::AtomicU32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,9 +185,10 @@ impl Engine {
             waiting: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             steps: Default::default(),
-            stats: Default::default(),
+            stats: stats::EngineStats::with_mask_seconds(options.mask_seconds.clone()),
             stopping: Default::default(),
             ready: tokio::sync::Notify::new(),
+            load_progress: Default::default(),
         });
         let device = DeviceKind::for_this_platform();
         let (tx, thread) = spawn_thread(&options, device, &shared)?;
@@ -198,6 +210,7 @@ impl Engine {
         s.stopping.store(false, Ordering::Relaxed);
         s.waiting.store(0, Ordering::Relaxed);
         s.running.store(0, Ordering::Relaxed);
+        s.load_progress.store(0, Ordering::Relaxed);
         *s.loaded.write().unwrap() = None;
         *s.state.write().unwrap() = LoadState::Loading;
         let (tx, thread) = spawn_thread(&self.options, self.device, &self.shared).map_err(|e| {
@@ -239,6 +252,11 @@ impl Engine {
         self.device
     }
 
+    /// How far the load has got (0..1); 1 once loaded.
+    pub fn load_progress(&self) -> f64 {
+        f64::from(self.shared.load_progress.load(Ordering::Relaxed)) / 1000.0
+    }
+
     pub fn model(&self) -> Option<ModelInfo> {
         self.shared.loaded.read().unwrap().as_ref().map(|l| l.info.clone())
     }
@@ -267,11 +285,6 @@ impl Engine {
     /// Decode steps since start by batch size (index = sequences decoded together).
     pub fn decode_steps_by_batch_size(&self) -> Vec<u64> {
         self.shared.stats.batch_sizes().counts()
-    }
-
-    /// The grammar-mask time histogram the engine observes (for /metrics).
-    pub fn mask_seconds(&self) -> prometheus::Histogram {
-        self.shared.stats.mask_seconds().0.clone()
     }
 
     /// Seconds the engine has gone without finishing an iteration while work waits or
@@ -361,38 +374,15 @@ impl Drop for Engine {
     }
 }
 
-/// Sets MLX's memory and cache limits and derives the KV budget.
-///
-/// Memory limit: MLX's own default, but at most 75% of physical memory, so a big model
-/// fails to allocate rather than pushing the machine into swap. Cache limit (freed buffers
-/// MLX keeps for reuse): 1 GiB or 1/16 of memory, whichever is smaller. KV budget: half of
-/// what the memory limit leaves beside the weights.
+/// The engine's scheduling limits: its KV budget in tokens (from the bytes the registry
+/// granted, at most a full context for every batch slot) and what one request may use.
 fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> worker::Limits {
-    let total = crate::telemetry::memory::read().map(|m| m.total as usize).unwrap_or(0);
-    let mlx_default = mlx_rs::memory::memory_limit().unwrap_or(0);
-    let memory_limit = options.mlx_memory_limit.unwrap_or_else(|| match (mlx_default, total) {
-        (0, t) => t * 3 / 4,
-        (d, 0) => d,
-        (d, t) => d.min(t * 3 / 4),
-    });
-    let cache_limit = options.mlx_cache_limit.unwrap_or_else(|| (1usize << 30).min(total / 16).max(64 << 20));
-    if memory_limit > 0 {
-        if let Err(e) = mlx_rs::memory::set_memory_limit(memory_limit) {
-            tracing::warn!("setting the MLX memory limit: {e}");
-        }
-    }
-    match mlx_rs::memory::set_cache_limit(cache_limit) {
-        Ok(_) => crate::telemetry::mlx_memory::CACHE_LIMIT.store(cache_limit as u64, Ordering::Relaxed),
-        Err(e) => tracing::warn!("setting the MLX cache limit: {e}"),
-    }
     let per_token = model.kv_bytes_per_token().max(1);
     let ceiling = options.max_batch * info.context_length;
-    let kv_budget_tokens =
-        options.kv_budget_tokens.unwrap_or_else(|| (memory_limit.saturating_sub(info.weight_bytes) / 2 / per_token).min(ceiling)).max(1);
+    let kv_budget_tokens = options.kv_budget_tokens.unwrap_or_else(|| (options.kv_budget_bytes / per_token).min(ceiling)).max(1);
     tracing::info!(
-        "MLX memory limit {} MB, cache limit {} MB; batch up to {}, KV budget {} tokens ({} KB each), prefix cache {} MB",
-        memory_limit >> 20,
-        cache_limit >> 20,
+        "{}: batch up to {}, KV budget {} tokens ({} KB each), prefix cache {} MB",
+        info.id,
         options.max_batch,
         kv_budget_tokens,
         per_token >> 10,
@@ -403,10 +393,18 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
         kv_budget_tokens,
         prefix_cache_bytes: options.prefix_cache_bytes,
         gate: options.admission_gate.clone(),
-        request_memory_bytes: memory_limit.saturating_sub(info.weight_bytes),
+        request_memory_bytes: options.mlx_memory_limit.saturating_sub(info.weight_bytes),
         kv_bytes_per_token: per_token,
         attention_heads: model.config.num_heads.max(1) as usize,
     }
+}
+
+/// One engine computes at a time: MLX's CPU and Metal streams are not safe to drive from
+/// several threads at once, and one device gains nothing from interleaving them. Each
+/// engine holds it for a load and for each scheduling step.
+pub fn device_lock() -> std::sync::MutexGuard<'static, ()> {
+    static DEVICE: Mutex<()> = Mutex::new(());
+    DEVICE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A new engine thread with its queue (capacity: `queue_capacity`).
@@ -433,7 +431,13 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     });
     let format = options.weight_format.resolve(device == DeviceKind::Gpu);
     tracing::info!("loading {} ({format:?} weights, {} device)", options.model_path.display(), device.as_str());
-    let loaded = std::panic::catch_unwind(|| loader::load(&options.model_path, format));
+    let progress = |f: f64| shared.load_progress.store((f.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
+    let loaded = {
+        let _device = device_lock();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            loader::load_reporting(&options.model_path, &options.model_id, format, &progress)
+        }))
+    };
     let (model, codec, info) = match loaded {
         Ok(Ok(l)) => l,
         Ok(Err(e)) => {
@@ -459,6 +463,7 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     tracing::debug!("token trie for constrained decoding built in {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
     let codec = Arc::new(codec);
     *shared.loaded.write().unwrap() = Some(Loaded { info, codec: codec.clone(), grammars });
+    progress(1.0);
     set_state(LoadState::Ready);
     shared.stats.mark_progress();
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(model, codec, jobs, shared.clone(), limits)));

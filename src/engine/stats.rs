@@ -120,7 +120,35 @@ pub struct StatsView {
     pub peak_batch: u64,
 }
 
+impl StatsView {
+    /// Two engines' figures together: sizes and counters add, limits take the larger.
+    pub fn plus(&self, o: &StatsView) -> StatsView {
+        StatsView {
+            kv_tokens: self.kv_tokens + o.kv_tokens,
+            kv_bytes: self.kv_bytes + o.kv_bytes,
+            kv_budget_tokens: self.kv_budget_tokens + o.kv_budget_tokens,
+            kv_reserved_tokens: self.kv_reserved_tokens + o.kv_reserved_tokens,
+            max_batch: self.max_batch.max(o.max_batch),
+            prefix_entries: self.prefix_entries + o.prefix_entries,
+            prefix_bytes: self.prefix_bytes + o.prefix_bytes,
+            prefix_budget_bytes: self.prefix_budget_bytes + o.prefix_budget_bytes,
+            prefix_hits: self.prefix_hits + o.prefix_hits,
+            prefix_misses: self.prefix_misses + o.prefix_misses,
+            prefix_evictions: self.prefix_evictions + o.prefix_evictions,
+            prefix_tokens_saved: self.prefix_tokens_saved + o.prefix_tokens_saved,
+            admission_blocked: self.admission_blocked || o.admission_blocked,
+            failed_requests: self.failed_requests + o.failed_requests,
+            peak_batch: self.peak_batch.max(o.peak_batch),
+        }
+    }
+}
+
 impl EngineStats {
+    /// Stats observing `mask_seconds` (shared by every engine of the process).
+    pub fn with_mask_seconds(mask_seconds: MaskSeconds) -> EngineStats {
+        EngineStats { mask_seconds, ..Default::default() }
+    }
+
     pub fn set_limits(&self, max_batch: usize, kv_budget_tokens: usize) {
         self.max_batch.store(max_batch as u64, Ordering::Relaxed);
         self.kv_budget_tokens.store(kv_budget_tokens as u64, Ordering::Relaxed);

@@ -148,7 +148,9 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             !gone
         });
 
-        // 2. Admission, in arrival order.
+        // 2. Admission, in arrival order. From here to the step's end this engine has the
+        // device (other loaded models wait for it).
+        let device = super::device_lock();
         let blocked = limits.gate.as_ref().is_some_and(|g| g());
         shared.stats.set_admission_blocked(blocked && !pending.is_empty());
         while !blocked && running.len() < limits.max_batch {
@@ -180,6 +182,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             }
         }
         if running.is_empty() {
+            drop(device);
             if !pending.is_empty() {
                 // Held back by memory pressure: wait for it to ease (or for news).
                 if let Ok(Job::Generate(req)) = jobs.recv_timeout(BLOCKED_RECHECK) {

@@ -2,8 +2,10 @@
 use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
 
 pub struct InferenceRequest {
-    /// The model the client named; None or "default" means the loaded one.
+    /// The model the client named; None or "default" means the default one.
     pub model: Option<String>,
+    /// How long the model stays loaded after this answer (None: as it was).
+    pub keep_alive: Option<crate::registry::KeepAlive>,
     pub input: Input,
     /// Functions the model may (or must) call; None: no tools (OpenAI's `tool_choice: none`
     /// also ends up here, so the model is not told about them).

@@ -17,6 +17,7 @@ use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::tools::{ToolCall, ToolCallStream, ToolDelta, ToolMode};
 use crate::engine::{Constraint, Event, FinishReason, Grammars, Loaded, SamplingParams, SubmitError};
 use crate::metrics::inference::InferenceRecorder;
+use crate::registry::{Lease, ModelError};
 
 /// Longest stop string, in bytes: each is matched against the text on every token, on the
 /// engine thread every request shares.
@@ -30,6 +31,8 @@ pub const MAX_TOOLS: usize = 128;
 pub struct Generation {
     /// The id of the model that answers.
     pub model: String,
+    /// Holds the model loaded (and not idle) until the answer is done.
+    _lease: Lease,
     rx: UnboundedReceiver<Event>,
     recorder: InferenceRecorder,
     grammars: Arc<Grammars>,
@@ -44,10 +47,15 @@ pub struct Generation {
 }
 
 /// Validates and queues the request; its answer comes from [`Generation::next`].
-pub async fn start(state: &AppState, req: InferenceRequest) -> Result<Generation, ApiError> {
-    let loaded = resolve_model(state, req.model.as_deref())?;
-    let sampling = sampling(state, &req, loaded.grammars.n_vocab())?;
-    let stop = check_stop(req.stop)?;
+pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Generation, ApiError> {
+    if state.draining.load(Ordering::Relaxed) {
+        return Err(ApiError::shutting_down());
+    }
+    if state.paused.load(Ordering::Relaxed) {
+        return Err(ApiError::paused());
+    }
+    // What can be checked without the model is checked before it may load.
+    let stop = check_stop(std::mem::take(&mut req.stop))?;
     if let Some(n) = req.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
         return Err(ApiError::bad_request(format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}")).param("top_logprobs"));
     }
@@ -60,6 +68,13 @@ pub async fn start(state: &AppState, req: InferenceRequest) -> Result<Generation
             .param("response_format"));
         }
     }
+    let lease = state.models.acquire(req.model.as_deref(), req.keep_alive).await.map_err(|e| match e {
+        ModelError::NotFound(_) | ModelError::NotRunnable { .. } => ApiError::from(e).param("model"),
+        other => ApiError::from(other),
+    })?;
+    let engine = lease.engine().clone();
+    let loaded = engine.loaded().ok_or_else(|| ApiError::from(SubmitError::Loading))?;
+    let sampling = sampling(state, &req, loaded.grammars.n_vocab())?;
     let specs = req.tools.as_ref().map(|t| t.specs.as_slice()).unwrap_or_default();
     let prompt = prompt_ids(&loaded.codec, req.input, specs, req.format.as_ref())?;
     let max_tokens = check_length(&loaded, &prompt, req.max_tokens)?;
@@ -89,14 +104,15 @@ pub async fn start(state: &AppState, req: InferenceRequest) -> Result<Generation
         state.metrics.admission_refused_total.with_label_values(&["memory_pressure"]).inc();
         return Err(ApiError::memory_pressure());
     }
-    let (mut engine_req, rx) = state.engine.new_request(prompt, max_tokens, sampling, stop);
+    let (mut engine_req, rx) = engine.new_request(prompt, max_tokens, sampling, stop);
     engine_req.constraint = constraint.map(Box::new);
     engine_req.logprobs = req.logprobs;
     // Call markers that are special tokens (`[TOOL_CALLS]`, `<|python_tag|>`) must reach the
     // tool parser as text.
     engine_req.special_tokens_as_text = req.tools.is_some();
-    state.engine.submit(engine_req)?;
+    engine.submit(engine_req)?;
     Ok(Generation {
+        _lease: lease,
         recorder: InferenceRecorder::new(state.metrics.clone(), &loaded.info.id, req.endpoint, req.stream),
         model: loaded.info.id,
         rx,
@@ -107,24 +123,6 @@ pub async fn start(state: &AppState, req: InferenceRequest) -> Result<Generation
         queue: VecDeque::new(),
         ended: false,
     })
-}
-
-/// The request's `model`: absent, "default" or the loaded model's id.
-fn resolve_model(state: &AppState, requested: Option<&str>) -> Result<Loaded, ApiError> {
-    if state.draining.load(Ordering::Relaxed) {
-        return Err(ApiError::shutting_down());
-    }
-    if state.paused.load(Ordering::Relaxed) {
-        return Err(ApiError::paused());
-    }
-    match (requested, state.engine.loaded()) {
-        (Some(m), Some(loaded)) if m != "default" && m != loaded.info.id => Err(ApiError::model_not_found(m)),
-        (_, Some(loaded)) => Ok(loaded),
-        (_, None) => Err(ApiError::from(match state.engine.state() {
-            crate::engine::LoadState::Loading => SubmitError::Loading,
-            other => SubmitError::Unavailable(format!("{other:?}")),
-        })),
-    }
 }
 
 fn sampling(state: &AppState, req: &InferenceRequest, vocab: usize) -> Result<SamplingParams, ApiError> {

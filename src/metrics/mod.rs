@@ -48,6 +48,10 @@ pub struct Metrics {
     pub model_loaded: IntGaugeVec,
     pub model_load_duration_seconds: GaugeVec,
     pub model_weight_bytes: IntGaugeVec,
+    pub model_memory_bytes: IntGaugeVec,
+    pub model_load_seconds: prometheus::Histogram,
+    pub model_loads_total: IntCounterVec,
+    pub model_unloads_total: IntCounterVec,
     // caches (filled by batching / prefix caching)
     pub kv_cache_tokens: IntGauge,
     pub kv_cache_bytes: IntGauge,
@@ -141,6 +145,22 @@ impl Metrics {
             model_loaded: reg!(IntGaugeVec::new(Opts::new("model_loaded", "1 when the model is loaded and serving."), &["model"])),
             model_load_duration_seconds: reg!(GaugeVec::new(Opts::new("model_load_duration_seconds", "How long loading the model took."), &["model"])),
             model_weight_bytes: reg!(IntGaugeVec::new(Opts::new("model_weight_bytes", "Bytes of model weights as held in memory."), &["model"])),
+            model_memory_bytes: reg!(IntGaugeVec::new(
+                Opts::new("model_memory_bytes", "Bytes a loaded model holds as the memory budget counts it: weights + its KV budget; 0 once unloaded."),
+                &["model"]
+            )),
+            model_load_seconds: reg!(prometheus::Histogram::with_opts(
+                HistogramOpts::new("model_load_seconds", "Time to load a model, from the engine's start to ready (or failed).")
+                    .buckets(exponential_buckets(0.25, 2.0, 10).unwrap())
+            )),
+            model_loads_total: reg!(IntCounterVec::new(
+                Opts::new("model_loads_total", "Model loads by result: ok, failed, refused (did not fit the memory budget, or pressure)."),
+                &["model", "result"]
+            )),
+            model_unloads_total: reg!(IntCounterVec::new(
+                Opts::new("model_unloads_total", "Model unloads by reason: idle (keep-alive ran out), lru, memory (room for another), request."),
+                &["model", "reason"]
+            )),
             kv_cache_tokens: reg!(IntGauge::new("kv_cache_tokens", "Tokens held in KV caches of running requests.")),
             kv_cache_bytes: reg!(IntGauge::new("kv_cache_bytes", "Bytes of KV cache buffers of running requests.")),
             kv_cache_budget_tokens: reg!(IntGauge::new("kv_cache_budget_tokens", "KV tokens (prompt + max_tokens) running requests may claim together; more wait.")),

@@ -36,6 +36,7 @@ pub fn translate(req: ChatCompletionRequest) -> Result<(InferenceRequest, bool, 
     let tools = tools(req.tools, req.tool_choice, req.parallel_tool_calls)?;
     let core = InferenceRequest {
         model: req.model,
+        keep_alive: req.keep_alive,
         input: Input::Chat(messages),
         tools,
         format: format(req.response_format)?,

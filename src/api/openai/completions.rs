@@ -46,6 +46,7 @@ pub fn translate(req: CompletionRequest) -> Result<(InferenceRequest, bool, bool
     let logprobs = req.logprobs.map(|n| n as usize);
     let core = InferenceRequest {
         model: req.model,
+        keep_alive: req.keep_alive,
         input,
         tools: None,
         format: format(req.response_format)?,

@@ -19,6 +19,9 @@ pub struct ChatCompletionRequest {
     pub top_p: Option<f32>,
     /// mlxbar's extension (as vLLM and llama.cpp take it).
     pub top_k: Option<u32>,
+    /// mlxbar's extension, as Ollama spells it: how long the model stays loaded after
+    /// this answer ("5m", 300, -1 for ever, 0 to unload right after).
+    pub keep_alive: Option<crate::registry::KeepAlive>,
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     #[serde(default)]
@@ -62,6 +65,9 @@ pub struct CompletionRequest {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<u32>,
+    /// mlxbar's extension, as Ollama spells it: how long the model stays loaded after
+    /// this answer ("5m", 300, -1 for ever, 0 to unload right after).
+    pub keep_alive: Option<crate::registry::KeepAlive>,
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     #[serde(default)]

@@ -129,7 +129,13 @@ pub struct Model {
 
 impl Model {
     /// Builds the model from loaded tensors, converting them to `format` (Auto resolved).
-    pub fn assemble(config: ModelConfig, mut t: TensorMap, format: WeightFormat) -> Result<Model> {
+    pub fn assemble(config: ModelConfig, t: TensorMap, format: WeightFormat) -> Result<Model> {
+        Self::assemble_reporting(config, t, format, &|_| {})
+    }
+
+    /// [`Model::assemble`], telling `progress` how many of the layers are materialized
+    /// (from 0.1 to 1).
+    pub fn assemble_reporting(config: ModelConfig, mut t: TensorMap, format: WeightFormat, progress: &dyn Fn(f64)) -> Result<Model> {
         config.validate()?;
         let c = &config;
         let embed_w = t.take_weight("embed")?;
@@ -194,18 +200,21 @@ impl Model {
         };
         let norm = vector(t.take_vector("norm")?)?;
         let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods };
-        model.eval_weights()?;
+        model.eval_weights(progress)?;
         Ok(model)
     }
 
-    /// Materializes every weight now, so load time is paid at load and not by the first request.
-    fn eval_weights(&self) -> Result<()> {
+    /// Materializes every weight now, so load time is paid at load and not by the first
+    /// request; a layer at a time, so the load can show its progress.
+    fn eval_weights(&self, progress: &dyn Fn(f64)) -> Result<()> {
         let mut all: Vec<&Array> = self.embed.0.arrays();
         all.push(&self.norm);
         if let Some(h) = &self.lm_head {
             all.extend(h.arrays());
         }
-        for b in &self.blocks {
+        mlx_rs::transforms::eval(std::mem::take(&mut all)).context("materializing weights")?;
+        let layers = self.blocks.len().max(1) as f64;
+        for (i, b) in self.blocks.iter().enumerate() {
             all.extend([&b.attn_norm, &b.mlp_norm]);
             all.extend(b.q_norm.iter().chain(b.k_norm.iter()));
             for proj in [&b.qkv, &b.gate_up] {
@@ -216,8 +225,9 @@ impl Model {
             }
             all.extend(b.o.weight.arrays());
             all.extend(b.down.weight.arrays());
+            mlx_rs::transforms::eval(std::mem::take(&mut all)).context("materializing weights")?;
+            progress(0.1 + 0.9 * (i + 1) as f64 / layers);
         }
-        mlx_rs::transforms::eval(all).context("materializing weights")?;
         Ok(())
     }
 

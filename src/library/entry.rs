@@ -1,0 +1,162 @@
+//! What the library knows about one local model: where it is, what it is, and whether
+//! this engine can run it (with the reason when not). Serialized as-is by the API.
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+/// How the weights are stored.
+#[derive(Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelFormat {
+    /// An MLX / Hugging Face folder: config.json + *.safetensors + tokenizer.json.
+    Mlx,
+    /// One .gguf file.
+    Gguf,
+}
+
+impl ModelFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelFormat::Mlx => "mlx",
+            ModelFormat::Gguf => "gguf",
+        }
+    }
+}
+
+/// Where the library found the model; earlier sources win an id (see `Sources`).
+#[derive(Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelSource {
+    /// Given by path (`--model PATH`).
+    Path,
+    /// mlxbar's own models dir (the default model).
+    Mlxbar,
+    /// A `models_dirs` entry of the config.
+    ModelsDir,
+    /// The Hugging Face hub cache.
+    HubCache,
+    /// LM Studio's models folder.
+    LmStudio,
+}
+
+impl ModelSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelSource::Path => "path",
+            ModelSource::Mlxbar => "mlxbar",
+            ModelSource::ModelsDir => "models-dir",
+            ModelSource::HubCache => "hub-cache",
+            ModelSource::LmStudio => "lm-studio",
+        }
+    }
+}
+
+/// Affine quantization of the weights (the dominant one when modules differ).
+#[derive(Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quantization {
+    pub bits: u32,
+    pub group_size: u32,
+}
+
+/// The transformer's dimensions, for the memory estimate.
+#[derive(Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub layers: usize,
+    pub hidden_size: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub intermediate_size: usize,
+    pub tie_word_embeddings: bool,
+}
+
+#[derive(Serialize, JsonSchema, Clone, Debug, PartialEq)]
+pub struct ModelEntry {
+    /// `org/name` for hub models; the file stem (GGUF) or folder name otherwise; unique in
+    /// the library (a clash gets `@source`, then a path hash, appended).
+    pub id: String,
+    /// The folder (hub: the snapshot dir) or the .gguf file.
+    pub path: PathBuf,
+    pub format: ModelFormat,
+    pub source: ModelSource,
+    /// The hub snapshot's commit.
+    pub revision: Option<String>,
+    /// `model_type` (config.json) or `general.architecture` (GGUF).
+    pub architecture: Option<String>,
+    /// Counted from the shapes.
+    pub parameters: Option<u64>,
+    pub quantization: Option<Quantization>,
+    /// Weights on disk (hub symlinks followed to their blobs).
+    pub size_bytes: u64,
+    pub context_length: Option<usize>,
+    pub chat_template: bool,
+    pub shape: Option<Shape>,
+    pub runnable: bool,
+    /// Why it cannot run, when `runnable` is false.
+    pub unsupported_reason: Option<String>,
+}
+
+impl ModelEntry {
+    /// Bytes of keys and values one token takes in every layer.
+    pub fn kv_bytes_per_token(&self, dtype_bytes: usize) -> Option<usize> {
+        let s = self.shape?;
+        Some(2 * s.layers * s.num_kv_heads * s.head_dim * dtype_bytes)
+    }
+
+    /// The weights dequantized to float32 (what the CPU device holds).
+    pub fn float32_weight_bytes(&self) -> Option<u64> {
+        self.parameters.map(|p| p * 4)
+    }
+
+    /// Not runnable, with the reason.
+    pub(crate) fn refuse(&mut self, reason: impl Into<String>) {
+        if self.runnable || self.unsupported_reason.is_none() {
+            self.unsupported_reason = Some(reason.into());
+        }
+        self.runnable = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serializes_with_the_api_spellings() {
+        let e = ModelEntry {
+            id: "org/m".into(),
+            path: "/m".into(),
+            format: ModelFormat::Gguf,
+            source: ModelSource::LmStudio,
+            revision: None,
+            architecture: Some("llama".into()),
+            parameters: Some(10),
+            quantization: Some(Quantization { bits: 4, group_size: 32 }),
+            size_bytes: 5,
+            context_length: Some(8192),
+            chat_template: true,
+            shape: Some(Shape {
+                layers: 30,
+                hidden_size: 576,
+                num_heads: 9,
+                num_kv_heads: 3,
+                head_dim: 64,
+                vocab_size: 49152,
+                intermediate_size: 1536,
+                tie_word_embeddings: true,
+            }),
+            runnable: true,
+            unsupported_reason: None,
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!((v["format"].as_str(), v["source"].as_str()), (Some("gguf"), Some("lm-studio")));
+        assert_eq!(v["quantization"], serde_json::json!({"bits": 4, "group_size": 32}));
+        assert_eq!(e.kv_bytes_per_token(4), Some(2 * 30 * 3 * 64 * 4));
+        assert_eq!(e.float32_weight_bytes(), Some(40));
+        for s in [ModelSource::Path, ModelSource::Mlxbar, ModelSource::ModelsDir, ModelSource::HubCache, ModelSource::LmStudio] {
+            assert_eq!(serde_json::to_value(s).unwrap().as_str(), Some(s.as_str()));
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! TEMPORARY STUB.
+pub struct Watcher;

@@ -1,0 +1,324 @@
+//! The memory budget: the one place that sets MLX's process-wide memory and cache limits,
+//! estimates what a model needs before it loads, and decides whether it fits beside the
+//! loaded ones — which idle ones to unload first, or why it cannot load at all. Pure
+//! arithmetic apart from [`Budget::install`], so the tests feed it recorded figures.
+use std::time::Instant;
+
+use crate::config::Config;
+use crate::engine::WeightFormat;
+use crate::library::ModelEntry;
+
+/// A model loads with at least this much KV (one short conversation); more as room allows.
+pub const MIN_KV_TOKENS: usize = 1024;
+/// The KV a model gets when room allows and `kv_budget_tokens` is not set: enough for the
+/// whole batch of typical chats, not `max_batch` full contexts (32k × 8 is tens of GB).
+pub const DEFAULT_KV_TOKENS: usize = 16384;
+
+#[derive(Debug, Clone)]
+pub struct Budget {
+    /// MLX's allocator limit (one process, every model).
+    pub mlx_memory_limit: u64,
+    pub cache_limit: u64,
+    /// What loaded models may take together: `memory_budget_bytes`, else the MLX limit.
+    pub ceiling: u64,
+    /// The ceiling was configured (a refusal then says "within the memory budget").
+    pub configured: bool,
+    /// Kept free for the rest of the machine when judging the system's available memory.
+    pub margin: u64,
+    pub kv_tokens: Option<usize>,
+    pub max_batch: usize,
+    pub max_loaded: usize,
+}
+
+/// What loading a model needs: its weights as held, and KV from the least that is useful to
+/// what it would like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    pub weights: u64,
+    pub kv_min: u64,
+    pub kv_preferred: u64,
+}
+
+impl Need {
+    pub fn least(&self) -> u64 {
+        self.weights + self.kv_min
+    }
+    pub fn preferred(&self) -> u64 {
+        self.weights + self.kv_preferred
+    }
+}
+
+/// A loaded model as the budget sees it.
+#[derive(Debug, Clone)]
+pub struct Resident {
+    pub id: String,
+    pub bytes: u64,
+    /// Idle and not pinned: may be unloaded to make room.
+    pub evictable: bool,
+    pub last_used: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnloadReason {
+    /// Its keep-alive ran out.
+    Idle,
+    /// `max_loaded_models` were loaded; it was the least recently used.
+    Lru,
+    /// Another model needed its memory.
+    Memory,
+    /// Asked for (API, menu).
+    Request,
+}
+
+impl UnloadReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnloadReason::Idle => "idle",
+            UnloadReason::Lru => "lru",
+            UnloadReason::Memory => "memory",
+            UnloadReason::Request => "request",
+        }
+    }
+}
+
+/// What to do to load: unload these first, then give the model this much KV.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub unload: Vec<(String, UnloadReason)>,
+    pub kv_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Even with every idle model unloaded, `need` exceeds `available`.
+    Memory { need: u64, available: u64, within_budget: bool },
+    /// `max_loaded_models` are loaded and none can go (busy or pinned).
+    Busy { loaded: usize },
+    /// The kernel reports critical memory pressure.
+    Pressure,
+}
+
+impl Budget {
+    /// Sets MLX's limits from the config and the machine's memory, once for the process.
+    ///
+    /// Memory limit: MLX's own default, but at most 75% of physical memory, so a big model
+    /// fails to allocate rather than pushing the machine into swap. Cache limit (freed
+    /// buffers MLX keeps for reuse): 1 GiB or 1/16 of memory, whichever is smaller. Margin:
+    /// a tenth of memory, at most 2 GiB.
+    pub fn install(config: &Config, total: u64) -> Budget {
+        let mlx_default = mlx_rs::memory::memory_limit().unwrap_or(0) as u64;
+        let mlx_memory_limit = config.mlx_memory_limit_bytes.map(|b| b as u64).unwrap_or(match (mlx_default, total) {
+            (0, t) => t * 3 / 4,
+            (d, 0) => d,
+            (d, t) => d.min(t * 3 / 4),
+        });
+        let cache_limit = config.mlx_cache_limit_bytes.map(|b| b as u64).unwrap_or((1u64 << 30).min(total / 16).max(64 << 20));
+        if mlx_memory_limit > 0 {
+            if let Err(e) = mlx_rs::memory::set_memory_limit(mlx_memory_limit as usize) {
+                tracing::warn!("setting the MLX memory limit: {e}");
+            }
+        }
+        match mlx_rs::memory::set_cache_limit(cache_limit as usize) {
+            Ok(_) => crate::telemetry::mlx_memory::CACHE_LIMIT.store(cache_limit, std::sync::atomic::Ordering::Relaxed),
+            Err(e) => tracing::warn!("setting the MLX cache limit: {e}"),
+        }
+        let budget = Budget {
+            mlx_memory_limit,
+            cache_limit,
+            ceiling: config.memory_budget_bytes.map(|b| b as u64).unwrap_or(mlx_memory_limit).min(mlx_memory_limit.max(1)),
+            configured: config.memory_budget_bytes.is_some(),
+            margin: (total / 10).min(2 << 30),
+            kv_tokens: config.kv_budget_tokens,
+            max_batch: config.max_batch.max(1),
+            max_loaded: config.max_loaded_models.max(1),
+        };
+        tracing::info!(
+            "MLX memory limit {} MB, cache limit {} MB; models may take {} MB together (at most {})",
+            mlx_memory_limit >> 20,
+            cache_limit >> 20,
+            budget.ceiling >> 20,
+            budget.max_loaded
+        );
+        budget
+    }
+
+    /// What `entry` needs in `format` (resolved) on the device: weights as they will be
+    /// held, KV at the device's dtype.
+    pub fn need(&self, entry: &ModelEntry, format: WeightFormat, on_gpu: bool) -> Need {
+        let float32 = entry.float32_weight_bytes().unwrap_or(entry.size_bytes.saturating_mul(4));
+        let weights = match format {
+            WeightFormat::Float32 | WeightFormat::Auto => float32,
+            // Quantized weights stay packed; on the CPU their float parts (and any dense
+            // float16 weight) become float32.
+            WeightFormat::Native if on_gpu => entry.size_bytes,
+            WeightFormat::Native if entry.quantization.is_some() => entry.size_bytes + entry.size_bytes / 8,
+            WeightFormat::Native => float32,
+        };
+        let dtype_bytes = if on_gpu { 2 } else { 4 };
+        let per_token = entry.kv_bytes_per_token(dtype_bytes).unwrap_or(0) as u64;
+        let context = entry.context_length.unwrap_or(4096).max(1);
+        let preferred_tokens = self.kv_tokens.unwrap_or_else(|| (context * self.max_batch).min(DEFAULT_KV_TOKENS));
+        let min_tokens = self.kv_tokens.unwrap_or(MIN_KV_TOKENS).min(context).min(preferred_tokens);
+        Need { weights, kv_min: per_token * min_tokens as u64, kv_preferred: per_token * preferred_tokens as u64 }
+    }
+
+    /// Decides how `need` fits beside `resident` with `system_available` bytes free on the
+    /// machine: unloads the least recently used idle models while the count or the memory
+    /// requires it, and grants KV between the least and the preferred.
+    pub fn plan(&self, need: &Need, system_available: u64, resident: &[Resident], pressure_critical: bool) -> Result<Plan, Refusal> {
+        if pressure_critical {
+            return Err(Refusal::Pressure);
+        }
+        let mut candidates: Vec<&Resident> = resident.iter().filter(|r| r.evictable).collect();
+        candidates.sort_by_key(|r| r.last_used);
+        let mut candidates = candidates.into_iter();
+        let mut kept: u64 = resident.iter().map(|r| r.bytes).sum();
+        let mut count = resident.len();
+        let mut freed = 0u64;
+        let mut unload = vec![];
+        let room = |kept: u64, freed: u64| (system_available.saturating_sub(self.margin) + freed).min(self.ceiling.saturating_sub(kept));
+        loop {
+            let reason = if count >= self.max_loaded {
+                UnloadReason::Lru
+            } else if room(kept, freed) < need.least() {
+                UnloadReason::Memory
+            } else {
+                break;
+            };
+            let Some(victim) = candidates.next() else {
+                return Err(if reason == UnloadReason::Lru {
+                    Refusal::Busy { loaded: count }
+                } else {
+                    let system = system_available.saturating_sub(self.margin) + freed;
+                    let budget = self.ceiling.saturating_sub(kept);
+                    Refusal::Memory { need: need.least(), available: system.min(budget), within_budget: budget < system }
+                });
+            };
+            unload.push((victim.id.clone(), reason));
+            kept -= victim.bytes;
+            freed += victim.bytes;
+            count -= 1;
+        }
+        let spare = room(kept, freed) - need.weights;
+        Ok(Plan { unload, kv_bytes: spare.clamp(need.kv_min, need.kv_preferred.max(need.kv_min)) })
+    }
+}
+
+/// Bytes as a user reads them: "5.1 GB", "540 MB".
+pub fn human(bytes: u64) -> String {
+    if bytes >= 1_000_000_000 {
+        format!("{:.1} GB", bytes as f64 / 1e9)
+    } else {
+        format!("{} MB", bytes.div_ceil(1_000_000))
+    }
+}
+
+impl Refusal {
+    /// The sentence a user sees (API error, notification, popover).
+    pub fn message(&self, id: &str, max_loaded: usize) -> String {
+        match self {
+            Refusal::Memory { need, available, within_budget: false } => {
+                format!("{id} needs ~{}; {} is available without swapping", human(*need), human(*available))
+            }
+            Refusal::Memory { need, available, within_budget: true } => {
+                format!("{id} needs ~{}; {} is left within the memory budget (memory_budget_bytes)", human(*need), human(*available))
+            }
+            Refusal::Busy { loaded } => format!(
+                "{id} cannot load: {loaded} models are loaded (max_loaded_models = {max_loaded}) and none is idle and unpinned; retry when one finishes"
+            ),
+            Refusal::Pressure => format!("{id} cannot load while memory pressure is critical"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: u64 = 1_000_000_000;
+    const MB: u64 = 1_000_000;
+
+    fn budget(ceiling: u64, max_loaded: usize) -> Budget {
+        Budget {
+            mlx_memory_limit: 18 * GB,
+            cache_limit: 1 << 30,
+            ceiling,
+            configured: false,
+            margin: 2 * GB,
+            kv_tokens: None,
+            max_batch: 8,
+            max_loaded,
+        }
+    }
+
+    fn resident(id: &str, bytes: u64, evictable: bool, age_s: u64) -> Resident {
+        Resident { id: id.into(), bytes, evictable, last_used: Instant::now() - std::time::Duration::from_secs(age_s) }
+    }
+
+    // SmolLM2-135M on the CPU, as measured: 538 MB of float32 weights, 46,080 B of KV a token.
+    const SMOL: Need = Need { weights: 538_000_000, kv_min: 1024 * 46_080, kv_preferred: 16384 * 46_080 };
+
+    #[test]
+    fn fits_on_an_empty_machine_with_the_preferred_kv() {
+        let plan = budget(18 * GB, 2).plan(&SMOL, 21 * GB, &[], false).unwrap();
+        assert_eq!(plan, Plan { unload: vec![], kv_bytes: SMOL.kv_preferred });
+    }
+
+    #[test]
+    fn a_tight_ceiling_grants_less_kv_but_at_least_the_minimum() {
+        let plan = budget(SMOL.weights + 64 * MB, 2).plan(&SMOL, 21 * GB, &[], false).unwrap();
+        assert_eq!(plan.kv_bytes, 64 * MB);
+        let err = budget(SMOL.weights, 2).plan(&SMOL, 21 * GB, &[], false).unwrap_err();
+        assert!(matches!(err, Refusal::Memory { need, .. } if need == SMOL.least()));
+    }
+
+    #[test]
+    fn the_least_recently_used_idle_model_goes_first_when_the_count_is_reached() {
+        let loaded = [resident("old", GB, true, 100), resident("new", GB, true, 5), resident("busy", GB, false, 500)];
+        let plan = budget(18 * GB, 3).plan(&SMOL, 15 * GB, &loaded, false).unwrap();
+        assert_eq!(plan.unload, vec![("old".to_string(), UnloadReason::Lru)]);
+    }
+
+    #[test]
+    fn memory_unloads_idle_models_until_the_need_fits() {
+        // 3 GB free minus the 2 GB margin: 1 GB; the need is ~0.59 GB, fine. A 4 GB model needs two unloads.
+        let big = Need { weights: 4 * GB, kv_min: 100 * MB, kv_preferred: 500 * MB };
+        let loaded = [resident("a", 2 * GB, true, 50), resident("b", 2 * GB, true, 10), resident("pinned", 3 * GB, false, 900)];
+        let plan = budget(18 * GB, 8).plan(&big, 3 * GB, &loaded, false).unwrap();
+        assert_eq!(plan.unload, vec![("a".to_string(), UnloadReason::Memory), ("b".to_string(), UnloadReason::Memory)]);
+        assert_eq!(plan.kv_bytes, 500 * MB, "5 GB free after the unloads: the preferred KV fits");
+    }
+
+    #[test]
+    fn a_refusal_says_what_is_needed_and_what_is_available() {
+        let big = Need { weights: 4_800 * MB, kv_min: 300 * MB, kv_preferred: GB };
+        let loaded = [resident("pinned", GB, false, 1)];
+        let err = budget(18 * GB, 4).plan(&big, 5_200 * MB, &loaded, false).unwrap_err();
+        assert_eq!(err, Refusal::Memory { need: 5_100 * MB, available: 3_200 * MB, within_budget: false });
+        assert_eq!(
+            err.message("Qwen2.5-7B-Instruct-4bit", 4),
+            "Qwen2.5-7B-Instruct-4bit needs ~5.1 GB; 3.2 GB is available without swapping"
+        );
+    }
+
+    #[test]
+    fn busy_or_pinned_models_block_a_load_past_the_count() {
+        let loaded = [resident("a", MB, false, 1), resident("b", MB, false, 2)];
+        assert_eq!(budget(18 * GB, 2).plan(&SMOL, 21 * GB, &loaded, false).unwrap_err(), Refusal::Busy { loaded: 2 });
+    }
+
+    #[test]
+    fn critical_pressure_refuses_every_load() {
+        assert_eq!(budget(18 * GB, 2).plan(&SMOL, 21 * GB, &[], true).unwrap_err(), Refusal::Pressure);
+    }
+
+    #[test]
+    fn a_configured_budget_is_the_binding_figure() {
+        let mut b = budget(300 * MB, 2);
+        b.configured = true;
+        let err = b.plan(&SMOL, 21 * GB, &[], false).unwrap_err();
+        assert_eq!(err, Refusal::Memory { need: SMOL.least(), available: 300 * MB, within_budget: true });
+        assert!(err.message("m", 2).contains("within the memory budget"), "{}", err.message("m", 2));
+    }
+}

@@ -1,0 +1,683 @@
+//! The model registry: which engines are loaded, loading them on demand within the memory
+//! budget and unloading them when idle, least recently used or asked to.
+//!
+//! [`Models`] owns every [`Engine`]. A request gets a [`Lease`] on the model it names
+//! ([`Models::acquire`]): loaded, it is served at once; not loaded, it is loaded first (the
+//! budget may unload idle models to make room, or refuse with the two figures); loading, the
+//! request waits for it. Loads and unloads take one lock, so an unload always completes (and
+//! MLX's cache is cleared) before a load starts, and two loads never run at once. A reaper
+//! unloads models idle past their keep-alive.
+pub mod budget;
+pub mod keep_alive;
+mod lease;
+pub mod slot;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use budget::{Budget, Refusal, Resident, UnloadReason};
+pub use keep_alive::KeepAlive;
+pub use lease::Lease;
+pub use slot::{ModelView, SlotState};
+use slot::{Phase, Slot};
+
+use crate::config::Config;
+use crate::engine::stats::MaskSeconds;
+use crate::engine::{AdmissionGate, DeviceKind, Engine, EngineOptions, LoadState, StatsView};
+use crate::library::{Library, ModelEntry};
+use crate::metrics::Metrics;
+use crate::telemetry::Telemetry;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ModelError {
+    #[error("The model '{0}' does not exist; GET /v1/models lists the models this server can run")]
+    NotFound(String),
+    #[error("{id} cannot run here: {reason}")]
+    NotRunnable { id: String, reason: String },
+    #[error("{message}")]
+    Refused { refusal: Refusal, message: String },
+    #[error("{reason}")]
+    Failed { id: String, reason: String },
+    #[error("{0} is still loading")]
+    Loading(String),
+    #[error("{0} is not loaded")]
+    NotLoaded(String),
+    #[error("{waiting} requests already wait for models to load")]
+    QueueFull { waiting: usize },
+    #[error("the server is shutting down")]
+    Stopped,
+}
+
+/// What a [`Models`] is built from besides the config.
+pub struct Parts {
+    pub library: Arc<Library>,
+    /// The default model (`--model PATH`, else the cached default): always loadable, even
+    /// if the library would not list it (its loader then says what is wrong).
+    pub default: ModelEntry,
+    pub telemetry: Arc<Telemetry>,
+    pub metrics: Arc<Metrics>,
+    pub gate: Option<AdmissionGate>,
+}
+
+/// Counters of engines already unloaded, so the process totals never go backwards.
+#[derive(Default)]
+struct Retired {
+    stats: StatsView,
+    steps: u64,
+    batch_sizes: Vec<u64>,
+}
+
+pub struct Models {
+    config: Arc<Config>,
+    library: Arc<Library>,
+    budget: Budget,
+    default: ModelEntry,
+    slots: Mutex<BTreeMap<String, Slot>>,
+    pinned: Mutex<BTreeSet<String>>,
+    /// The last refused load's reason, by id, until a load succeeds.
+    refused: Mutex<BTreeMap<String, String>>,
+    /// Held by every load and unload.
+    lifecycle: tokio::sync::Mutex<()>,
+    /// Requests waiting for a model to load (bounded by `queue_capacity`).
+    waiting_for_load: AtomicUsize,
+    /// Woken on every state change (for `wait_ready` and the live views).
+    changed: tokio::sync::Notify,
+    telemetry: Arc<Telemetry>,
+    metrics: Arc<Metrics>,
+    gate: Option<AdmissionGate>,
+    mask_seconds: MaskSeconds,
+    device: DeviceKind,
+    retired: Mutex<Retired>,
+    stopping: AtomicBool,
+    runtime: tokio::runtime::Handle,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Models {
+    /// Sets MLX's limits and starts the reaper; loads nothing yet (see [`Models::load`]).
+    /// Call from within a tokio runtime.
+    pub fn new(config: Arc<Config>, parts: Parts) -> Arc<Models> {
+        let total =
+            parts.telemetry.latest().memory.as_ref().map(|m| m.total).or_else(|| crate::telemetry::memory::read().ok().map(|m| m.total));
+        let budget = Budget::install(&config, total.unwrap_or(0));
+        let mask_seconds = MaskSeconds::default();
+        parts.metrics.register_engine_histogram(mask_seconds.0.clone());
+        let models = Arc::new(Models {
+            budget,
+            library: parts.library,
+            default: parts.default,
+            slots: Mutex::default(),
+            pinned: Mutex::new(config.pinned.iter().cloned().collect()),
+            refused: Mutex::default(),
+            lifecycle: tokio::sync::Mutex::new(()),
+            waiting_for_load: AtomicUsize::new(0),
+            changed: tokio::sync::Notify::new(),
+            telemetry: parts.telemetry,
+            metrics: parts.metrics,
+            gate: parts.gate,
+            mask_seconds,
+            device: DeviceKind::for_this_platform(),
+            retired: Mutex::default(),
+            stopping: AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::current(),
+            config,
+        });
+        models.spawn_reaper();
+        models
+    }
+
+    pub fn default_id(&self) -> &str {
+        &self.default.id
+    }
+
+    pub fn device(&self) -> DeviceKind {
+        self.device
+    }
+
+    pub fn library(&self) -> &Arc<Library> {
+        &self.library
+    }
+
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// The id a request's `model` names: absent or "default" is the default model, then
+    /// the config's aliases, then library ids.
+    pub fn resolve(&self, requested: Option<&str>) -> Result<String, ModelError> {
+        let name = match requested.map(str::trim) {
+            None | Some("") | Some("default") => return Ok(self.default.id.clone()),
+            Some(n) => n,
+        };
+        let name = self.config.aliases.get(name).map(String::as_str).unwrap_or(name);
+        if name == self.default.id || lock(&self.slots).contains_key(name) || self.library.get(name).is_some() {
+            return Ok(name.to_string());
+        }
+        // A model that appeared since the last scan (the watcher may lag).
+        self.library.refresh();
+        match self.library.get(name) {
+            Some(_) => Ok(name.to_string()),
+            None => Err(ModelError::NotFound(name.to_string())),
+        }
+    }
+
+    fn entry(&self, id: &str) -> Result<ModelEntry, ModelError> {
+        if id == self.default.id {
+            return Ok(self.default.clone());
+        }
+        self.library.get(id).ok_or_else(|| ModelError::NotFound(id.to_string()))
+    }
+
+    /// A lease on the model `requested` names, loading it first if need be.
+    pub async fn acquire(self: &Arc<Self>, requested: Option<&str>, keep_alive: Option<KeepAlive>) -> Result<Lease, ModelError> {
+        let id = self.resolve(requested)?;
+        loop {
+            if let Some(lease) = self.try_lease(&id, keep_alive)? {
+                return Ok(lease);
+            }
+            let capacity = self.config.queue_capacity.max(1);
+            let waiting = self
+                .waiting_for_load
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| (w < capacity).then_some(w + 1))
+                .map_err(|waiting| ModelError::QueueFull { waiting })?;
+            let loaded = self.load_queued(&id).await;
+            self.waiting_for_load.fetch_sub(1, Ordering::AcqRel);
+            debug_assert!(waiting < capacity);
+            loaded?;
+        }
+    }
+
+    /// A lease if `id` is ready; None if it must be loaded (or waited for); an error if
+    /// its engine failed (reload it to go on).
+    fn try_lease(self: &Arc<Self>, id: &str, keep_alive: Option<KeepAlive>) -> Result<Option<Lease>, ModelError> {
+        if self.stopping.load(Ordering::Relaxed) {
+            return Err(ModelError::Stopped);
+        }
+        let mut slots = lock(&self.slots);
+        let Some(slot) = slots.get_mut(id) else { return Ok(None) };
+        match &slot.phase {
+            Phase::Ready(engine) => match engine.state() {
+                LoadState::Ready => {}
+                LoadState::Failed(reason) => return Err(ModelError::Failed { id: id.into(), reason }),
+                LoadState::Loading => return Ok(None),
+                LoadState::Stopped => return Err(ModelError::Stopped),
+            },
+            Phase::Failed { reason, .. } => return Err(ModelError::Failed { id: id.into(), reason: reason.clone() }),
+            Phase::Loading(_) | Phase::Unloading => return Ok(None),
+        }
+        let engine = slot.engine().cloned().expect("ready");
+        slot.active += 1;
+        slot.touch();
+        Ok(Some(Lease::new(self.clone(), id.to_string(), engine, keep_alive)))
+    }
+
+    /// A lease ended: the model was used now; with keep-alive 0 it unloads once idle.
+    fn release(self: &Arc<Self>, id: &str, keep_alive: Option<KeepAlive>) {
+        let unload_now = {
+            let mut slots = lock(&self.slots);
+            let Some(slot) = slots.get_mut(id) else { return };
+            slot.active = slot.active.saturating_sub(1);
+            slot.touch();
+            if let Some(k) = keep_alive {
+                slot.keep_alive = k;
+            }
+            slot.active == 0 && slot.keep_alive.is_zero()
+        };
+        if unload_now {
+            let (models, id) = (self.clone(), id.to_string());
+            self.runtime.spawn(async move {
+                if let Err(e) = models.unload_as(&id, UnloadReason::Idle).await {
+                    tracing::debug!("unloading {id} after its answer: {e}");
+                }
+            });
+        }
+    }
+
+    /// Loads `id` (an id or alias) unless it is loaded; waits while another load runs.
+    /// A failed model is loaded afresh.
+    pub async fn load(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
+        let id = self.resolve(Some(requested))?;
+        let _one = self.lifecycle.lock().await;
+        let failed = {
+            let slots = lock(&self.slots);
+            match slots.get(&id).map(|s| &s.phase) {
+                Some(Phase::Ready(e)) => !matches!(e.state(), LoadState::Ready),
+                Some(Phase::Failed { .. }) => true,
+                _ => false,
+            }
+        };
+        if failed {
+            self.unload_locked(&id, UnloadReason::Request, false).await;
+        }
+        self.load_locked(&id).await
+    }
+
+    /// Stops `id`'s engine if it runs (its requests end with a 503: the way out of a stall)
+    /// and loads it afresh.
+    pub async fn reload(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
+        let id = self.resolve(Some(requested))?;
+        let _one = self.lifecycle.lock().await;
+        self.unload_locked(&id, UnloadReason::Request, false).await;
+        self.load_locked(&id).await
+    }
+
+    /// A request's load: behind any load or unload under way. A failed model's reason is
+    /// the answer (requests do not each retry a broken model; `load` does).
+    async fn load_queued(self: &Arc<Self>, id: &str) -> Result<(), ModelError> {
+        let _one = self.lifecycle.lock().await;
+        self.load_locked(id).await
+    }
+
+    async fn load_locked(self: &Arc<Self>, id: &str) -> Result<(), ModelError> {
+        if self.stopping.load(Ordering::Relaxed) {
+            return Err(ModelError::Stopped);
+        }
+        if let Some(slot) = lock(&self.slots).get(id) {
+            match &slot.phase {
+                Phase::Ready(_) => return Ok(()),
+                Phase::Failed { reason, .. } => return Err(ModelError::Failed { id: id.into(), reason: reason.clone() }),
+                Phase::Loading(_) | Phase::Unloading => {}
+            }
+        }
+        let entry = self.entry(id)?;
+        let is_default = id == self.default.id;
+        if !entry.runnable && !is_default {
+            let reason = entry.unsupported_reason.clone().unwrap_or_else(|| "not a model mlxbar can run".into());
+            return Err(ModelError::NotRunnable { id: id.into(), reason });
+        }
+        let on_gpu = self.device == DeviceKind::Gpu;
+        let format = self.config.weight_format.resolve(on_gpu);
+        let need = self.budget.need(&entry, format, on_gpu);
+        let residents = self.residents();
+        let available = self.telemetry.latest().memory.as_ref().map(|m| m.available).unwrap_or(u64::MAX / 4);
+        let plan = match self.budget.plan(&need, available, &residents, self.telemetry.pressure_critical()) {
+            Ok(plan) => plan,
+            Err(refusal) => {
+                let message = refusal.message(id, self.budget.max_loaded);
+                tracing::warn!("{message}");
+                self.metrics.model_loads_total.with_label_values(&[id, "refused"]).inc();
+                lock(&self.refused).insert(id.into(), message.clone());
+                self.changed.notify_waiters();
+                return Err(ModelError::Refused { refusal, message });
+            }
+        };
+        for (victim, reason) in &plan.unload {
+            tracing::info!("unloading {victim} ({}) to load {id}", reason.as_str());
+            self.unload_locked(victim, *reason, true).await;
+        }
+        let options = EngineOptions {
+            model_path: entry.path.clone(),
+            model_id: id.to_string(),
+            weight_format: self.config.weight_format,
+            queue_capacity: self.config.queue_capacity,
+            max_batch: self.config.max_batch,
+            kv_budget_tokens: self.config.kv_budget_tokens,
+            kv_budget_bytes: plan.kv_bytes as usize,
+            mlx_memory_limit: self.budget.mlx_memory_limit as usize,
+            prefix_cache_bytes: self.config.prefix_cache_bytes,
+            admission_gate: self.gate.clone(),
+            mask_seconds: self.mask_seconds.clone(),
+        };
+        let engine = match Engine::start(options) {
+            Ok(e) => Arc::new(e),
+            Err(e) => return Err(self.failed(id, format!("starting the engine: {e:#}"))),
+        };
+        lock(&self.slots).insert(id.into(), Slot::new(Phase::Loading(engine.clone()), self.config.keep_alive));
+        self.changed.notify_waiters();
+        let started = Instant::now();
+        let ready = engine.wait_ready().await;
+        self.metrics.model_load_seconds.observe(started.elapsed().as_secs_f64());
+        match ready {
+            Ok(()) => {
+                let weights = engine.model().map_or(need.weights, |m| m.weight_bytes as u64);
+                let memory = weights + plan.kv_bytes;
+                if let Some(slot) = lock(&self.slots).get_mut(id) {
+                    slot.phase = Phase::Ready(engine);
+                    slot.memory_bytes = memory;
+                    slot.touch();
+                }
+                lock(&self.refused).remove(id);
+                self.metrics.model_loads_total.with_label_values(&[id, "ok"]).inc();
+                self.metrics.model_memory_bytes.with_label_values(&[id]).set(memory as i64);
+                self.changed.notify_waiters();
+                Ok(())
+            }
+            Err(e) => {
+                // The engine thread has ended; dropping the handle joins it.
+                Err(self.failed(id, format!("{e:#}")))
+            }
+        }
+    }
+
+    fn failed(&self, id: &str, reason: String) -> ModelError {
+        lock(&self.slots).insert(id.into(), Slot::new(Phase::Failed { reason: reason.clone() }, self.config.keep_alive));
+        self.metrics.model_loads_total.with_label_values(&[id, "failed"]).inc();
+        self.changed.notify_waiters();
+        ModelError::Failed { id: id.into(), reason }
+    }
+
+    fn residents(&self) -> Vec<Resident> {
+        let pinned = lock(&self.pinned);
+        lock(&self.slots)
+            .iter()
+            .filter(|(_, s)| s.engine().is_some())
+            .map(|(id, s)| Resident {
+                id: id.clone(),
+                bytes: s.memory_bytes,
+                evictable: s.idle() && !pinned.contains(id),
+                last_used: s.last_used,
+            })
+            .collect()
+    }
+
+    /// Unloads `id` (an id or alias): its running requests finish first (up to
+    /// `shutdown_grace_seconds`), then the engine stops and MLX's cache is cleared.
+    pub async fn unload(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
+        let id = self.resolve(Some(requested))?;
+        self.unload_as(&id, UnloadReason::Request).await
+    }
+
+    async fn unload_as(self: &Arc<Self>, id: &str, reason: UnloadReason) -> Result<(), ModelError> {
+        let _one = self.lifecycle.lock().await;
+        let still_wanted = {
+            let slots = lock(&self.slots);
+            match slots.get(id) {
+                None => return Err(ModelError::NotLoaded(id.into())),
+                // The reaper's and keep-alive 0's unloads give way to a request that came.
+                Some(s) => reason != UnloadReason::Request && !s.idle() && s.engine().is_some(),
+            }
+        };
+        if still_wanted {
+            return Ok(());
+        }
+        self.unload_locked(id, reason, true).await;
+        Ok(())
+    }
+
+    /// The unload itself (after its requests finish, if `drain`); the caller holds
+    /// `lifecycle`.
+    async fn unload_locked(&self, id: &str, reason: UnloadReason, drain: bool) {
+        let engine = {
+            let mut slots = lock(&self.slots);
+            let Some(slot) = slots.get_mut(id) else { return };
+            match std::mem::replace(&mut slot.phase, Phase::Unloading) {
+                Phase::Ready(e) | Phase::Loading(e) => Some(e),
+                Phase::Failed { .. } | Phase::Unloading => None,
+            }
+        };
+        self.changed.notify_waiters();
+        if let Some(engine) = engine {
+            let deadline = Instant::now() + Duration::from_secs_f64(self.config.shutdown_grace_seconds);
+            while drain && Instant::now() < deadline && (engine.running() + engine.waiting() > 0 || self.active(id) > 0) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            {
+                let mut retired = lock(&self.retired);
+                let (stats, batches) = (engine.stats(), engine.decode_steps_by_batch_size());
+                retired.stats = retired.stats.plus(&stats);
+                retired.steps += engine.steps();
+                add_counts(&mut retired.batch_sizes, &batches);
+            }
+            let stopping = engine.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                stopping.shutdown();
+                // The model's buffers went back to MLX's cache with the engine thread; give
+                // them back to the system before anything else loads.
+                if let Err(e) = mlx_rs::memory::clear_cache() {
+                    tracing::warn!("clearing MLX's cache: {e}");
+                }
+            })
+            .await;
+            self.metrics.model_unloads_total.with_label_values(&[id, reason.as_str()]).inc();
+            tracing::info!("unloaded {id} ({})", reason.as_str());
+        }
+        lock(&self.slots).remove(id);
+        self.metrics.model_loaded.with_label_values(&[id]).set(0);
+        self.metrics.model_memory_bytes.with_label_values(&[id]).set(0);
+        self.changed.notify_waiters();
+    }
+
+    fn active(&self, id: &str) -> usize {
+        lock(&self.slots).get(id).map_or(0, |s| s.active)
+    }
+
+    /// Pins `id` (kept loaded through idle time and LRU) or unpins it.
+    pub fn set_pinned(&self, requested: &str, pinned: bool) -> Result<(), ModelError> {
+        let id = self.resolve(Some(requested))?;
+        let mut set = lock(&self.pinned);
+        if pinned {
+            set.insert(id);
+        } else {
+            set.remove(&id);
+        }
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Sets how long `id` stays loaded once idle (until a request says otherwise).
+    pub fn set_keep_alive(&self, requested: &str, keep_alive: KeepAlive) -> Result<(), ModelError> {
+        let id = self.resolve(Some(requested))?;
+        match lock(&self.slots).get_mut(&id) {
+            Some(slot) => {
+                slot.keep_alive = keep_alive;
+                Ok(())
+            }
+            None => Err(ModelError::NotLoaded(id)),
+        }
+    }
+
+    /// Every 1 s: unloads models idle past their keep-alive (pinned ones stay).
+    fn spawn_reaper(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        self.runtime.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tick.tick().await;
+                let Some(models) = weak.upgrade() else { return };
+                if models.stopping.load(Ordering::Relaxed) {
+                    return;
+                }
+                for id in models.expired() {
+                    let _ = models.unload_as(&id, UnloadReason::Idle).await;
+                }
+            }
+        });
+    }
+
+    fn expired(&self) -> Vec<String> {
+        let pinned = lock(&self.pinned);
+        lock(&self.slots)
+            .iter()
+            .filter(|(id, s)| !pinned.contains(*id) && s.idle())
+            .filter(|(_, s)| matches!(s.keep_alive, KeepAlive::For(d) if s.last_used.elapsed() >= d))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Waits until the default model has loaded (Ok) or failed (Err).
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.slot_state(&self.default.id) {
+                (SlotState::Loaded, _) => return Ok(()),
+                (SlotState::Failed, reason) => anyhow::bail!("{}", reason.unwrap_or_default()),
+                _ if self.stopping.load(Ordering::Relaxed) => anyhow::bail!("the server is shutting down"),
+                _ => notified.await,
+            }
+        }
+    }
+
+    /// `id`'s state, with the failure reason when failed.
+    pub fn slot_state(&self, id: &str) -> (SlotState, Option<String>) {
+        match lock(&self.slots).get(id).map(|s| &s.phase) {
+            None => (SlotState::Unloaded, None),
+            Some(Phase::Loading(_)) => (SlotState::Loading, None),
+            Some(Phase::Unloading) => (SlotState::Unloading, None),
+            Some(Phase::Failed { reason, .. }) => (SlotState::Failed, Some(reason.clone())),
+            Some(Phase::Ready(e)) => match e.state() {
+                LoadState::Ready => (SlotState::Loaded, None),
+                LoadState::Loading => (SlotState::Loading, None),
+                LoadState::Failed(r) => (SlotState::Failed, Some(r)),
+                LoadState::Stopped => (SlotState::Unloading, None),
+            },
+        }
+    }
+
+    /// The default model's engine state, as `/health` and the menu bar's icon read it
+    /// (unloaded after idle time counts as ready: a request loads it).
+    pub fn default_state(&self) -> LoadState {
+        match self.slot_state(&self.default.id) {
+            (SlotState::Loading, _) => LoadState::Loading,
+            (SlotState::Failed, reason) => LoadState::Failed(reason.unwrap_or_default()),
+            _ if self.stopping.load(Ordering::Relaxed) => LoadState::Stopped,
+            _ => LoadState::Ready,
+        }
+    }
+
+    /// The engines loaded now, by id.
+    pub fn engines(&self) -> Vec<(String, Arc<Engine>)> {
+        lock(&self.slots)
+            .iter()
+            .filter_map(|(id, s)| match &s.phase {
+                Phase::Ready(e) | Phase::Loading(e) => Some((id.clone(), e.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The engine serving `id`, if loaded.
+    pub fn engine(&self, id: &str) -> Option<Arc<Engine>> {
+        lock(&self.slots).get(id).and_then(|s| s.engine().cloned())
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting_for_load.load(Ordering::Relaxed) + self.engines().iter().map(|(_, e)| e.waiting()).sum::<usize>()
+    }
+
+    pub fn running(&self) -> usize {
+        self.engines().iter().map(|(_, e)| e.running()).sum()
+    }
+
+    /// The longest any engine has gone without progress while it has work.
+    pub fn stall_seconds(&self) -> f64 {
+        self.engines().iter().map(|(_, e)| e.stall_seconds()).fold(0.0, f64::max)
+    }
+
+    /// Engine steps since start, over every engine that ran.
+    pub fn steps(&self) -> u64 {
+        lock(&self.retired).steps + self.engines().iter().map(|(_, e)| e.steps()).sum::<u64>()
+    }
+
+    /// Cache, batch and admission figures summed over the loaded engines (counters include
+    /// the unloaded ones).
+    pub fn stats(&self) -> StatsView {
+        let retired = lock(&self.retired).stats;
+        let mut total = StatsView {
+            kv_tokens: 0,
+            kv_bytes: 0,
+            kv_budget_tokens: 0,
+            kv_reserved_tokens: 0,
+            prefix_entries: 0,
+            prefix_bytes: 0,
+            prefix_budget_bytes: 0,
+            admission_blocked: false,
+            max_batch: 0,
+            ..retired
+        };
+        for (_, e) in self.engines() {
+            total = total.plus(&e.stats());
+        }
+        total
+    }
+
+    pub fn decode_steps_by_batch_size(&self) -> Vec<u64> {
+        let mut counts = lock(&self.retired).batch_sizes.clone();
+        for (_, e) in self.engines() {
+            add_counts(&mut counts, &e.decode_steps_by_batch_size());
+        }
+        counts
+    }
+
+    /// Bumps when models appear or go, loads start or end.
+    pub fn library_generation(&self) -> u64 {
+        self.library.generation()
+    }
+
+    /// Every model: the library's and the loaded ones, loaded first, then by id.
+    pub fn list(&self) -> Vec<ModelView> {
+        let mut entries: BTreeMap<String, ModelEntry> = self.library.entries().into_iter().map(|e| (e.id.clone(), e)).collect();
+        entries.insert(self.default.id.clone(), self.default.clone());
+        let mut views: Vec<ModelView> = entries.into_values().map(|e| self.view_of(e)).collect();
+        views.sort_by_key(|v| (v.state == SlotState::Unloaded, !v.default, v.entry.id.clone()));
+        views
+    }
+
+    /// The models that are not unloaded (loaded, loading, unloading, failed).
+    pub fn active_views(&self) -> Vec<ModelView> {
+        let ids: Vec<String> = lock(&self.slots).keys().cloned().collect();
+        ids.into_iter().filter_map(|id| self.entry(&id).ok()).map(|e| self.view_of(e)).collect()
+    }
+
+    pub fn view(&self, requested: &str) -> Result<ModelView, ModelError> {
+        let id = self.resolve(Some(requested))?;
+        Ok(self.view_of(self.entry(&id)?))
+    }
+
+    fn view_of(&self, entry: ModelEntry) -> ModelView {
+        let id = entry.id.clone();
+        let (state, failure) = self.slot_state(&id);
+        let on_gpu = self.device == DeviceKind::Gpu;
+        let need = entry.shape.is_some().then(|| self.budget.need(&entry, self.config.weight_format.resolve(on_gpu), on_gpu).least());
+        let slots = lock(&self.slots);
+        let slot = slots.get(&id);
+        let engine = slot.and_then(|s| match &s.phase {
+            Phase::Ready(e) | Phase::Loading(e) => Some(e.clone()),
+            _ => None,
+        });
+        let loaded = state == SlotState::Loaded;
+        ModelView {
+            state,
+            progress: (state == SlotState::Loading).then(|| engine.as_ref().map_or(0.0, |e| e.load_progress())),
+            error: failure.or_else(|| lock(&self.refused).get(&id).cloned()),
+            memory_bytes: loaded.then(|| slot.map_or(0, |s| s.memory_bytes)),
+            estimate_bytes: need,
+            idle_seconds: slot.filter(|s| loaded && s.idle()).map(|s| s.last_used.elapsed().as_secs_f64()),
+            last_used_unix: slot.map(|s| s.last_used_unix),
+            keep_alive_seconds: match slot.map_or(self.config.keep_alive, |s| s.keep_alive) {
+                KeepAlive::For(d) => Some(d.as_secs_f64()),
+                KeepAlive::Forever => None,
+            },
+            requests: engine.as_ref().map_or(0, |e| e.running() + e.waiting()),
+            pinned: lock(&self.pinned).contains(&id),
+            default: id == self.default.id,
+            info: engine.and_then(|e| e.model()),
+            entry,
+        }
+    }
+
+    /// Stops every engine (their requests end with a 503); the registry then refuses work.
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        for (_, engine) in self.engines() {
+            engine.shutdown();
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+fn add_counts(into: &mut Vec<u64>, more: &[u64]) {
+    if into.len() < more.len() {
+        into.resize(more.len(), 0);
+    }
+    for (a, b) in into.iter_mut().zip(more) {
+        *a += b;
+    }
+}
