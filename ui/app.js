@@ -325,6 +325,8 @@ function modelItem(m) {
     fill.style.width = `${pct ?? 0}%`;
     bar.append(fill);
     t.append(bar);
+  } else if (m.state === "unloading") {
+    sub.textContent = `Unloading… ${m.requests ? `${m.requests} request${m.requests === 1 ? "" : "s"} finishing` : ""}`.trim();
   } else {
     sub.textContent = `Failed: ${m.error ?? "unknown error"}`;
   }
@@ -359,7 +361,7 @@ function models(live) {
   const loaded = live.filter((m) => m.state === "loaded");
   text("models-summary", loaded.length ? `${loaded.length} loaded · ${fmtBytes(loaded.reduce((a, m) => a + (m.memory_bytes ?? 0), 0))}` : "none loaded");
 
-  const busy = new Set(shown.filter((m) => m.state === "loaded" || m.state === "loading").map((m) => m.id));
+  const busy = new Set(shown.filter((m) => m.state !== "failed").map((m) => m.id));
   const choices = library.filter((m) => m.runnable && !busy.has(m.id));
   const refused = library.filter((m) => !m.runnable);
   const sel = $("model-pick");
@@ -435,7 +437,9 @@ function clearStale() {
 function render(s) {
   clearStale();
   lastSnapshotAt = new Date();
-  const model = s.models[0]?.info;
+  // the headline: the default model (what requests without a `model` get), else another loaded one
+  const head = s.models.find((m) => m.default) ?? s.models.find((m) => m.state === "loaded");
+  const model = head?.info;
   const st = s.state.state;
   const mode = s.paused ? "paused" : st === "ready" ? "serving" : st === "loading" ? "loading" : "error";
   app.dataset.state = mode;

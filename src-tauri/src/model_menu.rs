@@ -22,6 +22,8 @@ pub enum RowState {
     Loading(Option<f64>),
     /// Memory held (weights and KV budget), when known.
     Loaded(Option<u64>),
+    /// Draining its requests before it unloads.
+    Unloading,
     Failed,
 }
 
@@ -41,6 +43,7 @@ impl Row {
             SlotState::Unloaded => RowState::Unloaded,
             SlotState::Loading => RowState::Loading(m.progress),
             SlotState::Loaded => RowState::Loaded(m.memory_bytes),
+            SlotState::Unloading => RowState::Unloading,
             SlotState::Failed => RowState::Failed,
         };
         Some(Row { id: m.entry.id.clone(), state })
@@ -48,6 +51,11 @@ impl Row {
 
     pub fn loaded(&self) -> bool {
         matches!(self.state, RowState::Loaded(_))
+    }
+
+    /// Loading or unloading: a click could only queue behind it.
+    fn busy(&self) -> bool {
+        matches!(self.state, RowState::Loading(_) | RowState::Unloading)
     }
 
     /// "SmolLM2-135M-Instruct — 540 MB", "… — loading 40%", "… — failed".
@@ -58,6 +66,7 @@ impl Row {
             RowState::Loaded(None) => self.id.clone(),
             RowState::Loading(Some(p)) => format!("{} — loading {:.0}%", self.id, p * 100.0),
             RowState::Loading(None) => format!("{} — loading…", self.id),
+            RowState::Unloading => format!("{} — unloading…", self.id),
             RowState::Failed => format!("{} — failed to load", self.id),
         }
     }
@@ -123,7 +132,7 @@ impl<R: Runtime> ModelMenu<R> {
                 for ((_, item), row) in s.checks.iter().zip(&rows) {
                     item.set_text(row.label())?;
                     item.set_checked(row.loaded())?;
-                    item.set_enabled(!matches!(row.state, RowState::Loading(_)))?;
+                    item.set_enabled(!row.busy())?;
                 }
                 shown.as_mut().unwrap().rows = rows;
                 return Ok(());
@@ -135,8 +144,7 @@ impl<R: Runtime> ModelMenu<R> {
         let mut checks = Vec::with_capacity(rows.len());
         for row in &rows {
             let id = format!("{LOAD}{}", row.id);
-            let enabled = !matches!(row.state, RowState::Loading(_));
-            let item = CheckMenuItem::with_id(app, id, row.label(), enabled, row.loaded(), None::<&str>)?;
+            let item = CheckMenuItem::with_id(app, id, row.label(), !row.busy(), row.loaded(), None::<&str>)?;
             self.submenu.append(&item)?;
             checks.push((row.id.clone(), item));
         }
@@ -230,6 +238,7 @@ mod tests {
         assert_eq!(row(RowState::Loading(Some(0.42))).label(), "SmolLM2 — loading 42%");
         assert_eq!(row(RowState::Loading(None)).label(), "SmolLM2 — loading…");
         assert!(row(RowState::Failed).label().contains("failed"));
+        assert_eq!(row(RowState::Unloading).label(), "SmolLM2 — unloading…");
         assert!(row(RowState::Loaded(None)).loaded() && !row(RowState::Loading(None)).loaded());
     }
 

@@ -2,8 +2,8 @@
 // whose library holds two models: the default GGUF and a second path to it (a symlink
 // under a `models_dirs` folder). The picker lists the runnable ones, loads the second and
 // the card shows it loaded beside the default (memory, idle time), its Unload button
-// unloads it; a server with a small memory budget refuses the load and the card says why,
-// in the server's own words. Screenshots go to test-artifacts/.
+// unloads it; a server whose memory budget holds one model (the default, pinned) refuses
+// the load and the card says why, in the server's own words. Screenshots go to test-artifacts/.
 //
 // Run: node --test tests/models.test.mjs (in ui/), after `cargo build --release`.
 import { test, before, after } from "node:test";
@@ -21,6 +21,7 @@ const SECOND = "smollm2-second";
 
 const servers = [];
 let browser, page, serverLog = "";
+let needs = null; // from the first server: the default's id and what the second needs
 const until = untilWithLog(() => serverLog);
 const testid = (id) => page.locator(`[data-testid="${id}"]`);
 const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
@@ -81,6 +82,7 @@ test("the picker loads a second model and the card shows both loaded; Unload unl
   await until("the second model loaded in the card", async () => (await item(SECOND).getAttribute("class")) === "loaded", 60000);
   const second = (await modelsOf(base)).find((m) => m.id === SECOND);
   assert.equal(second.state, "loaded");
+  needs = { default: def.id, estimate: second.estimate_bytes };
   // the card's figure is the server's
   const memText = (await item(SECOND).locator('[data-testid="model-detail"]').textContent()).split(" · ")[0];
   assert.equal(memText, await page.evaluate((b) => fmtBytes(b), second.memory_bytes));
@@ -103,9 +105,11 @@ test("the picker loads a second model and the card shows both loaded; Unload unl
 });
 
 test("a server with a small memory budget refuses the load, and the card says why", async () => {
-  // 1 byte: no model fits. The default model still loads at start (what the user started
-  // the server with); a load asked for afterwards is checked against the budget.
-  const base = await startServer("memory_budget_bytes = 1\n");
+  // A budget of one and a half models: the default (pinned, so it is not unloaded to make
+  // room) loads at start, the second cannot fit beside it.
+  assert.ok(needs?.estimate > 0, "the first test measured what a model needs");
+  const budget = Math.floor(needs.estimate * 1.5);
+  const base = await startServer(`memory_budget_bytes = ${budget}\npinned = [${JSON.stringify(needs.default)}]\n`);
   // the server's own refusal, to compare the card's text with
   const api = await fetch(`${base}/api/models/${SECOND}/load`, { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
   assert.equal(api.status, 507);
