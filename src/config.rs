@@ -6,6 +6,7 @@
 //! host = "127.0.0.1"
 //! port = 8080
 //! model = "/path/to/model.gguf"   # or an MLX/HF folder; default: SmolLM2-135M-Instruct Q4_1
+//! models_dirs = ["~/models"]      # more folders scanned for models (besides the hub cache, LM Studio's, mlxbar's)
 //! weight_format = "auto"          # auto | float32 | native
 //! queue_capacity = 64
 //! max_body_bytes = 4194304
@@ -26,7 +27,6 @@
 //! keep_alive = "15m"              # an idle model unloads after this ("30s", "1h"; -1: never; 0: after each answer)
 //! memory_budget_bytes = ...       # what loaded models may take together; default: the MLX memory limit
 //! pinned = ["org/name"]           # models never unloaded for idle time or LRU
-//! models_dirs = ["/path/to/models"]  # more folders of models, besides the hub cache and LM Studio's
 //! [aliases]                       # extra names for models: `"model": "fast"` means this one
 //! fast = "mlx-community/SmolLM2-135M-Instruct-4bit"
 //! data_dir = "/path"              # bench runs and history; default: the user data dir + mlxbar
@@ -54,6 +54,8 @@ pub struct Config {
     pub host: IpAddr,
     pub port: u16,
     pub model: Option<PathBuf>,
+    /// More folders the model library scans (`.gguf` files, MLX folders, hub-cache repos).
+    pub models_dirs: Vec<PathBuf>,
     pub weight_format: WeightFormat,
     pub queue_capacity: usize,
     pub max_body_bytes: usize,
@@ -83,8 +85,6 @@ pub struct Config {
     pub pinned: Vec<String>,
     /// Extra names for models (name -> id).
     pub aliases: BTreeMap<String, String>,
-    /// Folders of models (GGUF files, MLX folders) besides the hub cache and LM Studio's.
-    pub models_dirs: Vec<PathBuf>,
     /// Bench runs, history and user plans live below `metrics/` here [default: [`default_data_dir`]].
     pub data_dir: Option<PathBuf>,
     /// While a bench run holds the engine, generation requests wait up to this long, then 503.
@@ -105,6 +105,7 @@ impl Default for Config {
             host: IpAddr::from([127, 0, 0, 1]),
             port: 8080,
             model: None,
+            models_dirs: vec![],
             weight_format: WeightFormat::Auto,
             queue_capacity: 64,
             max_body_bytes: 4 * 1024 * 1024,
@@ -126,7 +127,6 @@ impl Default for Config {
             memory_budget_bytes: None,
             pinned: vec![],
             aliases: BTreeMap::new(),
-            models_dirs: vec![],
             data_dir: None,
             bench_wait_seconds: 10.0,
             stall_seconds: 30.0,

@@ -24,6 +24,8 @@ enum Command {
     FetchModel,
     /// Download a model from Hugging Face into the hub cache (resumable; HF_ENDPOINT, HF_TOKEN honoured)
     Pull(mlxbar::library::pull::cli::PullArgs),
+    /// List the local models (Hugging Face hub cache, LM Studio, mlxbar's models dir, models_dirs) and whether each can run
+    Models(mlxbar::library::cli::ModelsArgs),
     /// The alert rules in force
     #[command(subcommand)]
     Alerts(AlertsCommand),
@@ -72,6 +74,7 @@ async fn main() -> Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+        Command::Models(args) => tokio::task::spawn_blocking(move || mlxbar::library::cli::run(&args)).await?,
         Command::FetchModel => {
             let path = tokio::task::spawn_blocking(model_store::ensure_default_model).await??;
             println!("{}", path.display());

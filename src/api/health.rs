@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::AppState;
 use crate::engine::LoadState;
+use crate::registry::SlotState;
 
 /// The one word `/health` answers with; 200 only for `ok`.
 pub fn status_word(state: &AppState) -> &'static str {
@@ -46,7 +47,7 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl I
         "state": name,
         "detail": detail,
         "model": models.engine(models.default_id()).and_then(|e| e.model()),
-        "loaded": models.engines().into_iter().map(|(id, _)| id).collect::<Vec<_>>(),
+        "loaded": models.active_views().into_iter().filter(|v| v.state == SlotState::Loaded).map(|v| v.entry.id).collect::<Vec<_>>(),
         "device": models.device().as_str(),
         "version": env!("CARGO_PKG_VERSION"),
         "queue": {"waiting": models.waiting(), "running": models.running(), "capacity": state.config.queue_capacity},

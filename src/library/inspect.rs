@@ -1,8 +1,339 @@
-//! TEMPORARY STUB.
-use std::path::Path;
+//! One path -> a [`ModelEntry`]: a model folder from its `config.json` and safetensors
+//! headers, a GGUF from its header. No tensor is read, so inspecting costs milliseconds
+//! however large the model.
+//!
+//! "Runnable" is decided by the engine's own parsers (`Arch::parse`, `from_hf_config`,
+//! `config_from_header`, the header checks in `validate`), so the library never offers a
+//! model the loader would refuse for a reason visible in its files.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
-use super::entry::ModelEntry;
+use crate::engine::model::config::{from_hf_config, Arch, ModelConfig};
+use crate::engine::model::gguf::config_from_header;
+use crate::engine::model::validate::{self, GgufSummary};
 
-pub fn inspect(_path: &Path) -> Option<ModelEntry> {
-    None
+use super::entry::{ModelEntry, ModelFormat, ModelSource, Quantization, Shape};
+
+/// A `.gguf` file or a folder with a `config.json`; None for anything else.
+pub fn inspect(path: &Path) -> Option<ModelEntry> {
+    if path.is_dir() {
+        path.join("config.json").is_file().then(|| folder(path))
+    } else if is_gguf(path) {
+        Some(gguf(path))
+    } else {
+        None
+    }
+}
+
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+fn blank(id: String, path: &Path, format: ModelFormat) -> ModelEntry {
+    ModelEntry {
+        id,
+        path: path.to_path_buf(),
+        format,
+        source: ModelSource::Path,
+        revision: None,
+        architecture: None,
+        parameters: None,
+        quantization: None,
+        size_bytes: 0,
+        context_length: None,
+        chat_template: false,
+        shape: None,
+        runnable: true,
+        unsupported_reason: None,
+    }
+}
+
+fn name_of(path: &Path, stem: bool) -> String {
+    let name = if stem { path.file_stem() } else { path.file_name() };
+    name.map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+}
+
+/// An MLX / Hugging Face folder.
+pub fn folder(dir: &Path) -> ModelEntry {
+    let mut e = blank(name_of(dir, false), dir, ModelFormat::Mlx);
+    let weights = safetensors_files(dir);
+    e.size_bytes = weights.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
+    e.chat_template = folder_has_chat_template(dir);
+
+    match std::fs::read_to_string(dir.join("config.json")) {
+        Err(_) => e.refuse("no config.json"),
+        Ok(text) => read_config(&mut e, &text),
+    }
+    if weights.is_empty() {
+        e.refuse("no *.safetensors weights");
+    }
+    for missing in missing_shards(dir) {
+        e.refuse(format!("missing weight shard {missing} (listed in model.safetensors.index.json)"));
+    }
+    for f in &weights {
+        if let Err(err) = validate::safetensors_file(f) {
+            e.refuse(format!("{err:#}"));
+        }
+    }
+    if !dir.join("tokenizer.json").is_file() {
+        e.refuse("no tokenizer.json");
+    }
+    e
+}
+
+fn read_config(e: &mut ModelEntry, text: &str) {
+    let json: serde_json::Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(err) => return e.refuse(format!("config.json: {err}")),
+    };
+    e.architecture = json.get("model_type").and_then(|v| v.as_str()).map(str::to_string);
+    // A vision model's config may name a supported text tower; refuse it for what it is.
+    if let Some(why) = vision_parts(&json) {
+        return e.refuse(why);
+    }
+    let Some(arch) = e.architecture.clone() else { return e.refuse("config.json has no model_type") };
+    if let Err(err) = Arch::parse(&arch) {
+        return e.refuse(err.to_string());
+    }
+    match from_hf_config(text) {
+        Ok((cfg, quant)) => {
+            fill_from_config(e, &cfg);
+            e.parameters = Some(parameter_count(&cfg));
+            e.quantization = quant.map(|q| Quantization { bits: q.bits as u32, group_size: q.group_size as u32 });
+        }
+        Err(err) => e.refuse(format!("{err:#}")),
+    }
+}
+
+/// Why a config.json describes a vision (image + text) model, if it does.
+fn vision_parts(json: &serde_json::Value) -> Option<String> {
+    const VISION_KEYS: [&str; 6] = ["vision_config", "vision_tower", "mm_vision_tower", "image_token_index", "image_token_id", "visual"];
+    let key = VISION_KEYS.iter().find(|k| json.get(**k).is_some_and(|v| !v.is_null()))?;
+    let class = json
+        .get("architectures")
+        .and_then(|a| a.as_array())
+        .and_then(|a| a.iter().filter_map(|v| v.as_str()).find(|s| s.ends_with("ForConditionalGeneration")))
+        .or_else(|| json.get("model_type").and_then(|v| v.as_str()))
+        .unwrap_or("unknown");
+    Some(format!("vision model ({class}, with {key}): mlxbar serves text-only models"))
+}
+
+fn fill_from_config(e: &mut ModelEntry, cfg: &ModelConfig) {
+    e.architecture = Some(cfg.arch.name().to_string());
+    e.context_length = Some(cfg.max_position_embeddings);
+    e.shape = Some(Shape {
+        layers: cfg.num_layers,
+        hidden_size: cfg.hidden_size as usize,
+        num_heads: cfg.num_heads as usize,
+        num_kv_heads: cfg.num_kv_heads as usize,
+        head_dim: cfg.head_dim as usize,
+        vocab_size: cfg.vocab_size as usize,
+        intermediate_size: cfg.intermediate_size as usize,
+        tie_word_embeddings: cfg.tie_word_embeddings,
+    });
+}
+
+/// Parameters of the llama-family block layout `cfg` describes (qwen2's q/k/v biases and
+/// qwen3's q/k norms included).
+pub fn parameter_count(cfg: &ModelConfig) -> u64 {
+    let (h, v, i) = (cfg.hidden_size as u64, cfg.vocab_size as u64, cfg.intermediate_size as u64);
+    let q = (cfg.num_heads * cfg.head_dim) as u64;
+    let kv = (cfg.num_kv_heads * cfg.head_dim) as u64;
+    let extra = match cfg.arch {
+        Arch::Qwen2 => q + 2 * kv,
+        Arch::Qwen3 => 2 * cfg.head_dim as u64,
+        Arch::Llama | Arch::Mistral => 0,
+    };
+    let layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h + extra;
+    let head = if cfg.tie_word_embeddings { 0 } else { v * h };
+    v * h + cfg.num_layers as u64 * layer + h + head
+}
+
+/// `*.safetensors` directly in `dir`, sorted (dangling links included: they are missing
+/// weights, which the header check reports).
+pub fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Shards `model.safetensors.index.json` names that are not in `dir`.
+pub fn missing_shards(dir: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(dir.join("model.safetensors.index.json")) else { return vec![] };
+    let Ok(index) = serde_json::from_str::<serde_json::Value>(&text) else { return vec![] };
+    let mut shards: Vec<String> = index
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .into_iter()
+        .flatten()
+        .filter_map(|(_, f)| f.as_str().map(str::to_string))
+        .collect();
+    shards.sort();
+    shards.dedup();
+    shards.retain(|f| !dir.join(f).is_file());
+    shards
+}
+
+/// What the loader's tokenizer reads: `chat_template` in tokenizer_config.json, else
+/// chat_template.jinja.
+fn folder_has_chat_template(dir: &Path) -> bool {
+    let in_config = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|tc| tc.get("chat_template").is_some_and(|t| t.is_string() || t.is_array()));
+    in_config || dir.join("chat_template.jinja").is_file()
+}
+
+/// A .gguf file.
+pub fn gguf(file: &Path) -> ModelEntry {
+    let mut e = blank(name_of(file, true), file, ModelFormat::Gguf);
+    e.size_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let header = match validate::gguf_file(file) {
+        Ok(h) => h,
+        Err(err) => {
+            e.refuse(format!("{err:#}"));
+            return e;
+        }
+    };
+    e.architecture = header.string("general.architecture").map(str::to_string);
+    e.parameters = Some(header.tensor_infos.iter().map(|t| t.dims.iter().product::<u64>()).sum());
+    e.quantization = gguf_quantization(&header);
+    e.chat_template = header.string("tokenizer.chat_template").is_some();
+    if let Some(arch) = &e.architecture {
+        e.context_length = header.number(&format!("{arch}.context_length")).map(|v| v as usize);
+    }
+    match e.architecture.clone() {
+        None => e.refuse("GGUF has no general.architecture"),
+        Some(arch) => match Arch::parse(&arch) {
+            Err(err) => e.refuse(err.to_string()),
+            Ok(_) => match config_from_header(&header) {
+                Ok(cfg) => fill_from_config(&mut e, &cfg),
+                Err(err) => e.refuse(format!("{err:#}")),
+            },
+        },
+    }
+    // What the GGUF tokenizer builder needs (engine::tokenizer::from_gguf).
+    let tokenizer = header.string("tokenizer.ggml.model").unwrap_or_default();
+    if tokenizer != "gpt2" {
+        e.refuse(format!("GGUF tokenizer '{tokenizer}' is not supported (only byte-level BPE, 'gpt2')"));
+    }
+    for key in ["tokenizer.ggml.tokens", "tokenizer.ggml.merges"] {
+        if header.array_len(key).is_none() {
+            e.refuse(format!("no {key}"));
+        }
+    }
+    e
+}
+
+/// The quantization most of the matrices' elements carry, as bits and block (group) size.
+fn gguf_quantization(h: &GgufSummary) -> Option<Quantization> {
+    let mut elements: BTreeMap<&str, u64> = BTreeMap::new();
+    for t in h.tensor_infos.iter().filter(|t| t.dims.len() >= 2) {
+        *elements.entry(t.ggml_type.name).or_default() += t.dims.iter().product::<u64>();
+    }
+    let (name, _) = elements.into_iter().max_by_key(|&(name, n)| (n, std::cmp::Reverse(name)))?;
+    ggml_bits(name).map(|(bits, group_size)| Quantization { bits, group_size })
+}
+
+/// (bits, group size) of a GGML quantized type: the scale block (K-quants: the sub-block
+/// that carries its own scale). None for float types.
+pub fn ggml_bits(name: &str) -> Option<(u32, u32)> {
+    Some(match name {
+        "Q4_0" | "Q4_1" | "IQ4_NL" | "Q4_K" | "IQ4_XS" => (4, 32),
+        "Q5_0" | "Q5_1" | "Q5_K" => (5, 32),
+        "Q8_0" => (8, 32),
+        "Q8_K" => (8, 256),
+        "Q6_K" => (6, 16),
+        "Q3_K" | "IQ3_XXS" | "IQ3_S" => (3, 16),
+        "Q2_K" | "IQ2_XXS" | "IQ2_XS" | "IQ2_S" => (2, 16),
+        "IQ1_S" | "IQ1_M" => (1, 32),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOLLM2: &str = r#"{"model_type":"llama","hidden_size":576,"num_hidden_layers":30,"intermediate_size":1536,
+        "num_attention_heads":9,"num_key_value_heads":3,"vocab_size":49152,"rms_norm_eps":1e-5,
+        "rope_theta":100000.0,"tie_word_embeddings":true,"max_position_embeddings":8192,
+        "quantization":{"group_size":64,"bits":8}}"#;
+
+    #[test]
+    fn counts_smollm2_135m_parameters() {
+        let (cfg, _) = from_hf_config(SMOLLM2).unwrap();
+        // 49152*576 embedding + 30 layers of 3,540,096 + the final norm.
+        assert_eq!(parameter_count(&cfg), 134_515_008);
+        let untied = SMOLLM2.replace(r#""tie_word_embeddings":true"#, r#""tie_word_embeddings":false"#);
+        assert_eq!(parameter_count(&from_hf_config(&untied).unwrap().0), 134_515_008 + 49152 * 576);
+        let qwen2 = SMOLLM2.replace(r#""llama""#, r#""qwen2""#);
+        assert_eq!(parameter_count(&from_hf_config(&qwen2).unwrap().0), 134_515_008 + 30 * (576 + 2 * 192));
+    }
+
+    fn folder_with(config: &str, files: &[&str]) -> (tempfile::TempDir, ModelEntry) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        for f in files {
+            std::fs::write(dir.path().join(f), "{}").unwrap();
+        }
+        let e = folder(dir.path());
+        (dir, e)
+    }
+
+    #[test]
+    fn folder_reasons_name_what_is_wrong() {
+        let (_d, e) = folder_with(SMOLLM2, &["tokenizer.json"]);
+        assert_eq!(e.unsupported_reason.as_deref(), Some("no *.safetensors weights"));
+        assert_eq!(e.quantization, Some(Quantization { bits: 8, group_size: 64 }));
+        assert_eq!((e.context_length, e.parameters), (Some(8192), Some(134_515_008)));
+
+        let (_d, e) = folder_with(&SMOLLM2.replace(r#""llama""#, r#""gpt_bigcode""#), &[]);
+        let why = e.unsupported_reason.unwrap();
+        assert!(why.starts_with("unsupported architecture 'gpt_bigcode' (supported: llama"), "{why}");
+        assert_eq!(e.architecture.as_deref(), Some("gpt_bigcode"));
+
+        let vlm = r#"{"model_type":"qwen2_vl","architectures":["Qwen2VLForConditionalGeneration"],"vision_config":{"depth":32}}"#;
+        let (_d, e) = folder_with(vlm, &[]);
+        assert!(!e.runnable);
+        assert!(e.unsupported_reason.unwrap().starts_with("vision model (Qwen2VLForConditionalGeneration, with vision_config)"));
+
+        let (_d, e) = folder_with("{not json", &[]);
+        assert!(e.unsupported_reason.unwrap().starts_with("config.json: "));
+        let (_d, e) = folder_with(r#"{"hidden_size": 4}"#, &[]);
+        assert_eq!(e.unsupported_reason.as_deref(), Some("config.json has no model_type"));
+    }
+
+    #[test]
+    fn gguf_quantization_names_map_to_bits_and_groups() {
+        assert_eq!(ggml_bits("Q4_1"), Some((4, 32)));
+        assert_eq!(ggml_bits("Q8_0"), Some((8, 32)));
+        assert_eq!(ggml_bits("Q6_K"), Some((6, 16)));
+        assert_eq!(ggml_bits("F16"), None);
+    }
+
+    #[test]
+    fn an_index_names_the_missing_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = r#"{"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#;
+        std::fs::write(dir.path().join("model.safetensors.index.json"), index).unwrap();
+        std::fs::write(dir.path().join("model-00001-of-00002.safetensors"), "").unwrap();
+        assert_eq!(missing_shards(dir.path()), vec!["model-00002-of-00002.safetensors".to_string()]);
+    }
+
+    #[test]
+    fn a_bad_gguf_is_listed_with_the_header_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("broken.gguf");
+        std::fs::write(&p, b"GGUF\x03\x00\x00\x00").unwrap();
+        let e = inspect(&p).unwrap();
+        assert_eq!((e.id.as_str(), e.format, e.runnable), ("broken", ModelFormat::Gguf, false));
+        assert!(e.unsupported_reason.unwrap().contains("truncated"));
+        assert!(inspect(&dir.path().join("notes.txt")).is_none());
+    }
 }

@@ -1,8 +1,10 @@
 //! The model library: every local model mlxbar can find (hub cache, LM Studio, its own
 //! models dir, the config's `models_dirs`, paths given), what each is, and whether the
 //! engine can run it. Rescanned on request and, with [`Library::watch`], on a
-//! file-system change.
+//! file-system change; [`pull`] downloads more from Hugging Face.
+pub mod cli;
 pub mod entry;
+pub mod hub_cache;
 pub mod inspect;
 pub mod pull;
 pub mod sources;
@@ -90,6 +92,6 @@ impl Library {
     /// Refreshes on file-system changes under the sources (debounced) until the returned
     /// watcher is dropped.
     pub fn watch(self: &Arc<Self>) -> anyhow::Result<Watcher> {
-        Ok(Watcher)
+        Watcher::start(self, watch::DEBOUNCE)
     }
 }

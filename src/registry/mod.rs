@@ -92,6 +92,8 @@ pub struct Models {
     retired: Mutex<Retired>,
     stopping: AtomicBool,
     runtime: tokio::runtime::Handle,
+    /// When an unknown name last made the library rescan.
+    rescanned: Mutex<Instant>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -125,6 +127,7 @@ impl Models {
             retired: Mutex::default(),
             stopping: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::current(),
+            rescanned: Mutex::new(Instant::now()),
             config,
         });
         models.spawn_reaper();
@@ -158,8 +161,19 @@ impl Models {
         if name == self.default.id || lock(&self.slots).contains_key(name) || self.library.get(name).is_some() {
             return Ok(name.to_string());
         }
-        // A model that appeared since the last scan (the watcher may lag).
-        self.library.refresh();
+        // A model that appeared since the last scan (the watcher may lag); at most one
+        // rescan a second, however many unknown names arrive.
+        let stale = {
+            let mut last = lock(&self.rescanned);
+            let stale = last.elapsed() >= Duration::from_secs(1);
+            if stale {
+                *last = Instant::now();
+            }
+            stale
+        };
+        if stale {
+            self.library.refresh();
+        }
         match self.library.get(name) {
             Some(_) => Ok(name.to_string()),
             None => Err(ModelError::NotFound(name.to_string())),

@@ -1,5 +1,7 @@
 //! Shared by the integration tests: the real default model, and real servers on loopback.
 #![allow(dead_code)]
+pub mod fixtures;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 

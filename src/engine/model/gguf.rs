@@ -15,6 +15,7 @@ use mlx_rs::{io::GgufFile, Array, Dtype};
 
 use super::config::{Arch, ModelConfig, RopeConfig};
 use super::linear::{Quantized, Weight};
+use super::validate::GgufSummary;
 use super::{rope, TensorMap};
 
 /// Reads a numeric metadata value (stored by MLX as a scalar array).
@@ -37,44 +38,10 @@ pub struct LoadedGguf {
 
 pub fn load(path: &Path) -> Result<LoadedGguf> {
     // MLX's reader trusts the file; a truncated or lying one must not reach it.
-    super::validate::gguf_file(path)?;
+    let header = super::validate::gguf_file(path)?;
+    let mut config = config_from_header(&header)?;
+    let head_dim = config.head_dim;
     let g = GgufFile::load(path).with_context(|| format!("reading GGUF {}", path.display()))?;
-    let arch_name = g.get_metadata_string("general.architecture")?.context("no general.architecture")?;
-    let arch = Arch::parse(&arch_name)?;
-    let m = |k: &str| meta_f32(&g, &format!("{arch_name}.{k}"));
-    let req = |k: &str| -> Result<f32> { m(k)?.with_context(|| format!("GGUF lacks {arch_name}.{k}")) };
-    let hidden = req("embedding_length")? as i32;
-    let heads = req("attention.head_count")? as i32;
-    let tokens = g.get_metadata_strings("tokenizer.ggml.tokens")?.map_or(0, |t| t.len());
-    let vocab = m("vocab_size")?.map(|v| v as i32).unwrap_or(tokens as i32);
-    let head_dim = match m("attention.key_length")? {
-        Some(k) => k as i32,
-        None => m("rope.dimension_count")?.map(|d| d as i32).unwrap_or(hidden / heads),
-    };
-    let mut config = ModelConfig {
-        arch,
-        hidden_size: hidden,
-        num_layers: req("block_count")? as usize,
-        num_heads: heads,
-        num_kv_heads: m("attention.head_count_kv")?.map(|v| v as i32).unwrap_or(heads),
-        head_dim,
-        intermediate_size: req("feed_forward_length")? as i32,
-        vocab_size: vocab,
-        rms_norm_eps: m("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
-        rope: RopeConfig {
-            theta: m("rope.freq_base")?.unwrap_or(10000.0),
-            traditional: false,
-            llama3_scaling: None,
-            position_scale: 1.0 / m("rope.scaling.factor")?.filter(|f| *f > 0.0).unwrap_or(1.0),
-        },
-        tie_word_embeddings: false,
-        max_position_embeddings: m("context_length")?.map(|v| v as usize).unwrap_or(4096),
-    };
-    if let Some(kind) = g.get_metadata_string(&format!("{arch_name}.rope.scaling.type"))? {
-        if kind != "linear" && kind != "none" {
-            bail!("unsupported GGUF rope scaling '{kind}'");
-        }
-    }
 
     let mut t = TensorMap::default();
     let keys = g.array_keys()?;
@@ -113,7 +80,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
         config.tie_word_embeddings = true;
     }
     config.validate()?;
-    if matches!(arch, Arch::Llama | Arch::Mistral) {
+    if matches!(config.arch, Arch::Llama | Arch::Mistral) {
         for i in 0..config.num_layers {
             for (part, heads) in [("q", config.num_heads), ("k", config.num_kv_heads)] {
                 let name = format!("layers.{i}.{part}");
@@ -129,6 +96,51 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
         }
     }
     Ok(LoadedGguf { file: g, config, tensors: t })
+}
+
+/// The hyper-parameters from a checked GGUF header (`{arch}.*` metadata), without
+/// reading any tensor: the loader and the model library share this, so what the library
+/// calls runnable is what loads.
+pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
+    let arch_name = h.string("general.architecture").context("no general.architecture")?;
+    let arch = Arch::parse(arch_name)?;
+    let m = |k: &str| h.number(&format!("{arch_name}.{k}")).map(|v| v as f32);
+    let req = |k: &str| -> Result<f32> { m(k).with_context(|| format!("GGUF lacks {arch_name}.{k}")) };
+    let hidden = req("embedding_length")? as i32;
+    let heads = req("attention.head_count")? as i32;
+    let tokens = h.array_len("tokenizer.ggml.tokens").unwrap_or(0);
+    let vocab = m("vocab_size").map(|v| v as i32).unwrap_or(tokens as i32);
+    let head_dim = match m("attention.key_length") {
+        Some(k) => k as i32,
+        None => m("rope.dimension_count").map(|d| d as i32).unwrap_or(hidden / heads.max(1)),
+    };
+    if let Some(kind) = h.string(&format!("{arch_name}.rope.scaling.type")) {
+        if kind != "linear" && kind != "none" {
+            bail!("unsupported GGUF rope scaling '{kind}'");
+        }
+    }
+    let config = ModelConfig {
+        arch,
+        hidden_size: hidden,
+        num_layers: req("block_count")? as usize,
+        num_heads: heads,
+        num_kv_heads: m("attention.head_count_kv").map(|v| v as i32).unwrap_or(heads),
+        head_dim,
+        intermediate_size: req("feed_forward_length")? as i32,
+        vocab_size: vocab,
+        rms_norm_eps: m("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+        rope: RopeConfig {
+            theta: m("rope.freq_base").unwrap_or(10000.0),
+            traditional: false,
+            llama3_scaling: None,
+            position_scale: 1.0 / m("rope.scaling.factor").filter(|f| *f > 0.0).unwrap_or(1.0),
+        },
+        // No output head: the embedding doubles as it.
+        tie_word_embeddings: !h.tensor_infos.iter().any(|t| t.name == "output.weight"),
+        max_position_embeddings: m("context_length").map(|v| v as usize).unwrap_or(4096),
+    };
+    config.validate()?;
+    Ok(config)
 }
 
 /// For each HF row, the GGUF row holding it: llama.cpp stores head h's row (half, i) at

@@ -134,7 +134,7 @@ impl Model {
     }
 
     /// [`Model::assemble`], telling `progress` how many of the layers are materialized
-    /// (from 0.1 to 1).
+    /// (from 0.1 to 0.95; the engine says 1 once it serves).
     pub fn assemble_reporting(config: ModelConfig, mut t: TensorMap, format: WeightFormat, progress: &dyn Fn(f64)) -> Result<Model> {
         config.validate()?;
         let c = &config;
@@ -226,7 +226,7 @@ impl Model {
             all.extend(b.o.weight.arrays());
             all.extend(b.down.weight.arrays());
             mlx_rs::transforms::eval(std::mem::take(&mut all)).context("materializing weights")?;
-            progress(0.1 + 0.9 * (i + 1) as f64 / layers);
+            progress(0.1 + 0.85 * (i + 1) as f64 / layers);
         }
         Ok(())
     }

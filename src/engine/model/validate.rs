@@ -22,6 +22,75 @@ pub struct GgufSummary {
     pub alignment: u64,
     /// Where tensor data begins (tensor offsets count from here).
     pub data_start: u64,
+    /// Every metadata entry: scalars and strings by value, arrays by length (the
+    /// vocabulary is never held), so the hyper-parameters can be read without MLX.
+    pub metadata: BTreeMap<String, GgufValue>,
+    /// Every tensor's name, shape and type, in file order.
+    pub tensor_infos: Vec<GgufTensorInfo>,
+}
+
+/// A GGUF metadata value as the header walk keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufValue {
+    Int(i64),
+    /// uint64 values above `i64::MAX` (no converter writes them).
+    UInt(u64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Array {
+        len: u64,
+    },
+}
+
+impl GgufValue {
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::Int(v) => Some(v as f64),
+            GgufValue::UInt(v) => Some(v as f64),
+            GgufValue::Float(v) => Some(v),
+            GgufValue::Bool(b) => Some(f64::from(u8::from(b))),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// One tensor of a GGUF file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// GGML order: the innermost (row) dimension first.
+    pub dims: Vec<u64>,
+    pub ggml_type: GgmlType,
+    /// Offset into the data section.
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+impl GgufSummary {
+    /// A metadata number (any numeric type or bool), as f64.
+    pub fn number(&self, key: &str) -> Option<f64> {
+        self.metadata.get(key).and_then(GgufValue::as_f64)
+    }
+
+    pub fn string(&self, key: &str) -> Option<&str> {
+        self.metadata.get(key).and_then(GgufValue::as_str)
+    }
+
+    /// The element count of a metadata array (e.g. `tokenizer.ggml.tokens`).
+    pub fn array_len(&self, key: &str) -> Option<u64> {
+        match self.metadata.get(key) {
+            Some(GgufValue::Array { len }) => Some(*len),
+            _ => None,
+        }
+    }
 }
 
 /// What a safetensors header holds, once checked.
@@ -193,12 +262,6 @@ pub fn ggml_type(id: u32) -> std::result::Result<GgmlType, String> {
     }
 }
 
-struct TensorInfo {
-    name: String,
-    offset: u64,
-    bytes: u64,
-}
-
 /// Checks a GGUF stream of `len` bytes: header, every metadata entry, every tensor info,
 /// and that every tensor's data lies inside the file.
 pub fn gguf<R: Read>(reader: R, len: u64) -> Result<GgufSummary> {
@@ -227,7 +290,7 @@ pub fn gguf<R: Read>(reader: R, len: u64) -> Result<GgufSummary> {
     }
 
     let mut alignment = GGUF_DEFAULT_ALIGNMENT;
-    let mut keys = HashSet::new();
+    let mut metadata = BTreeMap::new();
     for i in 0..kvs {
         let key = gguf_string(&mut r, &|| format!("metadata key #{i}"))?;
         let vtype = r.u32(&|| format!("the type of metadata {key}"))?;
@@ -240,11 +303,12 @@ pub fn gguf<R: Read>(reader: R, len: u64) -> Result<GgufSummary> {
                 bail!("general.alignment is {a}, not a power of two");
             }
             alignment = u64::from(a);
+            metadata.insert(key.clone(), GgufValue::Int(i64::from(a)));
         } else {
-            gguf_value(&mut r, vtype, &key, 0)?;
-        }
-        if !keys.insert(key.clone()) {
-            bail!("metadata key {key} appears twice");
+            let value = gguf_value(&mut r, vtype, &key, 0)?;
+            if metadata.insert(key.clone(), value).is_some() {
+                bail!("metadata key {key} appears twice");
+            }
         }
     }
 
@@ -280,7 +344,7 @@ pub fn gguf<R: Read>(reader: R, len: u64) -> Result<GgufSummary> {
         if !names.insert(name.clone()) {
             bail!("tensor {name} appears twice");
         }
-        infos.push(TensorInfo { name, offset, bytes });
+        infos.push(GgufTensorInfo { name, dims, ggml_type: ty, offset, bytes });
     }
 
     let header_end = r.pos;
@@ -295,13 +359,14 @@ pub fn gguf<R: Read>(reader: R, len: u64) -> Result<GgufSummary> {
         }
     }
     // By start, then size: a zero-size tensor sharing an offset overlaps nothing.
-    infos.sort_by_key(|t| (t.offset, t.bytes));
-    for pair in infos.windows(2) {
+    let mut by_offset: Vec<&GgufTensorInfo> = infos.iter().collect();
+    by_offset.sort_by_key(|t| (t.offset, t.bytes));
+    for pair in by_offset.windows(2) {
         if pair[0].offset + pair[0].bytes > pair[1].offset {
             bail!("tensors {} and {} overlap", pair[0].name, pair[1].name);
         }
     }
-    Ok(GgufSummary { version, metadata_entries: kvs, tensors, alignment, data_start })
+    Ok(GgufSummary { version, metadata_entries: kvs, tensors, alignment, data_start, metadata, tensor_infos: infos })
 }
 
 fn gguf_string<R: Read>(r: &mut Bounded<R>, what: &dyn Fn() -> String) -> Result<String> {
@@ -310,13 +375,31 @@ fn gguf_string<R: Read>(r: &mut Bounded<R>, what: &dyn Fn() -> String) -> Result
     String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{} is not valid UTF-8", what()))
 }
 
-/// Walks one metadata value of type `vtype` (arrays recursively, to a bounded depth).
-fn gguf_value<R: Read>(r: &mut Bounded<R>, vtype: u32, key: &str, depth: u32) -> Result<()> {
+/// Reads one metadata value of type `vtype` (arrays walked recursively, to a bounded
+/// depth, and kept by length only).
+fn gguf_value<R: Read>(r: &mut Bounded<R>, vtype: u32, key: &str, depth: u32) -> Result<GgufValue> {
     if let Some(size) = scalar_size(vtype) {
-        return r.skip(size, &|| format!("metadata {key}"));
+        let b = r.bytes(size, &|| format!("metadata {key}"))?;
+        let int = |n: usize| -> [u8; 8] {
+            // Sign-extend the signed types, zero-extend the rest.
+            let fill = if matches!(vtype, T_INT8 | T_INT16 | T_INT32) && b[n - 1] & 0x80 != 0 { 0xff } else { 0 };
+            let mut out = [fill; 8];
+            out[..n].copy_from_slice(&b[..n]);
+            out
+        };
+        return Ok(match vtype {
+            T_BOOL => GgufValue::Bool(b[0] != 0),
+            T_FLOAT32 => GgufValue::Float(f64::from(f32::from_le_bytes(b[..4].try_into().unwrap()))),
+            T_FLOAT64 => GgufValue::Float(f64::from_le_bytes(b[..8].try_into().unwrap())),
+            T_UINT64 => match u64::from_le_bytes(int(8)) {
+                v if v > i64::MAX as u64 => GgufValue::UInt(v),
+                v => GgufValue::Int(v as i64),
+            },
+            _ => GgufValue::Int(i64::from_le_bytes(int(size as usize))),
+        });
     }
     match vtype {
-        T_STRING => gguf_string(r, &|| format!("metadata {key}")).map(drop),
+        T_STRING => gguf_string(r, &|| format!("metadata {key}")).map(GgufValue::Str),
         T_ARRAY => {
             if depth >= GGUF_MAX_ARRAY_DEPTH {
                 bail!("metadata {key} nests arrays deeper than {GGUF_MAX_ARRAY_DEPTH} levels");
@@ -328,17 +411,19 @@ fn gguf_value<R: Read>(r: &mut Bounded<R>, vtype: u32, key: &str, depth: u32) ->
                 let Some(total) = total else {
                     bail!("GGUF truncated: metadata {key} claims {n} elements of {size} bytes but only {} bytes follow", r.remaining())
                 };
-                return r.skip(total, &|| format!("metadata {key}"));
+                r.skip(total, &|| format!("metadata {key}"))?;
+                return Ok(GgufValue::Array { len: n });
             }
             // Every string or array element takes at least 8 bytes (its length).
             if n > r.remaining() / 8 {
                 bail!("GGUF truncated: metadata {key} claims {n} elements but only {} bytes follow", r.remaining());
             }
             match etype {
-                T_STRING => (0..n).try_for_each(|i| gguf_string(r, &|| format!("element {i} of metadata {key}")).map(drop)),
-                T_ARRAY => (0..n).try_for_each(|_| gguf_value(r, T_ARRAY, key, depth + 1)),
+                T_STRING => (0..n).try_for_each(|i| gguf_string(r, &|| format!("element {i} of metadata {key}")).map(drop))?,
+                T_ARRAY => (0..n).try_for_each(|_| gguf_value(r, T_ARRAY, key, depth + 1).map(drop))?,
                 other => bail!("metadata {key} is an array of unknown value type {other}"),
             }
+            Ok(GgufValue::Array { len: n })
         }
         other => bail!("metadata {key} has unknown value type {other}"),
     }
