@@ -1,15 +1,16 @@
 // The popover's model card in headless Chromium (Playwright) against real mlxbar servers
-// whose library holds two models: the default GGUF and a second path to it (a symlink
-// under a `models_dirs` folder). The picker lists the runnable ones, loads the second and
-// the card shows it loaded beside the default (memory, idle time), its Unload button
-// unloads it; a server whose memory budget holds one model (the default, pinned) refuses
-// the load and the card says why, in the server's own words. Screenshots go to test-artifacts/.
+// whose library holds two models: the default GGUF and a second path to it (a hard link
+// under a `models_dirs` folder; the library counts a symlink to the same file once). The
+// picker lists the runnable ones, loads the second and the card shows it loaded beside the
+// default (memory, idle time), its Unload button unloads it; a server whose memory budget
+// holds one model (the default, pinned) refuses the load and the card says why, in the
+// server's own words. Screenshots go to test-artifacts/.
 //
 // Run: node --test tests/models.test.mjs (in ui/), after `cargo build --release`.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdirSync, mkdtempSync, symlinkSync, writeFileSync, existsSync } from "node:fs";
+import { copyFileSync, existsSync, linkSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { homedir, tmpdir } from "node:os";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
@@ -30,7 +31,8 @@ const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), f
 async function startServer(extra = "") {
   const dir = mkdtempSync(join(tmpdir(), "mlxbar-ui-models-"));
   mkdirSync(join(dir, "models"));
-  symlinkSync(DEFAULT_GGUF, join(dir, "models", `${SECOND}.gguf`));
+  const second = join(dir, "models", `${SECOND}.gguf`);
+  try { linkSync(DEFAULT_GGUF, second); } catch { copyFileSync(DEFAULT_GGUF, second); } // another file system: a copy
   const config = join(dir, "config.toml");
   writeFileSync(config, `models_dirs = [${JSON.stringify(join(dir, "models"))}]\n${extra}`);
   const port = await freePort();
