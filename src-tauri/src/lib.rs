@@ -86,8 +86,5 @@ fn fix_c_locale() {
 pub fn builder<R: tauri::Runtime>(base: tauri::Builder<R>, slot: Arc<ServerSlot>) -> tauri::Builder<R> {
     #[cfg(feature = "notifications")]
     let base = base.plugin(tauri_plugin_notification::init());
-    base.plugin(tauri_plugin_opener::init())
-        .plugin(tauri_plugin_clipboard_manager::init())
-        .plugin(launch_at_login::plugin())
-        .manage(slot)
+    base.plugin(tauri_plugin_opener::init()).plugin(tauri_plugin_clipboard_manager::init()).plugin(launch_at_login::plugin()).manage(slot)
 }

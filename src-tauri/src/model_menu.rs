@@ -126,8 +126,7 @@ impl<R: Runtime> ModelMenu<R> {
             if s.rows == rows && !clicked {
                 return Ok(());
             }
-            let same_shape = s.rows.len() == rows.len()
-                && s.rows.iter().zip(&rows).all(|(a, b)| a.id == b.id && a.loaded() == b.loaded());
+            let same_shape = s.rows.len() == rows.len() && s.rows.iter().zip(&rows).all(|(a, b)| a.id == b.id && a.loaded() == b.loaded());
             if same_shape {
                 for ((_, item), row) in s.checks.iter().zip(&rows) {
                     item.set_text(row.label())?;

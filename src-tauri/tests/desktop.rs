@@ -371,12 +371,18 @@ fn models_from_the_menu(desk: &Desktop, base: &str, artifacts: &Path) {
     assert_eq!(state_of(base, SECOND), "unloaded");
     // What the submenu lists now: both models, the default checked with its memory.
     wait_for("the model submenu to list both models", Duration::from_secs(15), || {
-        log().lines().rev().find(|l| l.contains("tray model menu")).filter(|l| l.contains(SECOND) && l.contains(&format!("\"{default} — "))).map(|_| ())
+        log()
+            .lines()
+            .rev()
+            .find(|l| l.contains("tray model menu"))
+            .filter(|l| l.contains(SECOND) && l.contains(&format!("\"{default} — ")))
+            .map(|_| ())
     });
 
     // Open it (Right) to look at it, then close the menu. The submenu is one more of the
     // app's visible windows.
-    let windows = || desk.xdotool(&["search", "--onlyvisible", "--maxdepth", "1", "--class", "mlxbar-app"]).map_or(0, |o| o.lines().count());
+    let windows =
+        || desk.xdotool(&["search", "--onlyvisible", "--maxdepth", "1", "--class", "mlxbar-app"]).map_or(0, |o| o.lines().count());
     desk.tray_menu(&["Down", "Down"]);
     let before = windows();
     desk.xdotool(&["key", "Right"]).unwrap();
