@@ -294,8 +294,11 @@ function modelItem(m) {
   t.className = "text";
   const name = document.createElement("div");
   name.className = "name";
-  name.textContent = m.id;
-  name.title = m.path ?? "";
+  const idText = document.createElement("span");
+  idText.className = "id";
+  idText.textContent = m.id;
+  idText.title = m.path ?? "";
+  name.append(idText);
   for (const [on, label] of [[m.default, "default"], [m.pinned, "pinned"]]) {
     if (!on) continue;
     const tag = document.createElement("span");
@@ -372,8 +375,9 @@ function models(live) {
     const option = (m) => {
       const o = document.createElement("option");
       o.value = m.id;
-      const size = m.estimate_bytes ?? m.size_bytes;
-      o.textContent = m.runnable ? `${m.id}${size ? ` · ${fmtBytes(size)}` : ""}` : `${m.id} · ${m.unsupported_reason ?? "not runnable"}`;
+      // in the server's units (decimal), as its refusals give the figure
+      const needs = m.estimate_bytes ? ` · needs ~${m.estimate_bytes >= 1e9 ? `${(m.estimate_bytes / 1e9).toFixed(1)} GB` : `${Math.ceil(m.estimate_bytes / 1e6)} MB`}` : "";
+      o.textContent = m.runnable ? `${m.id}${needs}` : `${m.id} · ${m.unsupported_reason ?? "not runnable"}`;
       o.title = m.unsupported_reason ?? m.path ?? "";
       o.disabled = !m.runnable;
       return o;
