@@ -245,6 +245,165 @@ async function loadHistory() {
 $("bench-start").onclick = startBench;
 $("bench-cancel").onclick = cancelBench;
 
+// ---- models: the loaded ones come with every snapshot; the picker's list from /api/models ----
+let library = [];             // every model the server found (ModelView), runnable or not
+let libraryGeneration = null; // the snapshot's library_generation the list was fetched at
+let loadPending = null;       // the id this page asked to load, until the server answers
+// ids may hold "/" (org/name): each segment encoded, the slashes kept (the route takes the rest)
+const modelRoute = (id, action) => `/api/models/${id.split("/").map(encodeURIComponent).join("/")}/${action}`;
+const fmtIdle = (s) => s == null ? "busy" : s < 60 ? `idle ${Math.round(s)} s` : s < 3600 ? `idle ${Math.round(s / 60)} min` : `idle ${(s / 3600).toFixed(1)} h`;
+function showModelError(msg) {
+  const el = $("model-error");
+  el.hidden = !msg;
+  el.textContent = msg || "";
+}
+async function loadLibrary() {
+  const r = await fetch("/api/models");
+  if (!r.ok) return;
+  library = (await r.json()).models;
+  if (lastModels) models(lastModels);
+}
+async function loadModel() {
+  const id = $("model-pick").value;
+  if (!id) return;
+  showModelError("");
+  loadPending = id;
+  if (lastModels) models(lastModels);
+  try {
+    const r = await fetch(modelRoute(id, "load"), { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
+    // refused (507 not enough memory, 422 not runnable, 404 gone): the server says why
+    if (!r.ok) showModelError(`${id} was not loaded: ${await apiError(r)}`);
+  } catch (e) {
+    showModelError(`${id} was not loaded: the server did not answer (${e.message})`);
+  } finally {
+    loadPending = null;
+    if (lastModels) models(lastModels);
+  }
+}
+async function unloadModel(id) {
+  showModelError("");
+  const r = await fetch(modelRoute(id, "unload"), { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" });
+  if (!r.ok) showModelError(`${id} was not unloaded: ${await apiError(r)}`);
+}
+function modelItem(m) {
+  const li = document.createElement("li");
+  li.className = m.state;
+  li.dataset.model = m.id;
+  li.dataset.testid = "model-item";
+  const t = document.createElement("div");
+  t.className = "text";
+  const name = document.createElement("div");
+  name.className = "name";
+  const idText = document.createElement("span");
+  idText.className = "id";
+  idText.textContent = m.id;
+  idText.title = m.path ?? "";
+  name.append(idText);
+  for (const [on, label] of [[m.default, "default"], [m.pinned, "pinned"]]) {
+    if (!on) continue;
+    const tag = document.createElement("span");
+    tag.className = `tag ${label}`;
+    tag.textContent = label;
+    name.append(tag);
+  }
+  const sub = document.createElement("div");
+  sub.className = "sub";
+  sub.dataset.testid = "model-detail";
+  t.append(name, sub);
+  li.append(t);
+  if (m.state === "loaded") {
+    sub.textContent = `${fmtBytes(m.memory_bytes)} · ${fmtIdle(m.idle_seconds)}`;
+    const b = document.createElement("button");
+    b.textContent = "Unload";
+    b.dataset.testid = "model-unload";
+    b.onclick = () => unloadModel(m.id);
+    li.append(b);
+  } else if (m.state === "loading") {
+    const pct = m.progress == null ? null : Math.round(100 * m.progress);
+    sub.textContent = `Loading…${pct == null ? "" : ` ${pct}%`}${m.estimate_bytes ? ` · needs ~${fmtBytes(m.estimate_bytes)}` : ""}`;
+    const bar = document.createElement("div");
+    bar.className = "progress";
+    bar.dataset.testid = "model-progress";
+    const fill = document.createElement("div");
+    fill.style.width = `${pct ?? 0}%`;
+    bar.append(fill);
+    t.append(bar);
+  } else if (m.state === "unloading") {
+    sub.textContent = `Unloading… ${m.requests ? `${m.requests} request${m.requests === 1 ? "" : "s"} finishing` : ""}`.trim();
+  } else {
+    sub.textContent = `Failed: ${m.error ?? "unknown error"}`;
+  }
+  return li;
+}
+let lastModels = null;
+/** The loaded, loading and failed models (the snapshot's), and the picker of the others. */
+function models(live) {
+  lastModels = live;
+  const ul = $("models");
+  const shown = [...live];
+  // asked here, not yet in a snapshot: show it as loading rather than nothing
+  if (loadPending && !shown.some((m) => m.id === loadPending)) {
+    const known = library.find((m) => m.id === loadPending) ?? { id: loadPending };
+    shown.push({ ...known, state: "loading", progress: null });
+  }
+  if (!shown.length) {
+    const li = document.createElement("li");
+    li.className = "empty";
+    li.textContent = "No model loaded";
+    ul.replaceChildren(li);
+  } else {
+    // rebuilt only when what it shows changed, so a click is not lost to a re-render
+    const items = shown.map(modelItem);
+    const key = items.map((li) => `${li.className}|${li.textContent}`).join("\n");
+    if (ul.dataset.key !== key) {
+      ul.replaceChildren(...items);
+      ul.dataset.key = key;
+    }
+  }
+  if (!shown.length) ul.dataset.key = "";
+  const loaded = live.filter((m) => m.state === "loaded");
+  text("models-summary", loaded.length ? `${loaded.length} loaded · ${fmtBytes(loaded.reduce((a, m) => a + (m.memory_bytes ?? 0), 0))}` : "none loaded");
+
+  const busy = new Set(shown.filter((m) => m.state !== "failed").map((m) => m.id));
+  const choices = library.filter((m) => m.runnable && !busy.has(m.id));
+  const refused = library.filter((m) => !m.runnable);
+  const sel = $("model-pick");
+  const key = JSON.stringify([choices.map((m) => m.id), refused.map((m) => m.id)]);
+  // rebuilt only when the choices change: a rebuild would close an open dropdown
+  if (sel.dataset.key !== key) {
+    const keep = sel.value;
+    const option = (m) => {
+      const o = document.createElement("option");
+      o.value = m.id;
+      // in the server's units (decimal), as its refusals give the figure
+      const needs = m.estimate_bytes ? ` · needs ~${m.estimate_bytes >= 1e9 ? `${(m.estimate_bytes / 1e9).toFixed(1)} GB` : `${Math.ceil(m.estimate_bytes / 1e6)} MB`}` : "";
+      o.textContent = m.runnable ? `${m.id}${needs}` : `${m.id} · ${m.unsupported_reason ?? "not runnable"}`;
+      o.title = m.unsupported_reason ?? m.path ?? "";
+      o.disabled = !m.runnable;
+      return o;
+    };
+    const opts = choices.map(option);
+    if (!choices.length) {
+      const o = document.createElement("option");
+      o.value = "";
+      o.textContent = library.length ? "Every runnable model is loaded" : "No other local models found";
+      opts.push(o);
+    }
+    if (refused.length) {
+      const g = document.createElement("optgroup");
+      g.label = "Cannot run here";
+      g.append(...refused.map(option));
+      opts.push(g);
+    }
+    sel.replaceChildren(...opts);
+    sel.dataset.key = key;
+    if (choices.some((m) => m.id === keep)) sel.value = keep;
+  }
+  $("model-load").disabled = !choices.length || loadPending != null || app.classList.contains("stale");
+  text("model-load", loadPending ? "Loading…" : "Load");
+}
+$("model-load").onclick = loadModel;
+
 // ---- the whole snapshot ----
 function showBanner(msg, kind) {
   const b = $("banner");
@@ -266,6 +425,7 @@ function markStale() {
   text("tok-now", "–");
   for (const b of app.querySelectorAll("button")) b.disabled = true;
   $("bench-profile").disabled = true;
+  $("model-pick").disabled = true;
 }
 /** Undone by the first snapshot after a reconnect; render() then re-enables the buttons. */
 function clearStale() {
@@ -273,14 +433,17 @@ function clearStale() {
   app.classList.remove("stale");
   $("as-of").hidden = true;
   $("bench-profile").disabled = false;
-  // the server may have restarted (another data dir, new profiles, finished runs)
-  if (wasStale) { loadProfiles().catch(() => {}); loadHistory().catch(() => {}); }
+  $("model-pick").disabled = false;
+  // the server may have restarted (another data dir, new profiles, finished runs, models)
+  if (wasStale) { loadProfiles().catch(() => {}); loadHistory().catch(() => {}); libraryGeneration = null; }
 }
 
 function render(s) {
   clearStale();
   lastSnapshotAt = new Date();
-  const model = s.models[0]?.info;
+  // the headline: the default model (what requests without a `model` get), else another loaded one
+  const head = s.models.find((m) => m.default) ?? s.models.find((m) => m.state === "loaded");
+  const model = head?.info;
   const st = s.state.state;
   const mode = s.paused ? "paused" : st === "ready" ? "serving" : st === "loading" ? "loading" : "error";
   app.dataset.state = mode;
@@ -315,6 +478,12 @@ function render(s) {
   text("tokens", fmtInt(s.totals.completion_tokens));
   text("tokens-unit", s.totals.completion_tokens === 1 ? "token" : "tokens");
   alerts(s.alerts);
+  // the library changed (a download finished, a folder appeared): refetch the picker's list
+  if (s.library_generation !== libraryGeneration) {
+    libraryGeneration = s.library_generation;
+    loadLibrary().catch(() => {});
+  }
+  models(s.models);
   bench(s.bench?.active ?? null, s.paused);
   const g = $("grafana-link");
   g.hidden = !s.links.grafana;

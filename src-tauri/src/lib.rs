@@ -3,8 +3,12 @@
 //!
 //! - `server_slot.rs`: the in-process server and its lifecycle (starting, running, failed)
 //! - `tray.rs`:        icon, title and menu, refreshed once a second
+//! - `model_menu.rs`:  the menu's "Model" submenu: load, switch and unload local models
+//! - `launch_at_login.rs`: the menu's "Launch at login" (tauri-plugin-autostart)
 //! - `popover.rs`:     the popover window
 //! - `notify.rs`:      alert notices (and the tray's bench results) → native notifications
+pub mod launch_at_login;
+pub mod model_menu;
 pub mod notify;
 pub mod popover;
 pub mod server_slot;
@@ -82,5 +86,5 @@ fn fix_c_locale() {
 pub fn builder<R: tauri::Runtime>(base: tauri::Builder<R>, slot: Arc<ServerSlot>) -> tauri::Builder<R> {
     #[cfg(feature = "notifications")]
     let base = base.plugin(tauri_plugin_notification::init());
-    base.plugin(tauri_plugin_opener::init()).plugin(tauri_plugin_clipboard_manager::init()).manage(slot)
+    base.plugin(tauri_plugin_opener::init()).plugin(tauri_plugin_clipboard_manager::init()).plugin(launch_at_login::plugin()).manage(slot)
 }

@@ -6,12 +6,13 @@ use std::time::Duration;
 use mlxbar::engine::LoadState;
 use mlxbar::telemetry::memory::PressureLevel;
 use tauri::image::Image;
-use tauri::menu::{Menu, MenuBuilder, MenuItem, PredefinedMenuItem};
+use tauri::menu::{CheckMenuItem, Menu, MenuBuilder, MenuItem, PredefinedMenuItem};
 use tauri::tray::{MouseButton, MouseButtonState, TrayIcon, TrayIconBuilder, TrayIconEvent};
 use tauri::{AppHandle, Manager, Runtime};
 use tauri_plugin_clipboard_manager::ClipboardExt;
 use tauri_plugin_opener::OpenerExt;
 
+use crate::model_menu::ModelMenu;
 use crate::server_slot::{AppStatus, ServerSlot};
 
 const TRAY_ID: &str = "mlxbar";
@@ -96,16 +97,34 @@ pub fn tooltip(status: &AppStatus) -> String {
     }
 }
 
+/// The items whose text or state changes after the menu is built.
 struct MenuItems<R: Runtime> {
     pause: MenuItem<R>,
     bench: MenuItem<R>,
+    models: Arc<ModelMenu<R>>,
+    launch_at_login: CheckMenuItem<R>,
+}
+
+impl<R: Runtime> Clone for MenuItems<R> {
+    fn clone(&self) -> Self {
+        MenuItems {
+            pause: self.pause.clone(),
+            bench: self.bench.clone(),
+            models: self.models.clone(),
+            launch_at_login: self.launch_at_login.clone(),
+        }
+    }
 }
 
 fn menu<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<(Menu<R>, MenuItems<R>)> {
     let pause = MenuItem::with_id(app, "pause", "Pause serving", true, None::<&str>)?;
     let bench = MenuItem::with_id(app, "bench", "Run quick benchmark", true, None::<&str>)?;
+    let models = ModelMenu::new(app)?;
+    let launch_at_login = crate::launch_at_login::item(app)?;
     let menu = MenuBuilder::new(app)
         .text("show", "Show mlxbar")
+        .separator()
+        .item(&models.submenu)
         .separator()
         .text("open_dashboard", "Open dashboard in browser")
         .text("copy_metrics_url", "Copy metrics URL")
@@ -113,13 +132,15 @@ fn menu<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<(Menu<R>, MenuItems<R>)
         .item(&pause)
         .text("reload", "Reload model")
         .item(&PredefinedMenuItem::separator(app)?)
+        .item(&launch_at_login)
         .text("quit", "Quit mlxbar")
         .build()?;
-    Ok((menu, MenuItems { pause, bench }))
+    Ok((menu, MenuItems { pause, bench, models, launch_at_login }))
 }
 
 pub fn create<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<()> {
     let (menu, items) = menu(app)?;
+    let clicked = items.clone();
     let tray = TrayIconBuilder::with_id(TRAY_ID)
         .icon(TrayState::Idle.icon())
         .icon_as_template(true)
@@ -128,7 +149,7 @@ pub fn create<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<()> {
         // macOS: left click toggles the popover, right click opens the menu. Linux tray
         // hosts deliver no clicks, so the menu carries "Show mlxbar".
         .show_menu_on_left_click(false)
-        .on_menu_event(|app, event| on_menu(app, event.id().as_ref()))
+        .on_menu_event(move |app, event| on_menu(app, &clicked, event.id().as_ref()))
         .on_tray_icon_event(|tray, event| {
             if let TrayIconEvent::Click { button: MouseButton::Left, button_state: MouseButtonState::Up, rect, .. } = event {
                 crate::popover::toggle(tray.app_handle(), Some(rect));
@@ -139,7 +160,10 @@ pub fn create<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<()> {
     Ok(())
 }
 
-fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
+fn on_menu<R: Runtime>(app: &AppHandle<R>, items: &MenuItems<R>, id: &str) {
+    if items.models.on_click(app, id) {
+        return;
+    }
     let slot = app.state::<Arc<ServerSlot>>();
     let url = slot.with(|s| s.url());
     match id {
@@ -194,6 +218,7 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
             // Toggles: while paused, generation requests get 503.
             slot.with(|s| s.set_paused(!s.is_paused()));
         }
+        crate::launch_at_login::MENU_ID => crate::launch_at_login::toggle(app, &items.launch_at_login),
         "quit" => {
             // RunEvent::Exit stops the server.
             app.exit(0);
@@ -202,14 +227,21 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, id: &str) {
     }
 }
 
-/// Updates icon, title, tooltip and the pause item when they change.
+/// Updates icon, title, tooltip, the pause and bench items and the model submenu when
+/// they change.
 fn refresh_loop<R: Runtime>(app: AppHandle<R>, tray: TrayIcon<R>, items: MenuItems<R>) {
     tauri::async_runtime::spawn(async move {
         let mut shown: Option<(TrayState, Option<String>, String, bool, bool)> = None;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            let status = app.state::<Arc<ServerSlot>>().status();
+            let slot = app.state::<Arc<ServerSlot>>();
+            if let Some(list) = slot.with(|s| s.models().list()) {
+                if let Err(e) = items.models.refresh(&app, crate::model_menu::rows(&list)) {
+                    tracing::warn!("tray model menu: {e}");
+                }
+            }
+            let status = slot.status();
             let paused = status.server.as_ref().is_some_and(|s| s.paused);
             let benching = status.server.as_ref().is_some_and(|s| s.bench_running);
             let now = (TrayState::of(&status), title(&status), tooltip(&status), paused, benching);

@@ -3,7 +3,10 @@
 //! popover (screenshot in test-artifacts/), a forced alert becomes a native notification
 //! that dunst records, the in-process server answers, the menu starts a benchmark whose end
 //! is notified too, "Reload model" brings a fresh engine up (notified), "Pause serving"
-//! turns requests away with 503 until resumed, and Quit from the menu ends the app.
+//! turns requests away with 503 until resumed, the "Model" submenu lists the library's
+//! models, loads one (notified when ready, then checked with its memory) and unloads it,
+//! "Launch at login" writes and removes the XDG autostart entry, and Quit from the menu
+//! ends the app.
 //!
 //! Needs `cargo build --release -p mlxbar-app` first and Debian's xvfb, dbus, dunst,
 //! trayer, xdotool and imagemagick (scripts/test.sh installs them).
@@ -165,8 +168,26 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
 
     let dir = tempfile_dir();
     let config = dir.join("config.toml");
+    // A second model for the Model submenu: another path to the default GGUF (a hard link:
+    // the library counts a symlink to the same file once).
+    let cache = std::env::var_os("MLXBAR_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mlxbar"));
+    let models = dir.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let second_path = models.join(format!("{SECOND}.gguf"));
+    if !second_path.exists() {
+        let gguf = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        if std::fs::hard_link(&gguf, &second_path).is_err() {
+            std::fs::copy(&gguf, &second_path).unwrap(); // another file system
+        }
+    }
     // An alert that fires on the first request: the notification path end to end.
-    std::fs::write(&config, "[alerts.ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n").unwrap();
+    std::fs::write(
+        &config,
+        format!("models_dirs = [{:?}]\n[alerts.ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n", models.to_str().unwrap()),
+    )
+    .unwrap();
     // A user plan named "quick" replaces the built-in one, so the tray's run ends in seconds.
     let plans = dir.join("metrics/bench/plans");
     std::fs::create_dir_all(&plans).unwrap();
@@ -183,7 +204,12 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
         .args(["--config", config.to_str().unwrap(), "--port", &port.to_string()])
         .env("XDG_RUNTIME_DIR", &dir)
         .env("MLXBAR_DATA_DIR", &dir)
-        .env("HOME", std::env::var("HOME").unwrap())
+        // HOME in the temp dir: the autostart entry lands there, and the library holds only
+        // the default model (found through the cache dir) and the second one.
+        .env("HOME", &dir)
+        .env("MLXBAR_CACHE_DIR", &cache)
+        // The model submenu logs what it lists (the menu itself cannot be read back).
+        .env("MLXBAR_LOG", "info,mlxbar_app::model_menu=debug")
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
@@ -238,9 +264,9 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     });
     desk.screenshot("root", &artifacts.join("app-desktop.png"));
 
-    // Tray menu → "Run quick benchmark" (fourth item) starts the quick profile in the
-    // in-process server.
-    desk.tray_menu(&["Down", "Down", "Down", "Down", "Return"]);
+    // Tray menu → "Run quick benchmark" (fifth item: Show, Model, dashboard, metrics URL,
+    // bench) starts the quick profile in the in-process server.
+    desk.tray_menu(&["Down", "Down", "Down", "Down", "Down", "Return"]);
     let jobs = wait_for("the benchmark to start", Duration::from_secs(15), || {
         get(&format!("{base}/api/bench")).filter(|j| j.contains("\"profile\":\"quick\""))
     });
@@ -255,9 +281,9 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     let body = note["body"]["data"].as_str().unwrap();
     assert!(body.starts_with("quick: 1×16→4: ") && body.contains(" tok/s, TTFT "), "{body}");
 
-    // Tray menu → "Reload model" (sixth item) loads the model on a fresh engine thread;
+    // Tray menu → "Reload model" (seventh item) loads the model on a fresh engine thread;
     // a notification says it serves again, and it does.
-    desk.tray_menu(&["Down", "Down", "Down", "Down", "Down", "Down", "Return"]);
+    desk.tray_menu(&["Down", "Down", "Down", "Down", "Down", "Down", "Down", "Return"]);
     wait_for("the reload's notification in dunst", Duration::from_secs(60), || {
         desk.output("dunstctl", &["history"]).filter(|h| h.contains("Model reloaded"))
     });
@@ -268,8 +294,9 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
         .unwrap();
     assert!(out.status.success(), "chat request after the reload failed");
 
-    // Tray menu → "Pause serving" (third from the bottom; counted from there because the
-    // benchmark item above it is disabled while paused) turns generation away with 503;
+    // Tray menu → "Pause serving" (fourth from the bottom: Quit, Launch at login, Reload,
+    // Pause; counted from there because the benchmark item above it is disabled while
+    // paused) turns generation away with 503;
     // the same item, now "Resume serving", lets it through again.
     let chat_status = || {
         let out = Command::new("curl")
@@ -290,12 +317,24 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let paused = |want: bool| get(&format!("{base}/api/metrics/snapshot")).filter(|s| s.contains(&format!("\"paused\":{want}")));
-    desk.tray_menu(&["Up", "Up", "Up", "Return"]);
+    desk.tray_menu(&["Up", "Up", "Up", "Up", "Return"]);
     wait_for("the server to pause", Duration::from_secs(10), || paused(true));
     assert_eq!(chat_status(), "503", "a chat request while paused");
-    desk.tray_menu(&["Up", "Up", "Up", "Return"]);
+    desk.tray_menu(&["Up", "Up", "Up", "Up", "Return"]);
     wait_for("the server to resume", Duration::from_secs(10), || paused(false));
     assert_eq!(chat_status(), "200", "a chat request after resuming");
+
+    models_from_the_menu(&desk, &base, &artifacts);
+
+    // "Launch at login" (second from the bottom; off at first) writes the XDG autostart
+    // entry that starts this binary; clicked again, it removes it.
+    let entry = dir.join(".config/autostart/mlxbar.desktop");
+    assert!(!entry.exists(), "launch at login is off by default");
+    desk.tray_menu(&["Up", "Up", "Return"]);
+    let desktop_file = wait_for("the autostart entry", Duration::from_secs(10), || std::fs::read_to_string(&entry).ok());
+    assert!(desktop_file.contains(&format!("Exec={}", bin.display())), "{desktop_file}");
+    desk.tray_menu(&["Up", "Up", "Return"]);
+    wait_for("the autostart entry to go", Duration::from_secs(10), || (!entry.exists()).then_some(()));
 
     // Quit (the last item) stops the server and ends the process.
     desk.tray_menu(&["Up", "Return"]);
@@ -303,6 +342,80 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     let status = wait_for("the app to exit", Duration::from_secs(20), || app.try_wait().unwrap());
     assert!(status.success(), "app exited with {status}");
     assert!(get(&format!("{base}/health")).is_none(), "the server still answers after Quit");
+}
+
+/// The second model's id: the file stem of its path under `models_dirs`.
+const SECOND: &str = "smollm2-second";
+
+fn library(base: &str) -> serde_json::Value {
+    serde_json::from_str(&get(&format!("{base}/api/models")).expect("GET /api/models")).unwrap()
+}
+
+fn state_of(base: &str, id: &str) -> String {
+    let lib = library(base);
+    let m = lib["models"].as_array().unwrap().iter().find(|m| m["id"] == id).unwrap_or_else(|| panic!("{id} not in {lib}"));
+    m["state"].as_str().unwrap().to_string()
+}
+
+/// The "Model" submenu (second item): it lists the runnable models in id order, loaded
+/// ones checked with their memory; choosing the second model loads it (a notification
+/// says so) and its "Unload" item unloads it.
+fn models_from_the_menu(desk: &Desktop, base: &str, artifacts: &Path) {
+    let log = || std::fs::read_to_string(artifacts.join("app-desktop.log")).unwrap_or_default();
+    let lib = library(base);
+    let mut ids: Vec<String> =
+        lib["models"].as_array().unwrap().iter().filter(|m| m["runnable"] == true).map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    ids.sort();
+    let default = lib["default"].as_str().unwrap().to_string();
+    assert!(ids.contains(&SECOND.to_string()) && ids.contains(&default), "runnable models: {ids:?}");
+    assert_eq!(state_of(base, SECOND), "unloaded");
+    // What the submenu lists now: both models, the default checked with its memory.
+    wait_for("the model submenu to list both models", Duration::from_secs(15), || {
+        log()
+            .lines()
+            .rev()
+            .find(|l| l.contains("tray model menu"))
+            .filter(|l| l.contains(SECOND) && l.contains(&format!("\"{default} — ")))
+            .map(|_| ())
+    });
+
+    // Open it (Right) to look at it, then close the menu. The submenu is one more of the
+    // app's visible windows.
+    let windows =
+        || desk.xdotool(&["search", "--onlyvisible", "--maxdepth", "1", "--class", "mlxbar-app"]).map_or(0, |o| o.lines().count());
+    desk.tray_menu(&["Down", "Down"]);
+    let before = windows();
+    desk.xdotool(&["key", "Right"]).unwrap();
+    wait_for("the submenu to open", Duration::from_secs(10), || (windows() > before).then_some(()));
+    desk.screenshot("root", &artifacts.join("app-model-menu.png"));
+    desk.xdotool(&["key", "Escape", "Escape"]).unwrap();
+
+    // Choose the second model: Right selects the submenu's first item, then Down to it.
+    let at = ids.iter().position(|i| i == SECOND).unwrap();
+    let mut keys = vec!["Down", "Down", "Right"];
+    keys.extend(std::iter::repeat_n("Down", at));
+    keys.push("Return");
+    desk.tray_menu(&keys);
+    wait_for("the model-ready notification in dunst", Duration::from_secs(60), || {
+        desk.output("dunstctl", &["history"]).filter(|h| h.contains("Model ready") && h.contains(SECOND))
+    });
+    assert_eq!(state_of(base, SECOND), "loaded");
+    assert_eq!(state_of(base, &default), "loaded", "the default stays loaded beside it");
+    // The menu now checks it, with its memory, and offers to unload it.
+    let line = wait_for("the submenu to show it loaded", Duration::from_secs(10), || {
+        log().lines().rev().find(|l| l.contains("tray model menu")).filter(|l| l.contains(&format!("\"{SECOND} — "))).map(str::to_owned)
+    });
+    assert!(line.contains(" MB\"") || line.contains(" KB\"") || line.contains(" GB\""), "{line}");
+
+    // "Unload <id>": after the model lines, the unload items in the same order.
+    let loaded: Vec<&String> = ids.iter().filter(|i| **i == default || *i == SECOND).collect();
+    let unload_at = ids.len() + loaded.iter().position(|i| *i == SECOND).unwrap();
+    let mut keys = vec!["Down", "Down", "Right"];
+    keys.extend(std::iter::repeat_n("Down", unload_at));
+    keys.push("Return");
+    desk.tray_menu(&keys);
+    wait_for("the second model to unload", Duration::from_secs(20), || (state_of(base, SECOND) == "unloaded").then_some(()));
+    assert_eq!(state_of(base, &default), "loaded");
 }
 
 fn tempfile_dir() -> PathBuf {
