@@ -161,10 +161,14 @@ async fn concurrent_requests_for_an_unloaded_model_share_one_load() {
     let labels = [label.as_str()];
     let loads = || common::metric_sum(&base, "mlxbar_model_loads_total", &labels);
     let before = loads().await;
-    let asks: Vec<_> = (0..4).map(|_| tokio::spawn({
-        let base = base.clone();
-        async move { ask(&base, FOUR, json!({"max_tokens": 4})).await }
-    })).collect();
+    let asks: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn({
+                let base = base.clone();
+                async move { ask(&base, FOUR, json!({"max_tokens": 4})).await }
+            })
+        })
+        .collect();
     // While it loads the model says so, with its progress.
     let seen = until("the load to show", 60, async || {
         let m = state_of(&base, FOUR).await;

@@ -149,7 +149,9 @@ async fn a_failed_load_and_broken_snapshots() {
     assert_valid(&v, &failed, "the failed server's snapshot");
     assert_eq!(failed["state"]["state"], "failed");
     assert!(failed["state"]["detail"].is_string());
-    assert_eq!(failed["models"], json!([]));
+    // The failed default model is listed, with its reason.
+    assert_eq!(failed["models"][0]["state"], "failed");
+    assert!(failed["models"][0]["error"].is_string(), "{}", failed["models"]);
     assert_eq!(failed["scheduler"]["health"], "failed");
     server.shutdown().await;
 

@@ -401,10 +401,11 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
 
 /// One engine computes at a time: MLX's CPU and Metal streams are not safe to drive from
 /// several threads at once, and one device gains nothing from interleaving them. Each
-/// engine holds it for a load and for each scheduling step.
-pub fn device_lock() -> std::sync::MutexGuard<'static, ()> {
-    static DEVICE: Mutex<()> = Mutex::new(());
-    DEVICE.lock().unwrap_or_else(|e| e.into_inner())
+/// engine holds it for a load and for each scheduling step. Fair (first come, first
+/// served), so an engine decoding non-stop does not starve another or a load.
+pub fn device_lock() -> parking_lot::FairMutexGuard<'static, ()> {
+    static DEVICE: parking_lot::FairMutex<()> = parking_lot::const_fair_mutex(());
+    DEVICE.lock()
 }
 
 /// A new engine thread with its queue (capacity: `queue_capacity`).

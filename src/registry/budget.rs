@@ -53,6 +53,9 @@ impl Need {
 pub struct Resident {
     pub id: String,
     pub bytes: u64,
+    /// Of `bytes`, KV granted and not in use yet: the system still counts it available,
+    /// but the model may claim it any moment.
+    pub unused: u64,
     /// Idle and not pinned: may be unloaded to make room.
     pub evictable: bool,
     pub last_used: Instant,
@@ -177,7 +180,11 @@ impl Budget {
         let mut count = resident.len();
         let mut freed = 0u64;
         let mut unload = vec![];
-        let room = |kept: u64, freed: u64| (system_available.saturating_sub(self.margin) + freed).min(self.ceiling.saturating_sub(kept));
+        // What the system reports free, less the margin and the KV loaded models were
+        // promised and have not taken yet.
+        let promised: u64 = resident.iter().map(|r| r.unused).sum();
+        let system_free = system_available.saturating_sub(self.margin).saturating_sub(promised);
+        let room = |kept: u64, freed: u64| (system_free + freed).min(self.ceiling.saturating_sub(kept));
         loop {
             let reason = if count >= self.max_loaded {
                 UnloadReason::Lru
@@ -190,7 +197,7 @@ impl Budget {
                 return Err(if reason == UnloadReason::Lru {
                     Refusal::Busy { loaded: count }
                 } else {
-                    let system = system_available.saturating_sub(self.margin) + freed;
+                    let system = system_free + freed;
                     let budget = self.ceiling.saturating_sub(kept);
                     Refusal::Memory { need: need.least(), available: system.min(budget), within_budget: budget < system }
                 });
@@ -253,7 +260,7 @@ mod tests {
     }
 
     fn resident(id: &str, bytes: u64, evictable: bool, age_s: u64) -> Resident {
-        Resident { id: id.into(), bytes, evictable, last_used: Instant::now() - std::time::Duration::from_secs(age_s) }
+        Resident { id: id.into(), bytes, unused: 0, evictable, last_used: Instant::now() - std::time::Duration::from_secs(age_s) }
     }
 
     // SmolLM2-135M on the CPU, as measured: 538 MB of float32 weights, 46,080 B of KV a token.
@@ -300,6 +307,14 @@ mod tests {
             err.message("Qwen2.5-7B-Instruct-4bit", 4),
             "Qwen2.5-7B-Instruct-4bit needs ~5.1 GB; 3.2 GB is available without swapping"
         );
+    }
+
+    #[test]
+    fn kv_promised_to_loaded_models_is_not_counted_free() {
+        // 5 GB free less the 2 GB margin; a loaded model was promised 2.5 GB of KV it has not used.
+        let loaded = [Resident { unused: 2_500 * MB, ..resident("busy", 3 * GB, false, 1) }];
+        let err = budget(18 * GB, 4).plan(&SMOL, 5 * GB, &loaded, false).unwrap_err();
+        assert_eq!(err, Refusal::Memory { need: SMOL.least(), available: 500 * MB, within_budget: false });
     }
 
     #[test]

@@ -9,13 +9,14 @@ use crate::engine::Engine;
 pub struct Lease {
     models: Arc<Models>,
     id: String,
+    generation: u64,
     engine: Arc<Engine>,
     keep_alive: Option<KeepAlive>,
 }
 
 impl Lease {
-    pub(super) fn new(models: Arc<Models>, id: String, engine: Arc<Engine>, keep_alive: Option<KeepAlive>) -> Lease {
-        Lease { models, id, engine, keep_alive }
+    pub(super) fn new(models: Arc<Models>, id: String, generation: u64, engine: Arc<Engine>, keep_alive: Option<KeepAlive>) -> Lease {
+        Lease { models, id, generation, engine, keep_alive }
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -30,6 +31,6 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.models.release(&self.id, self.keep_alive);
+        self.models.release(&self.id, self.generation, self.keep_alive);
     }
 }

@@ -94,6 +94,10 @@ pub struct Models {
     runtime: tokio::runtime::Handle,
     /// When an unknown name last made the library rescan.
     rescanned: Mutex<Instant>,
+    /// Numbers slots, so a lease on an engine since replaced is told apart.
+    generations: std::sync::atomic::AtomicU64,
+    /// The default model's first load has not ended yet (`/health`: loading).
+    default_pending: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -128,6 +132,8 @@ impl Models {
             stopping: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::current(),
             rescanned: Mutex::new(Instant::now()),
+            generations: Default::default(),
+            default_pending: AtomicBool::new(true),
             config,
         });
         models.spawn_reaper();
@@ -195,14 +201,14 @@ impl Models {
                 return Ok(lease);
             }
             let capacity = self.config.queue_capacity.max(1);
-            let waiting = self
-                .waiting_for_load
+            self.waiting_for_load
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| (w < capacity).then_some(w + 1))
                 .map_err(|waiting| ModelError::QueueFull { waiting })?;
-            let loaded = self.load_queued(&id).await;
-            self.waiting_for_load.fetch_sub(1, Ordering::AcqRel);
-            debug_assert!(waiting < capacity);
-            loaded?;
+            // Counted until this future ends, however it ends (a client leaving drops it).
+            let _waiting = scopeguard(|| {
+                self.waiting_for_load.fetch_sub(1, Ordering::AcqRel);
+            });
+            self.load_queued(&id).await?;
         }
     }
 
@@ -227,19 +233,19 @@ impl Models {
         let engine = slot.engine().cloned().expect("ready");
         slot.active += 1;
         slot.touch();
-        Ok(Some(Lease::new(self.clone(), id.to_string(), engine, keep_alive)))
+        Ok(Some(Lease::new(self.clone(), id.to_string(), slot.generation, engine, keep_alive)))
     }
 
     /// A lease ended: the model was used now; with keep-alive 0 it unloads once idle.
-    fn release(self: &Arc<Self>, id: &str, keep_alive: Option<KeepAlive>) {
+    fn release(self: &Arc<Self>, id: &str, generation: u64, keep_alive: Option<KeepAlive>) {
         let unload_now = {
             let mut slots = lock(&self.slots);
-            let Some(slot) = slots.get_mut(id) else { return };
+            // A lease on an engine since unloaded or reloaded is not the new one's.
+            let Some(slot) = slots.get_mut(id).filter(|s| s.generation == generation) else { return };
             slot.active = slot.active.saturating_sub(1);
             slot.touch();
-            if let Some(k) = keep_alive {
-                slot.keep_alive = k;
-            }
+            // As Ollama does: each request's keep-alive, else the configured one.
+            slot.keep_alive = keep_alive.unwrap_or(self.config.keep_alive);
             slot.active == 0 && slot.keep_alive.is_zero()
         };
         if unload_now {
@@ -256,6 +262,17 @@ impl Models {
     /// A failed model is loaded afresh.
     pub async fn load(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
         let id = self.resolve(Some(requested))?;
+        let models = self.clone();
+        self.detached(async move { models.load_now(id).await }).await
+    }
+
+    /// Runs lifecycle work as a task of its own: a caller that goes away (a client
+    /// disconnecting) does not stop a load or an unload halfway.
+    async fn detached(&self, work: impl std::future::Future<Output = Result<(), ModelError>> + Send + 'static) -> Result<(), ModelError> {
+        self.runtime.spawn(work).await.unwrap_or(Err(ModelError::Stopped))
+    }
+
+    async fn load_now(self: Arc<Self>, id: String) -> Result<(), ModelError> {
         let _one = self.lifecycle.lock().await;
         let failed = {
             let slots = lock(&self.slots);
@@ -275,16 +292,24 @@ impl Models {
     /// and loads it afresh.
     pub async fn reload(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
         let id = self.resolve(Some(requested))?;
-        let _one = self.lifecycle.lock().await;
-        self.unload_locked(&id, UnloadReason::Request, false).await;
-        self.load_locked(&id).await
+        let models = self.clone();
+        self.detached(async move {
+            let _one = models.lifecycle.lock().await;
+            models.unload_locked(&id, UnloadReason::Request, false).await;
+            models.load_locked(&id).await
+        })
+        .await
     }
 
     /// A request's load: behind any load or unload under way. A failed model's reason is
     /// the answer (requests do not each retry a broken model; `load` does).
     async fn load_queued(self: &Arc<Self>, id: &str) -> Result<(), ModelError> {
-        let _one = self.lifecycle.lock().await;
-        self.load_locked(id).await
+        let (models, id) = (self.clone(), id.to_string());
+        self.detached(async move {
+            let _one = models.lifecycle.lock().await;
+            models.load_locked(&id).await
+        })
+        .await
     }
 
     async fn load_locked(self: &Arc<Self>, id: &str) -> Result<(), ModelError> {
@@ -316,6 +341,9 @@ impl Models {
                 tracing::warn!("{message}");
                 self.metrics.model_loads_total.with_label_values(&[id, "refused"]).inc();
                 lock(&self.refused).insert(id.into(), message.clone());
+                if id == self.default.id {
+                    self.default_pending.store(false, Ordering::Relaxed);
+                }
                 self.changed.notify_waiters();
                 return Err(ModelError::Refused { refusal, message });
             }
@@ -341,7 +369,8 @@ impl Models {
             Ok(e) => Arc::new(e),
             Err(e) => return Err(self.failed(id, format!("starting the engine: {e:#}"))),
         };
-        lock(&self.slots).insert(id.into(), Slot::new(Phase::Loading(engine.clone()), self.config.keep_alive));
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        lock(&self.slots).insert(id.into(), Slot::new(Phase::Loading(engine.clone()), self.config.keep_alive, generation));
         self.changed.notify_waiters();
         let started = Instant::now();
         let ready = engine.wait_ready().await;
@@ -353,9 +382,13 @@ impl Models {
                 if let Some(slot) = lock(&self.slots).get_mut(id) {
                     slot.phase = Phase::Ready(engine);
                     slot.memory_bytes = memory;
+                    slot.kv_bytes = plan.kv_bytes;
                     slot.touch();
                 }
                 lock(&self.refused).remove(id);
+                if id == self.default.id {
+                    self.default_pending.store(false, Ordering::Relaxed);
+                }
                 self.metrics.model_loads_total.with_label_values(&[id, "ok"]).inc();
                 self.metrics.model_memory_bytes.with_label_values(&[id]).set(memory as i64);
                 self.changed.notify_waiters();
@@ -369,7 +402,11 @@ impl Models {
     }
 
     fn failed(&self, id: &str, reason: String) -> ModelError {
-        lock(&self.slots).insert(id.into(), Slot::new(Phase::Failed { reason: reason.clone() }, self.config.keep_alive));
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        lock(&self.slots).insert(id.into(), Slot::new(Phase::Failed { reason: reason.clone() }, self.config.keep_alive, generation));
+        if id == self.default.id {
+            self.default_pending.store(false, Ordering::Relaxed);
+        }
         self.metrics.model_loads_total.with_label_values(&[id, "failed"]).inc();
         self.changed.notify_waiters();
         ModelError::Failed { id: id.into(), reason }
@@ -383,6 +420,7 @@ impl Models {
             .map(|(id, s)| Resident {
                 id: id.clone(),
                 bytes: s.memory_bytes,
+                unused: s.engine().map_or(0, |e| s.kv_bytes.saturating_sub(e.stats().kv_bytes)),
                 evictable: s.idle() && !pinned.contains(id),
                 last_used: s.last_used,
             })
@@ -393,7 +431,8 @@ impl Models {
     /// `shutdown_grace_seconds`), then the engine stops and MLX's cache is cleared.
     pub async fn unload(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
         let id = self.resolve(Some(requested))?;
-        self.unload_as(&id, UnloadReason::Request).await
+        let models = self.clone();
+        self.detached(async move { models.unload_as(&id, UnloadReason::Request).await }).await
     }
 
     async fn unload_as(self: &Arc<Self>, id: &str, reason: UnloadReason) -> Result<(), ModelError> {
@@ -442,6 +481,7 @@ impl Models {
                 stopping.shutdown();
                 // The model's buffers went back to MLX's cache with the engine thread; give
                 // them back to the system before anything else loads.
+                let _device = crate::engine::device_lock();
                 if let Err(e) = mlx_rs::memory::clear_cache() {
                     tracing::warn!("clearing MLX's cache: {e}");
                 }
@@ -520,10 +560,14 @@ impl Models {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            let refused = lock(&self.refused).get(&self.default.id).cloned();
             match self.slot_state(&self.default.id) {
                 (SlotState::Loaded, _) => return Ok(()),
                 (SlotState::Failed, reason) => anyhow::bail!("{}", reason.unwrap_or_default()),
                 _ if self.stopping.load(Ordering::Relaxed) => anyhow::bail!("the server is shutting down"),
+                (SlotState::Unloaded, _) if !self.default_pending.load(Ordering::Relaxed) => {
+                    anyhow::bail!("{}", refused.unwrap_or_else(|| "the default model is not loaded".into()))
+                }
                 _ => notified.await,
             }
         }
@@ -550,6 +594,7 @@ impl Models {
     pub fn default_state(&self) -> LoadState {
         match self.slot_state(&self.default.id) {
             (SlotState::Loading, _) => LoadState::Loading,
+            (SlotState::Unloaded, _) if self.default_pending.load(Ordering::Relaxed) => LoadState::Loading,
             (SlotState::Failed, reason) => LoadState::Failed(reason.unwrap_or_default()),
             _ if self.stopping.load(Ordering::Relaxed) => LoadState::Stopped,
             _ => LoadState::Ready,
@@ -637,7 +682,9 @@ impl Models {
     /// The models that are not unloaded (loaded, loading, unloading, failed).
     pub fn active_views(&self) -> Vec<ModelView> {
         let ids: Vec<String> = lock(&self.slots).keys().cloned().collect();
-        ids.into_iter().filter_map(|id| self.entry(&id).ok()).map(|e| self.view_of(e)).collect()
+        let mut views: Vec<ModelView> = ids.into_iter().filter_map(|id| self.entry(&id).ok()).map(|e| self.view_of(e)).collect();
+        views.sort_by_key(|v| !v.default);
+        views
     }
 
     pub fn view(&self, requested: &str) -> Result<ModelView, ModelError> {
@@ -650,6 +697,9 @@ impl Models {
         let (state, failure) = self.slot_state(&id);
         let on_gpu = self.device == DeviceKind::Gpu;
         let need = entry.shape.is_some().then(|| self.budget.need(&entry, self.config.weight_format.resolve(on_gpu), on_gpu).least());
+        // Lock order everywhere: pinned, refused, then slots.
+        let pinned = lock(&self.pinned).contains(&id);
+        let refused = lock(&self.refused).get(&id).cloned();
         let slots = lock(&self.slots);
         let slot = slots.get(&id);
         let engine = slot.and_then(|s| match &s.phase {
@@ -660,7 +710,7 @@ impl Models {
         ModelView {
             state,
             progress: (state == SlotState::Loading).then(|| engine.as_ref().map_or(0.0, |e| e.load_progress())),
-            error: failure.or_else(|| lock(&self.refused).get(&id).cloned()),
+            error: failure.or(refused),
             memory_bytes: loaded.then(|| slot.map_or(0, |s| s.memory_bytes)),
             estimate_bytes: need,
             idle_seconds: slot.filter(|s| loaded && s.idle()).map(|s| s.last_used.elapsed().as_secs_f64()),
@@ -670,7 +720,7 @@ impl Models {
                 KeepAlive::Forever => None,
             },
             requests: engine.as_ref().map_or(0, |e| e.running() + e.waiting()),
-            pinned: lock(&self.pinned).contains(&id),
+            pinned,
             default: id == self.default.id,
             info: engine.and_then(|e| e.model()),
             entry,
@@ -694,4 +744,17 @@ fn add_counts(into: &mut Vec<u64>, more: &[u64]) {
     for (a, b) in into.iter_mut().zip(more) {
         *a += b;
     }
+}
+
+/// Runs `f` when dropped.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }

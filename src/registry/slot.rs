@@ -31,11 +31,24 @@ pub struct Slot {
     pub keep_alive: KeepAlive,
     /// Weights + the KV budget granted: what the budget counts for it.
     pub memory_bytes: u64,
+    /// The KV budget granted (part of `memory_bytes`).
+    pub kv_bytes: u64,
+    /// Which load made it.
+    pub generation: u64,
 }
 
 impl Slot {
-    pub fn new(phase: Phase, keep_alive: KeepAlive) -> Slot {
-        Slot { phase, active: 0, last_used: Instant::now(), last_used_unix: unix_now(), keep_alive, memory_bytes: 0 }
+    pub fn new(phase: Phase, keep_alive: KeepAlive, generation: u64) -> Slot {
+        Slot {
+            phase,
+            active: 0,
+            last_used: Instant::now(),
+            last_used_unix: unix_now(),
+            keep_alive,
+            memory_bytes: 0,
+            kv_bytes: 0,
+            generation,
+        }
     }
 
     pub fn engine(&self) -> Option<&Arc<Engine>> {
