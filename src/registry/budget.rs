@@ -212,12 +212,14 @@ impl Budget {
     }
 }
 
-/// Bytes as a user reads them: "5.1 GB", "540 MB".
+/// Bytes as a user reads them, in the binary units Activity Monitor, the tray and the
+/// popover use: "5.1 GB", "540 MB".
 pub fn human(bytes: u64) -> String {
-    if bytes >= 1_000_000_000 {
-        format!("{:.1} GB", bytes as f64 / 1e9)
+    const GIB: f64 = (1u64 << 30) as f64;
+    if bytes as f64 >= GIB {
+        format!("{:.1} GB", bytes as f64 / GIB)
     } else {
-        format!("{} MB", bytes.div_ceil(1_000_000))
+        format!("{} MB", bytes.div_ceil(1 << 20))
     }
 }
 
@@ -299,10 +301,11 @@ mod tests {
 
     #[test]
     fn a_refusal_says_what_is_needed_and_what_is_available() {
-        let big = Need { weights: 4_800 * MB, kv_min: 300 * MB, kv_preferred: GB };
+        const MIB: u64 = 1 << 20;
+        let big = Need { weights: 4_922 * MIB, kv_min: 300 * MIB, kv_preferred: GB };
         let loaded = [resident("pinned", GB, false, 1)];
-        let err = budget(18 * GB, 4).plan(&big, 5_200 * MB, &loaded, false).unwrap_err();
-        assert_eq!(err, Refusal::Memory { need: 5_100 * MB, available: 3_200 * MB, within_budget: false });
+        let err = budget(18 * GB, 4).plan(&big, 2 * GB + 3_277 * MIB, &loaded, false).unwrap_err();
+        assert_eq!(err, Refusal::Memory { need: 5_222 * MIB, available: 3_277 * MIB, within_budget: false });
         assert_eq!(
             err.message("Qwen2.5-7B-Instruct-4bit", 4),
             "Qwen2.5-7B-Instruct-4bit needs ~5.1 GB; 3.2 GB is available without swapping"
