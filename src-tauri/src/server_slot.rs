@@ -10,7 +10,8 @@ use tauri::AppHandle;
 enum Slot {
     #[default]
     Starting,
-    Running(Server),
+    // Boxed: the server handle is large beside the other states.
+    Running(Box<Server>),
     Failed(String),
     Stopped,
 }
@@ -50,7 +51,7 @@ impl ServerSlot {
     }
 
     pub fn set_running(&self, server: Server) {
-        *self.slot.lock().unwrap() = Slot::Running(server);
+        *self.slot.lock().unwrap() = Slot::Running(Box::new(server));
     }
 
     pub fn set_failed(&self, error: String) {
