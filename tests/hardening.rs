@@ -5,7 +5,7 @@
 //! tests/process.rs; the memory limit in tests/memory_limit.rs.)
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use mlxbar::engine::faults;
@@ -31,18 +31,6 @@ fn sample(text: &str, series: &str) -> f64 {
 
 fn chat(content: &str, max_tokens: u32) -> Value {
     json!({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0})
-}
-
-/// Polls `check` until it gives Some, failing after `secs`.
-async fn until<T>(what: &str, secs: u64, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Starts a streamed chat and returns its event stream once a token has arrived (the
@@ -186,7 +174,7 @@ async fn the_queue_bound_holds_deterministically() {
     drop(running);
     drop(waiting);
     // Both leave: the engine is free again and the next request is served.
-    until("the queue to empty", 60, async || {
+    common::until("the queue to empty", 60, async || {
         let (_, h) = get_json(&format!("{base}/health")).await;
         (h["queue"]["running"] == 0 && h["queue"]["waiting"] == 0).then_some(())
     })
@@ -244,7 +232,7 @@ async fn a_dead_engine_reports_failed_and_reloads() {
         .await
         .unwrap();
     assert_eq!(r.status(), 500, "the request in flight ends with an error");
-    let health = until("health to say failed", 30, async || {
+    let health = common::until("health to say failed", 30, async || {
         let (status, h) = get_json(&format!("{base}/health")).await;
         (status == 503 && h["status"] == "failed").then_some(h)
     })
@@ -254,7 +242,7 @@ async fn a_dead_engine_reports_failed_and_reloads() {
     assert_eq!(r.status(), 503);
     assert!(r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("engine thread died"));
     assert_eq!(sample(&metrics(&base).await, "mlxbar_engine_failed"), 1.0);
-    until("engine_error to fire", 30, async || {
+    common::until("engine_error to fire", 30, async || {
         let (_, a) = get_json(&format!("{base}/api/alerts")).await;
         a["data"].as_array().unwrap().iter().any(|a| a["id"] == "engine_error" && a["firing"] == true).then_some(())
     })
@@ -263,7 +251,7 @@ async fn a_dead_engine_reports_failed_and_reloads() {
     // Reload: a fresh engine thread loads the model; the server serves again.
     let r = client().post(format!("{base}/api/engine/reload")).json(&json!({})).send().await.unwrap();
     assert_eq!(r.status(), 202);
-    until("the reloaded model", 120, async || (get_json(&format!("{base}/health")).await.0 == 200).then_some(())).await;
+    common::until("the reloaded model", 120, async || (get_json(&format!("{base}/health")).await.0 == 200).then_some(())).await;
     let r = client().post(format!("{base}/v1/chat/completions")).json(&chat("What is the capital of France?", 16)).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["choices"][0]["message"]["content"], "The capital of France is Paris.");
@@ -278,7 +266,7 @@ async fn a_stalled_engine_is_noticed_by_the_watchdog() {
         let base = base.clone();
         async move { client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap().status() }
     });
-    let health = until("health to say stalled", 30, async || {
+    let health = common::until("health to say stalled", 30, async || {
         let (status, h) = get_json(&format!("{base}/health")).await;
         (status == 503 && h["status"] == "stalled").then_some(h)
     })
@@ -287,14 +275,14 @@ async fn a_stalled_engine_is_noticed_by_the_watchdog() {
     assert!(sample(&metrics(&base).await, "mlxbar_engine_last_step_age_seconds") >= 1.0);
     let (_, snap) = get_json(&format!("{base}/api/metrics/snapshot")).await;
     assert_eq!(snap["scheduler"]["health"], "stalled");
-    until("engine_stalled to fire", 60, async || {
+    common::until("engine_stalled to fire", 60, async || {
         let (_, a) = get_json(&format!("{base}/api/alerts")).await;
         a["data"].as_array().unwrap().iter().any(|a| a["id"] == "engine_stalled" && a["firing"] == true).then_some(())
     })
     .await;
     faults::release_stalls();
     assert_eq!(stuck.await.unwrap(), 200, "the stalled request completes once the step goes on");
-    until("health to recover", 30, async || (get_json(&format!("{base}/health")).await.0 == 200).then_some(())).await;
+    common::until("health to recover", 30, async || (get_json(&format!("{base}/health")).await.0 == 200).then_some(())).await;
     assert_eq!(sample(&metrics(&base).await, "mlxbar_engine_last_step_age_seconds"), 0.0, "idle");
 }
 
@@ -314,12 +302,13 @@ async fn a_client_leaving_during_prefill_stops_it_and_frees_its_kv() {
     // The role chunk goes out at once; the prompt is being prefilled now.
     let role: Value = serde_json::from_str(&stream.next().await.unwrap().data).unwrap();
     assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
-    until("the engine to take the request", 30, async || {
+    common::until("the engine to take the request", 30, async || {
         (get_json(&format!("{base}/health")).await.1["queue"]["running"] == 1).then_some(())
     })
     .await;
     drop(stream);
-    until("the request to end", 60, async || (get_json(&format!("{base}/health")).await.1["queue"]["running"] == 0).then_some(())).await;
+    common::until("the request to end", 60, async || (get_json(&format!("{base}/health")).await.1["queue"]["running"] == 0).then_some(()))
+        .await;
     let after = metrics(&base).await;
     let steps = sample(&after, "mlxbar_engine_steps_total") - sample(&before, "mlxbar_engine_steps_total");
     assert!(steps < 12.0, "the prefill stopped early: {steps} steps ran of the 12 it needed");

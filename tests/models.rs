@@ -9,7 +9,6 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use mlxbar::Config;
 use serde_json::{json, Value};
@@ -86,18 +85,6 @@ async fn state_of(base: &str, id: &str) -> Value {
     model(&get(format!("{base}/api/models")).await, id).clone()
 }
 
-/// Polls `check` every 50 ms until it gives Some, failing after `secs`.
-async fn until<T>(what: &str, secs: u64, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_library_lists_local_models_and_v1_models_the_runnable_ones() {
     let base = one_at_a_time();
@@ -170,7 +157,7 @@ async fn concurrent_requests_for_an_unloaded_model_share_one_load() {
         })
         .collect();
     // While it loads the model says so, with its progress.
-    let seen = until("the load to show", 60, async || {
+    let seen = common::until("the load to show", 60, async || {
         let m = state_of(&base, FOUR).await;
         (m["state"] != "unloaded").then_some(m)
     })
@@ -188,10 +175,10 @@ async fn concurrent_requests_for_an_unloaded_model_share_one_load() {
     // keep_alive 0 unloads right after the answer; a short one after that long idle.
     let (status, _) = ask(&base, FOUR, json!({"keep_alive": 0, "max_tokens": 2})).await;
     assert_eq!(status, 200);
-    until("keep_alive 0 to unload", 30, async || (state_of(&base, FOUR).await["state"] == "unloaded").then_some(())).await;
+    common::until("keep_alive 0 to unload", 30, async || (state_of(&base, FOUR).await["state"] == "unloaded").then_some(())).await;
     let (status, _) = ask(&base, EIGHT, json!({"keep_alive": "1s", "max_tokens": 2})).await;
     assert_eq!(status, 200);
-    until("keep_alive 1s to unload", 30, async || (state_of(&base, EIGHT).await["state"] == "unloaded").then_some(())).await;
+    common::until("keep_alive 1s to unload", 30, async || (state_of(&base, EIGHT).await["state"] == "unloaded").then_some(())).await;
     assert!(common::metric_sum(&base, "mlxbar_model_unloads_total", &[r#"reason="idle""#]).await >= 2.0);
     let (status, body) = ask(&base, EIGHT, json!({"keep_alive": "soon"})).await;
     assert_eq!(status, 400, "{body}");
@@ -219,7 +206,7 @@ async fn a_model_that_does_not_fit_is_refused_with_both_figures_and_pinned_ones_
     assert_eq!(common::metric_sum(&base, "mlxbar_model_loads_total", &[&format!(r#"model="{FOUR}""#), r#"result="refused""#]).await, 2.0);
 
     // Pinned: past its 1 s keep-alive and the reaper's ticks, the default stays loaded.
-    let pinned = until("the default to idle past its keep-alive", 30, async || {
+    let pinned = common::until("the default to idle past its keep-alive", 30, async || {
         let m = state_of(&base, &default_id).await;
         (m["idle_seconds"].as_f64().unwrap_or(0.0) > 2.5).then_some(m)
     })
@@ -228,7 +215,8 @@ async fn a_model_that_does_not_fit_is_refused_with_both_figures_and_pinned_ones_
     // Unpinned, it goes the next tick.
     let r = client().post(format!("{base}/api/models/{default_id}/load")).json(&json!({"pinned": false})).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    until("the unpinned default to unload", 30, async || (state_of(&base, &default_id).await["state"] == "unloaded").then_some(())).await;
+    common::until("the unpinned default to unload", 30, async || (state_of(&base, &default_id).await["state"] == "unloaded").then_some(()))
+        .await;
     // Unloaded while idle, the server is still healthy: a request loads it again.
     assert_eq!(client().get(format!("{base}/health")).send().await.unwrap().status(), 200);
     assert_eq!(answer(&base, "default").await, "The capital of France is Paris.");

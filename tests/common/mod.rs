@@ -97,3 +97,16 @@ pub async fn metric_sum(base: &str, metric: &str, labels: &[&str]) -> f64 {
         .map(|(_, v)| v.parse::<f64>().unwrap())
         .sum()
 }
+
+/// Polls `check` every 50 ms until it gives Some, failing after `secs`: waiting for a state
+/// without sleeping a guessed time.
+pub async fn until<T>(what: &str, secs: u64, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
