@@ -20,6 +20,13 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     for view in models.active_views() {
         let id = view.entry.id.as_str();
         m.init_model(id);
+        // Every result and reason at 0 from the start, so rates and dashboards see the series.
+        for result in ["ok", "failed", "refused"] {
+            m.model_loads_total.with_label_values(&[id, result]);
+        }
+        for reason in crate::registry::budget::UnloadReason::ALL {
+            m.model_unloads_total.with_label_values(&[id, reason.as_str()]);
+        }
         m.model_loaded.with_label_values(&[id]).set(i64::from(view.state == SlotState::Loaded));
         if let Some(info) = &view.info {
             m.model_load_duration_seconds.with_label_values(&[id]).set(info.load_seconds);

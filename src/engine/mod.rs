@@ -64,6 +64,7 @@ pub struct EngineOptions {
     pub admission_gate: Option<AdmissionGate>,
     /// The process-wide grammar-mask histogram every engine observes.
     pub mask_seconds: stats::MaskSeconds,
+    pub device_lock: DeviceLock,
 }
 
 impl std::fmt::Debug for EngineOptions {
@@ -396,17 +397,16 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
         request_memory_bytes: options.mlx_memory_limit.saturating_sub(info.weight_bytes),
         kv_bytes_per_token: per_token,
         attention_heads: model.config.num_heads.max(1) as usize,
+        device_lock: options.device_lock.clone(),
     }
 }
 
-/// One engine computes at a time: MLX's CPU and Metal streams are not safe to drive from
-/// several threads at once, and one device gains nothing from interleaving them. Each
-/// engine holds it for a load and for each scheduling step. Fair (first come, first
-/// served), so an engine decoding non-stop does not starve another or a load.
-pub fn device_lock() -> parking_lot::FairMutexGuard<'static, ()> {
-    static DEVICE: parking_lot::FairMutex<()> = parking_lot::const_fair_mutex(());
-    DEVICE.lock()
-}
+/// The device the loaded models share: one engine computes at a time (one device gains
+/// nothing from interleaving them, and MLX's streams are not meant to be driven from
+/// several threads at once). Each engine holds it for its load and for each scheduling
+/// step. Fair (first come, first served), so an engine decoding non-stop does not starve
+/// another or a load. One per registry (a server), made by `registry::Models`.
+pub type DeviceLock = Arc<parking_lot::FairMutex<()>>;
 
 /// A new engine thread with its queue (capacity: `queue_capacity`).
 fn spawn_thread(
@@ -434,7 +434,7 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     tracing::info!("loading {} ({format:?} weights, {} device)", options.model_path.display(), device.as_str());
     let progress = |f: f64| shared.load_progress.store((f.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
     let loaded = {
-        let _device = device_lock();
+        let _device = options.device_lock.lock();
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             loader::load_reporting(&options.model_path, &options.model_id, format, &progress)
         }))

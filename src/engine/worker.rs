@@ -54,6 +54,8 @@ pub struct Limits {
     pub request_memory_bytes: usize,
     pub kv_bytes_per_token: usize,
     pub attention_heads: usize,
+    /// Held from admission to the step's end (see [`super::DeviceLock`]).
+    pub device_lock: super::DeviceLock,
 }
 
 impl Limits {
@@ -150,7 +152,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
 
         // 2. Admission, in arrival order. From here to the step's end this engine has the
         // device (other loaded models wait for it).
-        let device = super::device_lock();
+        let device = limits.device_lock.lock();
         let blocked = limits.gate.as_ref().is_some_and(|g| g());
         shared.stats.set_admission_blocked(blocked && !pending.is_empty());
         while !blocked && running.len() < limits.max_batch {

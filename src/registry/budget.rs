@@ -75,6 +75,8 @@ pub enum UnloadReason {
 }
 
 impl UnloadReason {
+    pub const ALL: [UnloadReason; 4] = [UnloadReason::Idle, UnloadReason::Lru, UnloadReason::Memory, UnloadReason::Request];
+
     pub fn as_str(self) -> &'static str {
         match self {
             UnloadReason::Idle => "idle",

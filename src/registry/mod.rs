@@ -98,6 +98,7 @@ pub struct Models {
     generations: std::sync::atomic::AtomicU64,
     /// The default model's first load has not ended yet (`/health`: loading).
     default_pending: AtomicBool,
+    device_lock: crate::engine::DeviceLock,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -134,6 +135,7 @@ impl Models {
             rescanned: Mutex::new(Instant::now()),
             generations: Default::default(),
             default_pending: AtomicBool::new(true),
+            device_lock: Default::default(),
             config,
         });
         models.spawn_reaper();
@@ -364,6 +366,7 @@ impl Models {
             prefix_cache_bytes: self.config.prefix_cache_bytes,
             admission_gate: self.gate.clone(),
             mask_seconds: self.mask_seconds.clone(),
+            device_lock: self.device_lock.clone(),
         };
         let engine = match Engine::start(options) {
             Ok(e) => Arc::new(e),
@@ -476,12 +479,12 @@ impl Models {
                 retired.steps += engine.steps();
                 add_counts(&mut retired.batch_sizes, &batches);
             }
-            let stopping = engine.clone();
+            let (stopping, device_lock) = (engine.clone(), self.device_lock.clone());
             let _ = tokio::task::spawn_blocking(move || {
                 stopping.shutdown();
                 // The model's buffers went back to MLX's cache with the engine thread; give
                 // them back to the system before anything else loads.
-                let _device = crate::engine::device_lock();
+                let _device = device_lock.lock();
                 if let Err(e) = mlx_rs::memory::clear_cache() {
                     tracing::warn!("clearing MLX's cache: {e}");
                 }
