@@ -375,8 +375,8 @@ function models(live) {
     const option = (m) => {
       const o = document.createElement("option");
       o.value = m.id;
-      // in the server's units (decimal), as its refusals give the figure
-      const needs = m.estimate_bytes ? ` · needs ~${m.estimate_bytes >= 1e9 ? `${(m.estimate_bytes / 1e9).toFixed(1)} GB` : `${Math.ceil(m.estimate_bytes / 1e6)} MB`}` : "";
+      // rounded as the server's refusals give the figure (binary units, MB rounded up)
+      const needs = m.estimate_bytes ? ` · needs ~${m.estimate_bytes >= 2 ** 30 ? `${(m.estimate_bytes / 2 ** 30).toFixed(1)} GB` : `${Math.ceil(m.estimate_bytes / 2 ** 20)} MB`}` : "";
       o.textContent = m.runnable ? `${m.id}${needs}` : `${m.id} · ${m.unsupported_reason ?? "not runnable"}`;
       o.title = m.unsupported_reason ?? m.path ?? "";
       o.disabled = !m.runnable;
