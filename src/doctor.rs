@@ -47,6 +47,23 @@ pub fn blas_provider() -> Option<String> {
     Some("Accelerate (macOS)".into())
 }
 
+/// Which compute kernels a model runs here, and what `weight_format = "auto"` picks.
+pub fn kernels(device: DeviceKind) -> String {
+    use crate::engine::cpu_backend;
+    if device == DeviceKind::Gpu {
+        return "Metal (MLX's own); auto keeps quantized weights quantized".into();
+    }
+    let quantized = match cpu_backend::quantized_kernel(4, 64) {
+        Some(k) if cpu_backend::quantized_is_faster() => {
+            format!("quantized matmul: mlxbar {k}, 4/8-bit in groups of 32/64/128; auto keeps such weights packed")
+        }
+        Some(k) => format!("quantized matmul: mlxbar {k}, slower than float32 here; auto dequantizes to float32"),
+        None => "quantized matmul: MLX's own; auto dequantizes to float32".into(),
+    };
+    let attention = if cpu_backend::has_decode_attention() { "decode attention: mlxbar's" } else { "attention: MLX's" };
+    format!("{quantized}; float32 matmul: BLAS (1-16 rows: mlxbar's gemv/small-m routing); {attention}")
+}
+
 pub fn report() -> String {
     let mut out = String::new();
     let device = DeviceKind::for_this_platform();
@@ -62,6 +79,7 @@ pub fn report() -> String {
     };
     let _ = writeln!(out, "BLAS        {blas}{verdict}");
     let _ = writeln!(out, "cpus        {}", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    let _ = writeln!(out, "kernels     {}", kernels(device));
     let model = model_store::default_model_path();
     let _ = writeln!(
         out,

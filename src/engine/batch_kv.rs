@@ -21,6 +21,9 @@ pub struct BatchKv {
     /// Tokens each row holds (the position its next token goes to).
     lens: Vec<i32>,
     capacity: i32,
+    /// This step's write positions broadcast to a layer's `[n, kv_heads, 1, head_dim]`:
+    /// the same for every layer, so built once a step (two MLX ops fewer per layer).
+    step_at: Option<Array>,
 }
 
 impl BatchKv {
@@ -124,20 +127,35 @@ impl BatchKv {
         let positions = Array::from_slice(&self.lens, &[n]);
         let columns = ops::arange::<_, i32>(0, longest, None)?.reshape(&[1, 1, 1, longest])?;
         let mask = columns.le(&positions.reshape(&[n, 1, 1, 1])?)?;
+        self.step_at = None;
         Ok((positions, mask))
     }
 
     /// Writes `k`, `v` (`[n, kv_heads, 1, head_dim]`) at each row's position in `layer` and
     /// returns the keys and values up to the longest row (`[n, kv_heads, L, head_dim]`).
     pub fn update(&mut self, layer: usize, k: &Array, v: &Array, positions: &Array) -> Result<(Array, Array)> {
-        let s = k.shape();
-        let at = ops::broadcast_to(positions.reshape(&[s[0], 1, 1, 1])?, s)?;
         let longest = self.lens.iter().copied().max().unwrap_or(0) + 1;
+        let (keys, values) = self.write(layer, k, v, positions)?;
+        Ok((keys.index((.., .., ..longest, ..)), values.index((.., .., ..longest, ..))))
+    }
+
+    /// As [`BatchKv::update`], returning the whole buffers (`[n, kv_heads, capacity,
+    /// head_dim]`; positions past a row's own are padding).
+    pub fn write(&mut self, layer: usize, k: &Array, v: &Array, positions: &Array) -> Result<(&Array, &Array)> {
+        let s = k.shape();
+        let at = match &self.step_at {
+            Some(at) if at.shape() == s => at.clone(),
+            _ => {
+                let at = ops::broadcast_to(positions.reshape(&[s[0], 1, 1, 1])?, s)?;
+                self.step_at = Some(at.clone());
+                at
+            }
+        };
         let (keys, values) = &mut self.layers[layer];
         // The old buffers have no other user once replaced, so MLX scatters in place.
         *keys = ops::indexing::put_along_axis(&*keys, &at, k, 2)?;
         *values = ops::indexing::put_along_axis(&*values, &at, v, 2)?;
-        Ok((keys.index((.., .., ..longest, ..)), values.index((.., .., ..longest, ..))))
+        Ok((keys, values))
     }
 
     /// After a step: every row holds one more token.

@@ -430,7 +430,7 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         DeviceKind::Gpu => mlx_rs::Device::gpu(),
         DeviceKind::Cpu => mlx_rs::Device::cpu(),
     });
-    let format = options.weight_format.resolve(device == DeviceKind::Gpu);
+    let format = options.weight_format;
     tracing::info!("loading {} ({format:?} weights, {} device)", options.model_path.display(), device.as_str());
     let progress = |f: f64| shared.load_progress.store((f.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
     let loaded = {

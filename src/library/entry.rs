@@ -99,6 +99,11 @@ pub struct ModelEntry {
 }
 
 impl ModelEntry {
+    /// `(bits, group_size)`, as `WeightFormat::resolve` takes it.
+    pub fn quantization_pair(&self) -> Option<(i32, i32)> {
+        self.quantization.map(|q| (q.bits as i32, q.group_size as i32))
+    }
+
     /// Bytes of keys and values one token takes in every layer.
     pub fn kv_bytes_per_token(&self, dtype_bytes: usize) -> Option<usize> {
         let s = self.shape?;

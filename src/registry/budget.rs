@@ -157,8 +157,13 @@ impl Budget {
             // Quantized weights stay packed; on the CPU their float parts (and any dense
             // float16 weight) become float32.
             WeightFormat::Native if on_gpu => entry.size_bytes,
-            WeightFormat::Native if entry.quantization.is_some() => entry.size_bytes + entry.size_bytes / 8,
-            WeightFormat::Native => float32,
+            // The CPU kernel's weights: packed values plus a float32 scale and bias a group.
+            WeightFormat::Native => match (entry.quantization, entry.parameters) {
+                (Some(q), Some(params)) if crate::engine::cpu_backend::quantized_kernel(q.bits as i32, q.group_size as i32).is_some() => {
+                    params * q.bits as u64 / 8 + params * 8 / q.group_size.max(1) as u64
+                }
+                _ => float32,
+            },
         };
         let dtype_bytes = if on_gpu { 2 } else { 4 };
         let per_token = entry.kv_bytes_per_token(dtype_bytes).unwrap_or(0) as u64;

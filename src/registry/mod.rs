@@ -332,7 +332,7 @@ impl Models {
             return Err(ModelError::NotRunnable { id: id.into(), reason });
         }
         let on_gpu = self.device == DeviceKind::Gpu;
-        let format = self.config.weight_format.resolve(on_gpu);
+        let format = self.config.weight_format.resolve(on_gpu, entry.quantization_pair());
         let need = self.budget.need(&entry, format, on_gpu);
         let residents = self.residents();
         let available = self.telemetry.latest().memory.as_ref().map(|m| m.available).unwrap_or(u64::MAX / 4);
@@ -699,7 +699,10 @@ impl Models {
         let id = entry.id.clone();
         let (state, failure) = self.slot_state(&id);
         let on_gpu = self.device == DeviceKind::Gpu;
-        let need = entry.shape.is_some().then(|| self.budget.need(&entry, self.config.weight_format.resolve(on_gpu), on_gpu).least());
+        let need = entry
+            .shape
+            .is_some()
+            .then(|| self.budget.need(&entry, self.config.weight_format.resolve(on_gpu, entry.quantization_pair()), on_gpu).least());
         // Lock order everywhere: pinned, refused, then slots.
         let pinned = lock(&self.pinned).contains(&id);
         let refused = lock(&self.refused).get(&id).cloned();

@@ -20,7 +20,7 @@ type Sgemm =
     unsafe extern "C" fn(c_int, c_int, c_int, c_int, c_int, c_int, f32, *const f32, c_int, *const f32, c_int, f32, *mut f32, c_int);
 
 extern "C" {
-    fn cblas_sgemv(
+    pub fn cblas_sgemv(
         order: c_int,
         trans: c_int,
         m: c_int,

@@ -1,14 +1,103 @@
-//! What MLX's CPU backend needs from us, per platform. On Linux: MLX calls `cblas_sgemm`
-//! for every matmul, and Debian's OpenBLAS is slow at decode shapes, so the executable
-//! exports its own `cblas_sgemm` ([`gemv_forward`]) that sends 1-row calls to gemv and
-//! 2-16-row calls to [`small_m`]. macOS uses Accelerate as MLX ships it: nothing to do.
+//! What MLX's CPU backend needs from us, per platform.
+//!
+//! Linux: MLX calls `cblas_sgemm` for every float32 matmul, and Debian's OpenBLAS is slow
+//! at decode shapes, so the executable exports its own `cblas_sgemm` ([`gemv_forward`])
+//! that sends 1-row calls to gemv and 2-16-row calls to [`small_m`]. MLX's CPU kernel for
+//! affine-quantized weights is naive and single-threaded, so quantized projections run
+//! [`affine_qmm`] instead, an MLX primitive of our own; a decode step's attention is one
+//! op of ours too ([`decode_attention`]) instead of MLX's composed CPU fallback. macOS runs
+//! Metal as MLX ships it: nothing to do, and none of these kernels.
+#[cfg(target_os = "linux")]
+pub mod affine_qmm;
+#[cfg(target_os = "linux")]
+pub mod decode_attention;
 #[cfg(target_os = "linux")]
 pub mod gemv_forward;
 #[cfg(target_os = "linux")]
 pub mod small_m;
 
+use anyhow::Result;
+use mlx_rs::Array;
+
 /// Makes this platform's matmul routing active (call before MLX runs a matmul).
 pub fn install() {
     #[cfg(target_os = "linux")]
     gemv_forward::install();
+}
+
+/// The CPU kernel for quantized weights of `bits` in groups of `group_size`, if this
+/// platform has one (its name, for logs and `mlxbar doctor`).
+pub fn quantized_kernel(bits: i32, group_size: i32) -> Option<&'static str> {
+    #[cfg(target_os = "linux")]
+    if affine_qmm::supports(bits, group_size) {
+        return Some(affine_qmm::kernel().describe());
+    }
+    let _ = (bits, group_size);
+    None
+}
+
+/// Whether [`quantized_kernel`] beats float32 weights with BLAS on this machine: the SIMD
+/// kernel reads a quarter to an eighth of the bytes at the same arithmetic, the portable
+/// one does not, so that one is measured against float32 once.
+pub fn quantized_is_faster() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        affine_qmm::faster_than_float32()
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
+/// What the CPU kernel applies to its input before the product.
+#[derive(Clone, Copy)]
+pub enum Prologue<'a> {
+    None,
+    /// MLX's `fast::rms_norm(x, weight, eps)`.
+    RmsNorm(&'a Array, f32),
+    /// `x` is `[..., 2k]` = `[gate | up]`; the product takes `silu(gate) · up`.
+    SwiGlu,
+}
+
+/// `prologue(x) · dequant(w)ᵀ (+ residual)` with the CPU kernel, as one MLX op; only
+/// where [`quantized_kernel`] said so.
+#[allow(clippy::too_many_arguments)]
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+    prologue: Prologue,
+    residual: Option<&Array>,
+) -> Result<Array> {
+    #[cfg(target_os = "linux")]
+    {
+        affine_qmm::op::affine_qmm(x, w, scales, biases, group_size, bits, prologue, residual)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (x, w, scales, biases, group_size, bits, prologue, residual);
+        anyhow::bail!("no CPU quantized kernel on this platform")
+    }
+}
+
+/// Whether [`decode_attention`] runs here.
+pub fn has_decode_attention() -> bool {
+    cfg!(target_os = "linux")
+}
+
+/// One decode step's attention: `q` `[rows, heads, 1, head_dim]` against each row's cache
+/// buffers `[rows, kv_heads, capacity, head_dim]` up to and including `positions[row]`;
+/// `[1, rows, heads·head_dim]`. Only where [`has_decode_attention`].
+pub fn decode_attention(q: &Array, keys: &Array, values: &Array, positions: &Array, scale: f32) -> Result<Array> {
+    #[cfg(target_os = "linux")]
+    {
+        decode_attention::op::decode_attention(q, keys, values, positions, scale)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (q, keys, values, positions, scale);
+        anyhow::bail!("no CPU decode attention on this platform")
+    }
 }

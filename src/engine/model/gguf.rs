@@ -58,7 +58,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
             let group_size = 32;
             let in_features = scales.shape()[scales.ndim() - 1] * group_size;
             let bits = w.shape()[w.ndim() - 1] * 32 / in_features;
-            t.weights.insert(name, Weight::Quantized(Quantized { weight: w, scales, biases, group_size, bits }));
+            t.weights.insert(name, Weight::Quantized(Quantized { weight: w, scales, biases, group_size, bits, cpu_kernel: false }));
         } else if is_matrix(&name) {
             t.weights.insert(name, Weight::dense(w)?);
         } else if name == "rope_periods" {

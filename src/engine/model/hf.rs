@@ -39,7 +39,7 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
             let q = quant.as_ref().with_context(|| format!("{module} is quantized but config.json has no quantization"))?;
             let (group_size, bits) = q.for_module(&module);
             let biases = raw.remove(&format!("{module}.biases")).with_context(|| format!("{module}.biases"))?;
-            t.weights.insert(name.clone(), Weight::Quantized(Quantized { weight: w, scales, biases, group_size, bits }));
+            t.weights.insert(name.clone(), Weight::Quantized(Quantized { weight: w, scales, biases, group_size, bits, cpu_kernel: false }));
         } else if name.ends_with("norm") {
             t.vectors.insert(name.clone(), w);
         } else {

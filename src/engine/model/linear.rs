@@ -1,6 +1,8 @@
 //! Projection and embedding weights, dense or MLX affine-quantized.
 use anyhow::{ensure, Result};
-use mlx_rs::{ops, Array, Dtype};
+use mlx_rs::{fast, nn, ops, Array, Dtype};
+
+use crate::engine::cpu_backend::{self, Prologue};
 
 /// MLX affine quantization: `bits`-bit values packed in u32, one scale and bias per group.
 #[derive(Clone)]
@@ -10,9 +12,17 @@ pub struct Quantized {
     pub biases: Array,
     pub group_size: i32,
     pub bits: i32,
+    /// Runs mlxbar's CPU kernel (`engine::cpu_backend::affine_qmm`) instead of MLX's
+    /// `quantized_matmul`: set at assembly on the CPU device, scales and biases float32.
+    pub cpu_kernel: bool,
 }
 
 impl Quantized {
+    /// The CPU kernel's product, with what it fuses around it.
+    fn cpu_matmul(&self, x: &Array, prologue: Prologue, residual: Option<&Array>) -> Result<Array> {
+        cpu_backend::quantized_matmul(x, &self.weight, &self.scales, &self.biases, self.group_size, self.bits, prologue, residual)
+    }
+
     pub fn dequantize(&self) -> Result<Array> {
         Ok(ops::dequantize(&self.weight, &self.scales, &self.biases, self.group_size, self.bits)?)
     }
@@ -39,6 +49,7 @@ impl Weight {
     pub fn apply(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Weight::Dense(w) => ops::matmul(x, w.t())?,
+            Weight::Quantized(q) if q.cpu_kernel => q.cpu_matmul(x, Prologue::None, None)?,
             Weight::Quantized(q) => ops::quantized_matmul(x, &q.weight, &q.scales, &q.biases, true, q.group_size, q.bits)?,
         })
     }
@@ -73,6 +84,20 @@ impl Weight {
         })
     }
 
+    /// For the CPU device: quantized weights the CPU kernel runs stay packed (float32
+    /// scales and biases), the rest become float32 matrices.
+    pub fn for_cpu(self) -> Result<Weight> {
+        match self {
+            Weight::Quantized(q) if crate::engine::cpu_backend::quantized_kernel(q.bits, q.group_size).is_some() => {
+                match Weight::Quantized(q).cast_floats(Dtype::Float32)? {
+                    Weight::Quantized(q) => Ok(Weight::Quantized(Quantized { cpu_kernel: true, ..q })),
+                    dense => Ok(dense),
+                }
+            }
+            other => other.into_dense(Dtype::Float32),
+        }
+    }
+
     /// Stacks several projections of the same input into one (q|k|v, gate|up), so a step
     /// runs one matmul instead of several. None when their formats differ.
     pub fn concat_rows(parts: &[Weight]) -> Result<Option<Weight>> {
@@ -95,7 +120,7 @@ impl Weight {
             .collect();
         let Some(qs) = qs else { return Ok(None) };
         let first = qs[0];
-        if qs.iter().any(|q| q.bits != first.bits || q.group_size != first.group_size) {
+        if qs.iter().any(|q| q.bits != first.bits || q.group_size != first.group_size || q.cpu_kernel != first.cpu_kernel) {
             return Ok(None);
         }
         let cat = |f: fn(&Quantized) -> &Array| -> Result<Array> { Ok(ops::concatenate(&qs.iter().map(|q| f(q)).collect::<Vec<_>>(), 0)?) };
@@ -105,6 +130,7 @@ impl Weight {
             biases: cat(|q| &q.biases)?,
             group_size: first.group_size,
             bits: first.bits,
+            cpu_kernel: first.cpu_kernel,
         })))
     }
 
@@ -150,6 +176,47 @@ impl Linear {
             Some(b) => y.add(b)?,
             None => y,
         })
+    }
+
+    /// Weights the CPU kernel runs with its fusions (quantized, no bias): each fused
+    /// method below is then one MLX op instead of two to five.
+    pub fn fuses(&self) -> bool {
+        self.fusable().is_some()
+    }
+
+    fn fusable(&self) -> Option<&Quantized> {
+        match &self.weight {
+            Weight::Quantized(q) if q.cpu_kernel && self.bias.is_none() => Some(q),
+            _ => None,
+        }
+    }
+
+    /// `forward(rms_norm(x, norm, eps))`.
+    pub fn forward_normed(&self, x: &Array, norm: &Array, eps: f32) -> Result<Array> {
+        match self.fusable() {
+            Some(q) => q.cpu_matmul(x, Prologue::RmsNorm(norm, eps), None),
+            None => self.forward(&fast::rms_norm(x, Some(norm), eps)?),
+        }
+    }
+
+    /// `residual + forward(x)`.
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match self.fusable() {
+            Some(q) => q.cpu_matmul(x, Prologue::None, Some(residual)),
+            None => Ok(residual.add(&self.forward(x)?)?),
+        }
+    }
+
+    /// `residual + forward(silu(gate) · up)` for `gate_up = [gate | up]` on the last axis.
+    pub fn forward_swiglu_add(&self, gate_up: &Array, residual: &Array) -> Result<Array> {
+        match self.fusable() {
+            Some(q) => q.cpu_matmul(gate_up, Prologue::SwiGlu, Some(residual)),
+            None => {
+                let half = gate_up.shape()[gate_up.ndim() - 1] / 2;
+                let parts = ops::split_at_indices(gate_up, &[half], -1)?;
+                self.forward_add(&nn::silu(&parts[0])?.multiply(&parts[1])?, residual)
+            }
+        }
     }
 
     /// See [`Weight::concat_rows`]; biases must be all present or all absent.

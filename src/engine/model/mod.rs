@@ -25,21 +25,33 @@ use linear::{expect_shape, Embedding, Linear, Weight};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum WeightFormat {
-    /// float32 on the CPU device, native on the GPU.
+    /// The faster on this machine: native on the GPU; on the CPU, quantized weights stay
+    /// packed where mlxbar's CPU kernel runs them and beats float32 (always with AVX2,
+    /// measured once otherwise), else float32.
     Auto,
-    /// Dequantize everything to float32 at load: on x86 MLX's quantized matmul is naive and
-    /// single-threaded and float16 is emulated, while float32 matmuls go to OpenBLAS.
+    /// Dequantize everything to float32 at load (OpenBLAS matmuls; 4-8x the memory of
+    /// quantized weights).
     Float32,
     /// Keep what the file has (quantized stays quantized): the right choice on Metal. On the
-    /// CPU device the float parts (scales, norms, activations) are float32.
+    /// CPU device the float parts (scales, norms, activations) are float32, and quantized
+    /// weights the CPU kernel cannot run become float32.
     Native,
 }
 
 impl WeightFormat {
-    pub fn resolve(self, on_gpu: bool) -> WeightFormat {
+    /// The format a model quantized as `quantization` (`(bits, group_size)`, None for float
+    /// weights) is held in on this device.
+    pub fn resolve(self, on_gpu: bool, quantization: Option<(i32, i32)>) -> WeightFormat {
         match self {
             WeightFormat::Auto if on_gpu => WeightFormat::Native,
-            WeightFormat::Auto => WeightFormat::Float32,
+            WeightFormat::Auto => match quantization {
+                Some((bits, group_size))
+                    if super::cpu_backend::quantized_kernel(bits, group_size).is_some() && super::cpu_backend::quantized_is_faster() =>
+                {
+                    WeightFormat::Native
+                }
+                _ => WeightFormat::Float32,
+            },
             other => other,
         }
     }
@@ -60,6 +72,14 @@ impl TensorMap {
     }
     fn take_vector(&mut self, name: &str) -> Result<Array> {
         self.vectors.remove(name).ok_or_else(|| anyhow!("missing tensor '{name}'"))
+    }
+
+    /// `(bits, group_size)` of the first layer's projections, None when they are float.
+    pub fn quantization(&self) -> Option<(i32, i32)> {
+        match self.weights.get("layers.0.gate")? {
+            Weight::Quantized(q) => Some((q.bits, q.group_size)),
+            Weight::Dense(_) => None,
+        }
     }
 }
 
@@ -88,10 +108,14 @@ impl Projections {
         })
     }
 
-    fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+    /// The projections of `rms_norm(x, norm, eps)`.
+    fn forward_normed(&self, x: &Array, norm: &Array, eps: f32) -> Result<Vec<Array>> {
         match self {
-            Projections::Fused { linear, split_at } => Ok(ops::split_at_indices(&linear.forward(x)?, split_at, -1)?),
-            Projections::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+            Projections::Fused { linear, split_at } => Ok(ops::split_at_indices(&linear.forward_normed(x, norm, eps)?, split_at, -1)?),
+            Projections::Separate(parts) => {
+                let x = fast::rms_norm(x, Some(norm), eps)?;
+                parts.iter().map(|p| p.forward(&x)).collect()
+            }
         }
     }
 
@@ -115,6 +139,20 @@ struct Block {
     down: Linear,
 }
 
+impl Block {
+    /// `h + down(silu(gate) · up)` of `rms_norm(h)`: two MLX ops when the CPU kernel fuses
+    /// (gate|up with the norm, down with the SwiGLU and the residual), else seven.
+    fn mlp(&self, h: &Array, eps: f32) -> Result<Array> {
+        if let Projections::Fused { linear, .. } = &self.gate_up {
+            if linear.fuses() && self.down.fuses() {
+                return self.down.forward_swiglu_add(&linear.forward_normed(h, &self.mlp_norm, eps)?, h);
+            }
+        }
+        let gu = self.gate_up.forward_normed(h, &self.mlp_norm, eps)?;
+        self.down.forward_add(&nn::silu(&gu[0])?.multiply(&gu[1])?, h)
+    }
+}
+
 pub struct Model {
     pub config: ModelConfig,
     pub dtype: Dtype,
@@ -125,10 +163,12 @@ pub struct Model {
     /// None when tied to the embedding.
     lm_head: Option<Weight>,
     rope_periods: Option<Array>,
+    /// Decode steps' attention runs mlxbar's CPU op (`cpu_backend::decode_attention`).
+    cpu_attention: bool,
 }
 
 impl Model {
-    /// Builds the model from loaded tensors, converting them to `format` (Auto resolved).
+    /// Builds the model from loaded tensors, converting them to `format` (resolved here).
     pub fn assemble(config: ModelConfig, t: TensorMap, format: WeightFormat) -> Result<Model> {
         Self::assemble_reporting(config, t, format, &|_| {})
     }
@@ -138,9 +178,10 @@ impl Model {
     pub fn assemble_reporting(config: ModelConfig, mut t: TensorMap, format: WeightFormat, progress: &dyn Fn(f64)) -> Result<Model> {
         config.validate()?;
         let c = &config;
-        let embed_w = t.take_weight("embed")?;
         // Arrays go to MLX's default device (the engine thread sets it before loading).
         let on_gpu = mlx_rs::Device::try_default().and_then(|d| d.get_type()).is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Gpu));
+        let format = format.resolve(on_gpu, t.quantization());
+        let embed_w = t.take_weight("embed")?;
         let dtype = match (format, &embed_w) {
             (WeightFormat::Float32 | WeightFormat::Auto, _) => Dtype::Float32,
             // float16 arithmetic is emulated on x86 CPUs: ~10x slower and, over 30 layers,
@@ -151,7 +192,8 @@ impl Model {
         };
         let weight = |w: Weight| -> Result<Weight> {
             match format {
-                WeightFormat::Native => w.cast_floats(dtype),
+                WeightFormat::Native if on_gpu => w.cast_floats(dtype),
+                WeightFormat::Native => w.for_cpu(),
                 _ => w.into_dense(dtype),
             }
         };
@@ -199,7 +241,8 @@ impl Model {
             (None, None) => None,
         };
         let norm = vector(t.take_vector("norm")?)?;
-        let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods };
+        let cpu_attention = !on_gpu && dtype == Dtype::Float32 && super::cpu_backend::has_decode_attention();
+        let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods, cpu_attention };
         model.eval_weights(progress)?;
         Ok(model)
     }
@@ -277,8 +320,7 @@ impl Model {
         let mut h = self.embed.lookup(&ids)?.reshape(&[1, total, c.hidden_size])?;
         let offsets: Vec<i32> = caches.iter().map(|k| k.offset()).collect();
         for (i, b) in self.blocks.iter().enumerate() {
-            let x = fast::rms_norm(&h, Some(&b.attn_norm), c.rms_norm_eps)?;
-            let qkv = b.qkv.forward(&x)?;
+            let qkv = b.qkv.forward_normed(&h, &b.attn_norm, c.rms_norm_eps)?;
             let mut outs = Vec::with_capacity(parts.len());
             for (p, cache) in caches.iter_mut().enumerate() {
                 let (s, l) = (starts[p], lens[p]);
@@ -287,11 +329,8 @@ impl Model {
                 outs.push(self.attention(&mine, cache, i, offsets[p], l)?);
             }
             let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 1)? };
-            h = h.add(&b.o.forward(&o)?)?;
-            let x = fast::rms_norm(&h, Some(&b.mlp_norm), c.rms_norm_eps)?;
-            let gu = b.gate_up.forward(&x)?;
-            let m = b.down.forward(&nn::silu(&gu[0])?.multiply(&gu[1])?)?;
-            h = h.add(&m)?;
+            h = b.o.forward_add(&o, &h)?;
+            h = b.mlp(&h, c.rms_norm_eps)?;
         }
         for (cache, &l) in caches.iter_mut().zip(&lens) {
             cache.advance(l);
@@ -363,12 +402,8 @@ impl Model {
         let ids = Array::from_slice(tokens, &[n]);
         let mut h = self.embed.lookup(&ids)?.reshape(&[1, n, c.hidden_size])?;
         for (i, b) in self.blocks.iter().enumerate() {
-            let a = self.batched_attention(b, &fast::rms_norm(&h, Some(&b.attn_norm), c.rms_norm_eps)?, kv, i, &positions, &mask)?;
-            h = h.add(&a)?;
-            let x = fast::rms_norm(&h, Some(&b.mlp_norm), c.rms_norm_eps)?;
-            let gu = b.gate_up.forward(&x)?;
-            let m = b.down.forward(&nn::silu(&gu[0])?.multiply(&gu[1])?)?;
-            h = h.add(&m)?;
+            h = self.batched_attention(b, &h, kv, i, &positions, &mask)?;
+            h = b.mlp(&h, c.rms_norm_eps)?;
         }
         kv.advance();
         let h = fast::rms_norm(&h.reshape(&[n, c.hidden_size])?, Some(&self.norm), c.rms_norm_eps)?;
@@ -381,17 +416,23 @@ impl Model {
         Ok(logits)
     }
 
-    fn batched_attention(&self, b: &Block, x: &Array, kv: &mut BatchKv, layer: usize, positions: &Array, mask: &Array) -> Result<Array> {
+    /// `h` plus the attention of `rms_norm(h)` over the batch cache.
+    fn batched_attention(&self, b: &Block, h: &Array, kv: &mut BatchKv, layer: usize, positions: &Array, mask: &Array) -> Result<Array> {
         let c = &self.config;
         let n = positions.shape()[0];
-        let qkv = b.qkv.forward(x)?;
+        let qkv = b.qkv.forward_normed(h, &b.attn_norm, c.rms_norm_eps)?;
         // The batch as n sequences of one token, each row rotated by its own position.
         let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, positions))?;
-        let (keys, values) = kv.update(layer, &k, &v, positions)?;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
-        let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?;
-        b.o.forward(&o)
+        let o = if self.cpu_attention {
+            let (keys, values) = kv.write(layer, &k, &v, positions)?;
+            super::cpu_backend::decode_attention(&q, keys, values, positions, scale)?
+        } else {
+            let (keys, values) = kv.update(layer, &k, &v, positions)?;
+            let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
+            o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?
+        };
+        b.o.forward_add(&o, h)
     }
 
     /// RoPE for `x` `[B, heads, 1, head_dim]` with row i at position `offsets[i]`

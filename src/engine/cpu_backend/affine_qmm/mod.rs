@@ -1,0 +1,322 @@
+//! A fast CPU matmul for MLX's affine-quantized weights (every mlx-community quantized
+//! model, and the GGUF's Q4_0/Q4_1/Q8_0 tensors as MLX loads them): `y = x · dequant(W)ᵀ`
+//! with `W` `[n, k]` packed in `uint32`, one float32 scale and bias per group of
+//! `group_size` values; 4 or 8 bits, groups of 32, 64 or 128.
+//!
+//! MLX's own CPU kernel for this is naive and single-threaded. Here the weights stay packed
+//! and are unpacked in registers; `x` is quantized to int8 per 32 values once per call
+//! ([`activations`], as llama.cpp does for its Q4/Q8 dot products), so a block's dot
+//! product is integer multiply-adds; every weight row is read once for all rows of `x`,
+//! and the output columns are split across the cores with rayon. [`avx2`] on x86_64 with
+//! AVX2+FMA, [`scalar`] elsewhere.
+//!
+//! [`primitive.cpp`](primitive.cpp) makes this an MLX primitive, so it runs inside MLX's
+//! lazy graph on the CPU stream like any other op; [`op`] builds it from Rust. Each MLX op
+//! costs microseconds of dispatch on the CPU stream, so the primitive also takes what
+//! surrounds a projection in a transformer block ([`Fusion`]): an RMS norm or SwiGLU of its
+//! input, and the residual added to its output; a decode step runs 4 ops a block instead of
+//! 13 for these parts.
+pub mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub mod op;
+mod scalar;
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use activations::Activations;
+
+/// Which kernel this machine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernel {
+    Avx2,
+    Scalar,
+}
+
+impl Kernel {
+    pub fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return Kernel::Avx2;
+        }
+        Kernel::Scalar
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kernel::Avx2 => "AVX2+FMA (int8 activations, weights unpacked in registers)",
+            Kernel::Scalar => "portable scalar",
+        }
+    }
+}
+
+/// Whether the kernel handles these weights.
+pub fn supports(bits: i32, group_size: i32) -> bool {
+    matches!(bits, 4 | 8) && matches!(group_size, 32 | 64 | 128)
+}
+
+/// A quantized weight matrix as MLX holds it (`transpose = true` layout).
+pub struct Weights<'a> {
+    /// `n × k·bits/32`.
+    pub packed: &'a [u32],
+    /// `n × k/group_size` each.
+    pub scales: &'a [f32],
+    pub biases: &'a [f32],
+    pub n: usize,
+    pub k: usize,
+    pub group_size: usize,
+    pub bits: u32,
+}
+
+/// What the product does to its input first and its output last.
+#[derive(Clone, Copy, Default)]
+pub struct Fusion<'a> {
+    pub prologue: Prologue<'a>,
+    /// `rows × n`, added to the product.
+    pub residual: Option<&'a [f32]>,
+}
+
+/// The input's transformation before the product.
+#[derive(Clone, Copy, Default)]
+pub enum Prologue<'a> {
+    #[default]
+    None,
+    /// `x · rsqrt(mean(x²) + eps) · weight` per row (`weight` has `k` values).
+    RmsNorm { weight: &'a [f32], eps: f32 },
+    /// `x` is `rows × 2k`, `[gate | up]`: the product takes `silu(gate) · up`.
+    SwiGlu,
+}
+
+impl Prologue<'_> {
+    /// Columns of `x` per row for a product over `k`.
+    pub fn input_columns(&self, k: usize) -> usize {
+        match self {
+            Prologue::SwiGlu => 2 * k,
+            _ => k,
+        }
+    }
+
+    /// `x` transformed (`rows × k`), or None when it is used as it is.
+    fn apply(&self, x: &[f32], rows: usize, k: usize) -> Option<Vec<f32>> {
+        match *self {
+            Prologue::None => None,
+            Prologue::RmsNorm { weight, eps } => Some(
+                x.chunks_exact(k)
+                    .flat_map(|row| {
+                        let mean = row.iter().map(|v| v * v).sum::<f32>() / k as f32;
+                        let inv = 1.0 / (mean + eps).sqrt();
+                        row.iter().zip(weight).map(move |(v, w)| v * inv * w)
+                    })
+                    .collect(),
+            ),
+            Prologue::SwiGlu => Some(
+                x.chunks_exact(2 * k)
+                    .take(rows)
+                    .flat_map(|row| {
+                        let (gate, up) = row.split_at(k);
+                        gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// The output matrix (`rows × n`, row-major) plus the residual it adds; tasks write
+/// disjoint columns.
+#[derive(Clone, Copy)]
+pub struct Out {
+    ptr: *mut f32,
+    residual: *const f32,
+    n: usize,
+}
+// SAFETY: tasks only write through `write`, each to its own columns.
+unsafe impl Send for Out {}
+// SAFETY: as for Send.
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// # Safety
+    /// `(row, col)` is inside the matrix and no other task writes it.
+    #[inline]
+    pub unsafe fn write(&self, row: usize, col: usize, v: f32) {
+        let at = row * self.n + col;
+        let r = if self.residual.is_null() { 0.0 } else { *self.residual.add(at) };
+        *self.ptr.add(at) = v + r;
+    }
+}
+
+/// Output columns per rayon task at least (fewer tasks than this cost more than they save).
+const MIN_COLUMNS_PER_TASK: usize = 16;
+
+/// `out[rows × n] = prologue(x) · dequant(w)ᵀ + residual`.
+///
+/// # Panics
+/// On inconsistent shapes (checked before anything is read).
+pub fn matmul(kernel: Kernel, x: &[f32], rows: usize, w: &Weights, fusion: Fusion, out: &mut [f32]) {
+    assert!(supports(w.bits as i32, w.group_size as i32), "{} bits, groups of {}", w.bits, w.group_size);
+    let (k, n) = (w.k, w.n);
+    assert!(k % w.group_size == 0 && x.len() == rows * fusion.prologue.input_columns(k) && out.len() == rows * n);
+    assert!(w.packed.len() == n * k * w.bits as usize / 32);
+    assert!(w.scales.len() == n * k / w.group_size && w.biases.len() == w.scales.len());
+    if let Prologue::RmsNorm { weight, .. } = fusion.prologue {
+        assert!(weight.len() == k);
+    }
+    assert!(fusion.residual.is_none_or(|r| r.len() == rows * n));
+    let transformed = fusion.prologue.apply(x, rows, k);
+    let a = Activations::new(transformed.as_deref().unwrap_or(x), rows, k, w.group_size, w.bits);
+    let o = Out { ptr: out.as_mut_ptr(), residual: fusion.residual.map_or(std::ptr::null(), |r| r.as_ptr()), n };
+    let tasks = (rayon::current_num_threads() * 4).min(n.div_ceil(MIN_COLUMNS_PER_TASK)).max(1);
+    let per_task = n.div_ceil(tasks);
+    (0..tasks).into_par_iter().for_each(|t| {
+        let columns: Range<usize> = t * per_task..((t + 1) * per_task).min(n);
+        if columns.is_empty() {
+            return;
+        }
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: Avx2 is only detected with AVX2+FMA; the shapes were checked above.
+            Kernel::Avx2 => unsafe { avx2::columns(w, &a, o, columns) },
+            _ => scalar::columns(w, &a, o, columns),
+        }
+    });
+}
+
+/// Prologue codes shared with primitive.cpp.
+pub const PROLOGUE_NONE: i32 = 0;
+pub const PROLOGUE_RMS_NORM: i32 = 1;
+pub const PROLOGUE_SWIGLU: i32 = 2;
+
+/// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays.
+/// `norm` (k values) is read for [`PROLOGUE_RMS_NORM`]; `residual` may be null.
+///
+/// # Safety
+/// The pointers are valid, contiguous arrays of the stated shapes, `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn mlxbar_affine_qmm_run(
+    x: *const f32,
+    rows: i64,
+    k: i64,
+    packed: *const u32,
+    scales: *const f32,
+    biases: *const f32,
+    n: i64,
+    group_size: i32,
+    bits: i32,
+    prologue: i32,
+    norm: *const f32,
+    eps: f32,
+    residual: *const f32,
+    out: *mut f32,
+) {
+    let (rows, k, n) = (rows as usize, k as usize, n as usize);
+    let (gs, b) = (group_size as usize, bits as u32);
+    let run = || {
+        let prologue = match prologue {
+            PROLOGUE_RMS_NORM => Prologue::RmsNorm { weight: std::slice::from_raw_parts(norm, k), eps },
+            PROLOGUE_SWIGLU => Prologue::SwiGlu,
+            _ => Prologue::None,
+        };
+        let residual = (!residual.is_null()).then(|| std::slice::from_raw_parts(residual, rows * n));
+        let fusion = Fusion { prologue, residual };
+        let w = Weights {
+            packed: std::slice::from_raw_parts(packed, n * k * b as usize / 32),
+            scales: std::slice::from_raw_parts(scales, n * k / gs),
+            biases: std::slice::from_raw_parts(biases, n * k / gs),
+            n,
+            k,
+            group_size: gs,
+            bits: b,
+        };
+        let x = std::slice::from_raw_parts(x, rows * prologue.input_columns(k));
+        matmul(kernel(), x, rows, &w, fusion, std::slice::from_raw_parts_mut(out, rows * n));
+    };
+    // A panic must not unwind into MLX's C++ scheduler thread.
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
+        eprintln!("mlxbar: the quantized matmul kernel panicked");
+        std::process::abort();
+    }
+}
+
+/// The kernel this process uses (detected once).
+pub fn kernel() -> Kernel {
+    static KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *KERNEL.get_or_init(Kernel::detect)
+}
+
+/// See [`super::quantized_is_faster`]: measured once per process for the portable kernel,
+/// a decode-shaped product (`1 × 576` by `1536 × 576`, 4-bit) against float32 gemv.
+pub fn faster_than_float32() -> bool {
+    static FASTER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FASTER.get_or_init(|| {
+        if kernel() == Kernel::Avx2 {
+            return true;
+        }
+        let (n, k, gs) = (1536usize, 576usize, 64usize);
+        let packed: Vec<u32> = (0..n * k / 8).map(|i| (i as u32).wrapping_mul(2654435761)).collect();
+        let scales = vec![0.01f32; n * k / gs];
+        let w = Weights { packed: &packed, scales: &scales, biases: &scales, n, k, group_size: gs, bits: 4 };
+        let dense = vec![0.01f32; n * k];
+        let x = vec![0.5f32; k];
+        let mut out = vec![0f32; n];
+        let time = |f: &mut dyn FnMut()| {
+            f();
+            let t = std::time::Instant::now();
+            for _ in 0..5 {
+                f();
+            }
+            t.elapsed()
+        };
+        let quantized = time(&mut || matmul(kernel(), &x, 1, &w, Fusion::default(), &mut out));
+        // SAFETY: `dense` is n × k, `x` has k elements and `out` n.
+        let float32 = time(&mut || unsafe {
+            super::gemv_forward::cblas_sgemv(101, 111, n as _, k as _, 1.0, dense.as_ptr(), k as _, x.as_ptr(), 1, 0.0, out.as_mut_ptr(), 1)
+        });
+        tracing::info!("portable quantized kernel {quantized:?} vs float32 gemv {float32:?} (5 decode-shaped products)");
+        quantized < float32
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIMD kernel computes what the scalar one does (same integer sums; float
+    /// summation order only), on every supported format and row counts 1 to 9.
+    #[test]
+    fn avx2_equals_scalar() {
+        if Kernel::detect() != Kernel::Avx2 {
+            return;
+        }
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for bits in [4u32, 8] {
+            for gs in [32usize, 64, 128] {
+                // 96 = three blocks: an odd last block for the 4-bit pairs.
+                for (rows, k) in [(1usize, 256usize), (2, 256), (3, 96), (4, 256), (5, 256), (9, 96), (1, 96)] {
+                    if k % gs != 0 {
+                        continue;
+                    }
+                    let n = 37;
+                    let packed: Vec<u32> = (0..n * k * bits as usize / 32).map(|_| next()).collect();
+                    let scales: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4).collect();
+                    let biases: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4 - 0.05).collect();
+                    let x: Vec<f32> = (0..rows * k).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+                    let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits };
+                    let (mut simd, mut plain) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                    matmul(Kernel::Avx2, &x, rows, &w, Fusion::default(), &mut simd);
+                    matmul(Kernel::Scalar, &x, rows, &w, Fusion::default(), &mut plain);
+                    for (i, (s, p)) in simd.iter().zip(&plain).enumerate() {
+                        assert!((s - p).abs() <= 1e-4 * p.abs().max(1.0), "bits {bits} gs {gs} rows {rows} [{i}]: {s} vs {p}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The quantized matmul as an MLX primitive (MLX's documented extension route, as its
+//! "axpby" example): a node of MLX's lazy graph whose CPU evaluation is a task on the
+//! stream's queue, like MLX's own kernels, that calls the Rust kernel
+//! (`mlxbar_affine_qmm_run`, affine_qmm/mod.rs). One op per projection, no extra eval;
+//! optionally with the RMS norm or SwiGLU before it and the residual add after it fused in
+//! (see `Fusion` in mod.rs).
+//! Built by build.rs on Linux against the mlx-cpu wheel's headers; exposed to Rust through
+//! mlx-c's array handles (`mlxbar_affine_qmm`, used by affine_qmm/op.rs).
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "../dense.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/c/private/array.h"
+#include "mlx/c/private/stream.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+namespace mx = mlx::core;
+
+extern "C" void mlxbar_affine_qmm_run(
+    const float* x,
+    int64_t rows,
+    int64_t k,
+    const uint32_t* packed,
+    const float* scales,
+    const float* biases,
+    int64_t n,
+    int32_t group_size,
+    int32_t bits,
+    int32_t prologue,
+    const float* norm,
+    float eps,
+    const float* residual,
+    float* out);
+
+// As in affine_qmm/mod.rs.
+constexpr int PROLOGUE_NONE = 0;
+constexpr int PROLOGUE_RMS_NORM = 1;
+constexpr int PROLOGUE_SWIGLU = 2;
+
+namespace {
+
+class AffineQmm : public mx::UnaryPrimitive {
+ public:
+  AffineQmm(mx::Stream stream, int group_size, int bits, int prologue, float eps, bool residual)
+      : mx::UnaryPrimitive(stream),
+        group_size_(group_size),
+        bits_(bits),
+        prologue_(prologue),
+        eps_(eps),
+        residual_(residual) {}
+
+  // inputs: x, w, scales, biases, then the norm's weight (RMS norm) and the residual.
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& in : inputs) enc.set_input_array(in);
+    enc.set_output_array(out);
+    const auto& w = inputs[1];
+    const int64_t k = w.shape(1) * 32 / bits_;
+    const int64_t n = w.shape(0);
+    const int64_t rows = static_cast<int64_t>(out.size()) / n;
+    const mx::array* norm = prologue_ == PROLOGUE_RMS_NORM ? &inputs[4] : nullptr;
+    const mx::array* residual = residual_ ? &inputs.back() : nullptr;
+    enc.dispatch([x = inputs[0], wp = w.data<uint32_t>(), sp = inputs[2].data<float>(),
+                  bp = inputs[3].data<float>(), np = norm ? norm->data<float>() : nullptr,
+                  res = residual ? *residual : mx::array(0.0f), has_res = residual != nullptr,
+                  op = out.data<float>(), rows, k, n, gs = group_size_, bits = bits_,
+                  prologue = prologue_, eps = eps_]() {
+      if (rows == 0) return;
+      std::vector<float> xcopy, rcopy;
+      const float* xp = mlxbar::dense_data(x, xcopy);
+      const float* rp = has_res ? mlxbar::dense_data(res, rcopy) : nullptr;
+      mlxbar_affine_qmm_run(xp, rows, k, wp, sp, bp, n, gs, bits, prologue, np, eps, rp, op);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("AffineQmm runs on the CPU only (on the GPU use quantized_matmul)");
+  }
+
+  const char* name() const override {
+    return "AffineQmm";
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const AffineQmm&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && prologue_ == o.prologue_ && eps_ == o.eps_ &&
+        residual_ == o.residual_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+  int prologue_;
+  float eps_;
+  bool residual_;
+};
+
+mx::array affine_qmm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    int prologue,
+    const mx::array* norm,
+    float eps,
+    const mx::array* residual,
+    mx::Stream s) {
+  auto f32 = [](const mx::array* a) { return !a || a->dtype() == mx::float32; };
+  if (!f32(&x) || !f32(&scales) || !f32(&biases) || !f32(norm) || !f32(residual) || w.dtype() != mx::uint32) {
+    throw std::invalid_argument("affine_qmm: x, scales, biases, norm and residual must be float32 and w uint32");
+  }
+  if (x.ndim() < 1 || w.ndim() != 2 || scales.ndim() != 2 || biases.shape() != scales.shape()) {
+    throw std::invalid_argument("affine_qmm: w, scales and biases must be matrices of matching shapes");
+  }
+  const int64_t k = static_cast<int64_t>(w.shape(1)) * 32 / bits;
+  const int64_t x_cols = prologue == PROLOGUE_SWIGLU ? 2 * k : k;
+  if (static_cast<int64_t>(w.shape(1)) * 32 != k * bits || x.shape(-1) != x_cols || k % group_size != 0 ||
+      scales.shape(0) != w.shape(0) || scales.shape(1) != k / group_size) {
+    throw std::invalid_argument("affine_qmm: shapes of x, w and scales disagree");
+  }
+  if (!w.flags().row_contiguous || !scales.flags().row_contiguous || !biases.flags().row_contiguous) {
+    throw std::invalid_argument("affine_qmm: weights must be evaluated and contiguous");
+  }
+  auto shape = x.shape();
+  shape.back() = w.shape(0);
+  std::vector<mx::array> inputs = {x, w, scales, biases};
+  if (prologue == PROLOGUE_RMS_NORM) {
+    if (!norm || norm->ndim() != 1 || norm->shape(0) != k || !norm->flags().row_contiguous) {
+      throw std::invalid_argument("affine_qmm: the RMS norm's weight must be an evaluated vector of k values");
+    }
+    inputs.push_back(*norm);
+  } else if (prologue != PROLOGUE_NONE && prologue != PROLOGUE_SWIGLU) {
+    throw std::invalid_argument("affine_qmm: unknown prologue");
+  }
+  if (residual) {
+    if (residual->shape() != shape) {
+      throw std::invalid_argument("affine_qmm: the residual must have the output's shape");
+    }
+    inputs.push_back(*residual);
+  }
+  return mx::array(
+      shape,
+      mx::float32,
+      std::make_shared<AffineQmm>(s, group_size, bits, prologue, eps, residual != nullptr),
+      std::move(inputs));
+}
+
+}  // namespace
+
+// 0 on success; otherwise 1 and the reason in `err` (NUL-terminated, truncated).
+// 0 on success; otherwise 1 and the reason in `err` (NUL-terminated, truncated).
+// `norm` and `residual` may be empty handles (ctx null).
+extern "C" int mlxbar_affine_qmm(
+    mlx_array* res,
+    mlx_array x,
+    mlx_array w,
+    mlx_array scales,
+    mlx_array biases,
+    int group_size,
+    int bits,
+    int prologue,
+    mlx_array norm,
+    float eps,
+    mlx_array residual,
+    mlx_stream stream,
+    char* err,
+    size_t err_len) {
+  try {
+    mlx_array_set_(
+        *res,
+        affine_qmm(
+            mlx_array_get_(x),
+            mlx_array_get_(w),
+            mlx_array_get_(scales),
+            mlx_array_get_(biases),
+            group_size,
+            bits,
+            prologue,
+            norm.ctx ? &mlx_array_get_(norm) : nullptr,
+            eps,
+            residual.ctx ? &mlx_array_get_(residual) : nullptr,
+            mlx_stream_get_(stream)));
+    return 0;
+  } catch (const std::exception& e) {
+    if (err_len > 0) {
+      std::strncpy(err, e.what(), err_len - 1);
+      err[err_len - 1] = '\0';
+    }
+    return 1;
+  }
+}
