@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates tests/data/reference_llamacpp.json (llama.cpp's logits on the default GGUF, for
 # tests/reference.rs; needs Python and a C++ compiler, the tests themselves do not).
-# Installs llama-cpp-python with ../shared/peers/setup.sh (built from source; on Xeons with
-# AMX the default native build has crashed, so CMAKE_ARGS below turns native flags off),
+# Installs llama-cpp-python with ../shared/peers/setup.sh (built from source; on this Xeon
+# with AVX-512/AMX the default native build dies with SIGILL at its first eval, so
+# CMAKE_ARGS below builds for AVX2/FMA/F16C instead: that build made the stored reference),
 # then runs scripts/reference/make_llamacpp_reference.py on the prompts of reference.json.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
