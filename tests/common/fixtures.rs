@@ -1,7 +1,9 @@
 //! Model layouts built from the one model this machine has (SmolLM2-135M-Instruct Q4_1
 //! GGUF): MLX folders as mlx-community publishes them (the GGUF's own 4-bit, or
 //! requantized to 4/8 bits, group 64), a Hugging Face hub-cache repo (blobs + relative
-//! symlinks + refs/main), LM Studio's layout, and folders the engine must refuse.
+//! symlinks + refs/main), LM Studio's layout, and folders the engine must refuse. Also a
+//! ~1.1B-parameter 4-bit MLX folder with seeded random weights (`scale_folder`), for
+//! memory and speed figures at a size the 135M default cannot show.
 //!
 //! Conversions take seconds, so each is built once into cargo's per-target temp dir
 //! (kept between runs; bump `FIXTURE_VERSION` when the conversion changes) and
@@ -11,7 +13,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use mlx_rs::{io::GgufFile, ops, Array, Device};
+use mlx_rs::{io::GgufFile, ops, Array, Device, Dtype};
 use mlxbar::engine::{loader, WeightFormat};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -230,4 +232,135 @@ pub fn tiny_supported_folder(dir: &Path) {
     std::fs::write(dir.join("config.json"), smollm2_config().to_string()).unwrap();
     std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
     empty_safetensors(&dir.join("model.safetensors"));
+}
+
+/// The scale fixture's shape: TinyLlama-1.1B's (hidden 2048, MLP 5632, 22 layers, 32 query
+/// heads over 4 KV heads) with the default's vocabulary and tokenizer, embeddings tied.
+/// ~1.07B parameters: ~0.6 GB at 4 bits (group 64, float16 scales and biases, as
+/// mlx-community publishes them), 4.3 GB as float32.
+pub fn scale_config() -> serde_json::Value {
+    let mut c = smollm2_config();
+    for (k, v) in [("hidden_size", 2048), ("intermediate_size", 5632), ("num_hidden_layers", 22)] {
+        c[k] = json!(v);
+    }
+    c["num_attention_heads"] = json!(32);
+    c["num_key_value_heads"] = json!(4);
+    c["rope_theta"] = json!(10000.0);
+    c["max_position_embeddings"] = json!(2048);
+    c["quantization"] = json!({"group_size": 64, "bits": 4});
+    c
+}
+
+/// The parameter count of `scale_config()`.
+pub fn scale_params() -> u64 {
+    let c = scale_config();
+    let n = |k: &str| c[k].as_u64().unwrap();
+    let (h, i, heads, kv) = (n("hidden_size"), n("intermediate_size"), n("num_attention_heads"), n("num_key_value_heads"));
+    let kv_dim = h / heads * kv;
+    let layer = 2 * h * h + 2 * h * kv_dim + 3 * h * i + 2 * h;
+    n("vocab_size") * h + n("num_hidden_layers") * layer + h
+}
+
+/// The scale fixture in cargo's per-target temp dir (built once, ~0.6 GB), returned in place:
+/// read it, never write into it.
+pub fn scale_folder() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("library-fixtures");
+            let dir = root.join("scale-1b-4bit-g64-v2");
+            if !dir.join("config.json").exists() {
+                std::fs::create_dir_all(&root).unwrap();
+                let tmp = tempfile::tempdir_in(&root).unwrap();
+                build_scale_folder(tmp.path());
+                let kept = tmp.keep();
+                if std::fs::rename(&kept, &dir).is_err() {
+                    let _ = std::fs::remove_dir_all(&kept);
+                }
+            }
+            dir
+        })
+        .clone()
+}
+
+/// splitmix64: a seeded, portable stream of random words (the fixture's bytes must not
+/// depend on the platform or a crate's version).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// Random weights already in MLX's affine 4-bit layout (group 64): uniform 4-bit codes
+/// packed 8 to a u32, and per group a float16 scale of 0.005..0.007 with bias -7.5 x scale,
+/// so values spread over about +-0.05 around 0, as `quantize` makes of std-0.02 normal
+/// weights. Generating the codes directly takes ~1 s; MLX's normal + quantize of 1.07B
+/// values took ~100 s on 2 busy cores. One seed per tensor, so order does not matter. Shards
+/// are written one per layer so at most one layer is in memory; config.json goes last:
+/// its presence marks a whole folder.
+fn build_scale_folder(dir: &Path) {
+    Device::set_default(&Device::cpu());
+    let c = scale_config();
+    let n = |k: &str| c[k].as_i64().unwrap() as i32;
+    let (h, i, layers) = (n("hidden_size"), n("intermediate_size"), n("num_hidden_layers"));
+    let kv_dim = h / n("num_attention_heads") * n("num_key_value_heads");
+    let mut seed = 0u64;
+    let mut matrix = |rows: i32, cols: i32| -> (Array, Array, Array) {
+        seed += 1;
+        let mut rng = SplitMix(seed);
+        let words = (rows * cols / 8) as usize;
+        let packed = (0..words.div_ceil(2)).flat_map(|_| {
+            let x = rng.next();
+            [x as u32, (x >> 32) as u32]
+        });
+        let packed: Vec<u32> = packed.take(words).collect();
+        let groups = (rows * cols / 64) as usize;
+        let scales: Vec<f32> = (0..groups).map(|_| 0.005 + 0.002 * (rng.next() >> 11) as f32 / (1u64 << 53) as f32).collect();
+        let biases: Vec<f32> = scales.iter().map(|s| -7.5 * s).collect();
+        let f16 = |v: &[f32]| Array::from_slice(v, &[rows, cols / 64]).as_dtype(Dtype::Float16).unwrap();
+        (Array::from_slice(&packed, &[rows, cols / 8]), f16(&scales), f16(&biases))
+    };
+    let ones = || Array::ones::<f32>(&[h]).unwrap().as_dtype(Dtype::Float16).unwrap();
+    let write = |shard: &str, tensors: Vec<(String, Array)>| {
+        let arrays: Vec<&Array> = tensors.iter().map(|(_, a)| a).collect();
+        mlx_rs::transforms::eval(arrays).unwrap();
+        Array::save_safetensors(tensors.iter().map(|(k, v)| (k.as_str(), v)), None, dir.join(shard)).unwrap();
+        mlx_rs::memory::clear_cache().unwrap();
+    };
+    let quantized = |name: &str, (w, s, b): (Array, Array, Array)| {
+        [(format!("{name}.weight"), w), (format!("{name}.scales"), s), (format!("{name}.biases"), b)]
+    };
+    let mut top = quantized("model.embed_tokens", matrix(n("vocab_size"), h)).to_vec();
+    top.push(("model.norm.weight".into(), ones()));
+    write("model-embed.safetensors", top);
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        let mut t = vec![];
+        for (name, rows, cols) in [
+            ("self_attn.q_proj", h, h),
+            ("self_attn.k_proj", kv_dim, h),
+            ("self_attn.v_proj", kv_dim, h),
+            ("self_attn.o_proj", h, h),
+            ("mlp.gate_proj", i, h),
+            ("mlp.up_proj", i, h),
+            ("mlp.down_proj", h, i),
+        ] {
+            t.extend(quantized(&format!("{p}.{name}"), matrix(rows, cols)));
+        }
+        t.push((format!("{p}.input_layernorm.weight"), ones()));
+        t.push((format!("{p}.post_attention_layernorm.weight"), ones()));
+        write(&format!("model-layer-{l:02}.safetensors"), t);
+    }
+    // The default's tokenizer files, as the 4-bit fixture has them.
+    let small = cached_mlx_folder(Some(4));
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(small.join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
 }
