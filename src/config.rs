@@ -19,9 +19,10 @@
 //! grafana_url = "http://localhost:3000/d/mlxbar"   # linked from the popover
 //! max_batch = 8                   # sequences decoded together (continuous batching)
 //! kv_budget_tokens = 65536        # running requests × the longest prompt + max_tokens among them (the batch KV is padded); default: from the MLX memory limit
-//! prefix_cache_bytes = 268435456  # KV kept for prompt-prefix reuse; 0 turns it off
+//! prefix_cache_bytes = 94371840   # KV kept for prompt-prefix reuse; 0 turns it off; default: 2048 tokens of the model's KV, at most RAM/32
 //! mlx_memory_limit_bytes = ...    # default: MLX's, at most 75% of RAM
-//! mlx_cache_limit_bytes = ...     # default: 1 GiB or RAM/16, whichever is smaller
+//! mlx_cache_limit_bytes = ...     # freed buffers MLX keeps for reuse; default: two engine steps' transient buffers of the largest loaded model, 32-512 MiB, at most RAM/16
+//! mlx_cache_idle_seconds = 30     # no request running or queued for this long: MLX's buffer cache goes back to the system (0: as soon as work ends)
 //! admission = "refuse"            # under critical memory pressure: refuse (503) | wait
 //! max_loaded_models = 2           # models kept loaded together (the least recently used idle one unloads first)
 //! keep_alive = "15m"              # an idle model unloads after this ("30s", "1h"; -1: never; 0: after each answer)
@@ -70,9 +71,14 @@ pub struct Config {
     pub metrics_enabled: bool,
     pub max_batch: usize,
     pub kv_budget_tokens: Option<usize>,
-    pub prefix_cache_bytes: usize,
+    /// None: sized from the model (`registry::budget::prefix_cache_for`).
+    pub prefix_cache_bytes: Option<usize>,
     pub mlx_memory_limit_bytes: Option<usize>,
+    /// None: sized from the loaded models (`registry::budget::Budget::cache_limit`).
     pub mlx_cache_limit_bytes: Option<usize>,
+    /// With no request running or queued on any model for this long, MLX's buffer cache is
+    /// cleared (once per quiet spell), so an idle server holds weights, KV and prefix cache only.
+    pub mlx_cache_idle_seconds: f64,
     /// What new requests meet while memory pressure is critical.
     pub admission: Admission,
     /// Models kept loaded together.
@@ -118,9 +124,13 @@ impl Default for Config {
             grafana_url: None,
             max_batch: 8,
             kv_budget_tokens: None,
-            prefix_cache_bytes: 256 << 20,
+            prefix_cache_bytes: None,
             mlx_memory_limit_bytes: None,
             mlx_cache_limit_bytes: None,
+            // Longer than a client's pause between requests under load (steady load never
+            // clears, so never pays for refilling), short enough that memory comes back
+            // soon after the load ends. A refill costs the next request a few ms of page faults.
+            mlx_cache_idle_seconds: 30.0,
             admission: Admission::Refuse,
             max_loaded_models: 2,
             keep_alive: crate::registry::KeepAlive::DEFAULT,
@@ -260,6 +270,9 @@ impl Config {
         }
         if !(self.stall_seconds > 0.0 && self.stall_seconds <= 86400.0) {
             bail!("stall_seconds must be in (0, 86400]");
+        }
+        if !(0.0..=86400.0).contains(&self.mlx_cache_idle_seconds) {
+            bail!("mlx_cache_idle_seconds must be between 0 and 86400");
         }
         if !(0.0..=3600.0).contains(&self.shutdown_grace_seconds) {
             bail!("shutdown_grace_seconds must be between 0 and 3600");

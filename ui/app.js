@@ -58,6 +58,47 @@ function sparkline(tp) {
 }
 
 // ---- memory ----
+/** A bar of `parts` ([css key, label, bytes]) as shares of `whole`, with its legend. */
+function stackedBar(bar, legend, parts, whole) {
+  bar.replaceChildren(...parts.map(([k, label, v]) => {
+    const d = document.createElement("div");
+    d.style.width = `${(100 * v / whole).toFixed(2)}%`;
+    d.style.background = `var(--${k})`;
+    d.title = `${label}: ${fmtBytes(v)}`;
+    return d;
+  }));
+  legend.replaceChildren(...parts.map(([k, label, v]) => {
+    const s = document.createElement("span");
+    const i = document.createElement("i");
+    i.style.background = `var(--${k})`;
+    s.dataset.part = k;
+    s.append(i, `${label} ${fmtBytes(v)}`);
+    return s;
+  }));
+}
+
+/** What this process's resident memory holds: the loaded models' weights, the KV their
+ * running requests use, their prefix caches, MLX's buffer cache (process-wide, given back
+ * after a quiet spell), and the rest (runtime, tokenizers, allocator slack). */
+function processMemory(s) {
+  const loaded = s.models.filter((m) => m.state === "loaded");
+  const sum = (f) => loaded.reduce((a, m) => a + (f(m) ?? 0), 0);
+  const parts = [
+    ["weights", "Weights", sum((m) => m.info?.weight_bytes)],
+    ["kv", "KV in use", sum((m) => m.kv_bytes)],
+    ["prefix", "Prefix cache", sum((m) => m.prefix_cache_bytes)],
+    ["mlxcache", "MLX cache", s.memory.mlx.cache],
+  ];
+  const rss = s.memory.process.resident_bytes;
+  const held = parts.reduce((a, p) => a + p[2], 0);
+  // Metal buffers need not count in RSS: the rest is then 0, the bar the parts' sum.
+  parts.push(["rest", "Other", Math.max(0, rss - held)]);
+  stackedBar($("procbar"), $("proclegend"), parts, Math.max(rss, held) || 1);
+  const limit = sum((m) => m.prefix_cache_limit_bytes);
+  $("proclegend").querySelector('[data-part="prefix"]').title = `Prefix cache: ${fmtBytes(parts[2][2])} of ${fmtBytes(limit)}`;
+  $("proclegend").querySelector('[data-part="mlxcache"]').title = `MLX buffer cache: ${fmtBytes(s.memory.mlx.cache)} of ${fmtBytes(s.memory.mlx.cache_limit)}; given back after a quiet spell (${s.memory.mlx.idle_clears} so far)`;
+  text("proc-mem", `${fmtBytes(rss)} resident`);
+}
 const PRESSURE_ANGLE = { normal: 150, warn: 90, critical: 30, unknown: 90 };
 function memory(m) {
   const sys = m.system;
@@ -82,21 +123,7 @@ function memory(m) {
   ].filter((p) => p[2] > 0);
   const known = parts.reduce((s, p) => s + p[2], 0);
   if (sys.total > known) parts.splice(parts.length - 1, 0, ["other", "Other", sys.total - known]);
-  const bar = $("membar"), legend = $("memlegend");
-  bar.replaceChildren(...parts.map(([k, label, v]) => {
-    const d = document.createElement("div");
-    d.style.width = `${(100 * v / sys.total).toFixed(2)}%`;
-    d.style.background = `var(--${k})`;
-    d.title = `${label}: ${fmtBytes(v)}`;
-    return d;
-  }));
-  legend.replaceChildren(...parts.map(([k, label, v]) => {
-    const s = document.createElement("span");
-    const i = document.createElement("i");
-    i.style.background = `var(--${k})`;
-    s.append(i, `${label} ${fmtBytes(v)}`);
-    return s;
-  }));
+  stackedBar($("membar"), $("memlegend"), parts, sys.total);
   text("mem-used", `${fmtBytes(sys.used)} of ${fmtBytes(sys.total)}`);
   text("swap", sys.swap_total ? `${fmtBytes(sys.swap_used)} of ${fmtBytes(sys.swap_total)}` : "off");
   text("swap-rate", `${m.swap_in_pages_per_second.toFixed(0)} in · ${m.swap_out_pages_per_second.toFixed(0)} out pages/s`);
@@ -456,6 +483,7 @@ function render(s) {
   else if (s.paused) showBanner("Serving is paused: new requests get 503 until you resume from the menu.", "info");
   else showBanner("");
   memory(s.memory);
+  processMemory(s);
   try {
     sparkline(s.throughput);
   } catch (e) {

@@ -32,6 +32,9 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
             m.model_load_duration_seconds.with_label_values(&[id]).set(info.load_seconds);
             m.model_weight_bytes.with_label_values(&[id]).set(info.weight_bytes as i64);
         }
+        // The memory split of a loaded model (weights above; MLX's cache is process-wide).
+        m.model_kv_bytes.with_label_values(&[id]).set(view.kv_bytes.unwrap_or(0) as i64);
+        m.model_prefix_cache_bytes.with_label_values(&[id]).set(view.prefix_cache_bytes.unwrap_or(0) as i64);
     }
     m.observe_engine(&models.stats());
     m.observe_batch_sizes(models.decode_steps_by_batch_size());

@@ -634,10 +634,10 @@ pub async fn run(args: SoakArgs) -> Result<()> {
                 ..Config::default()
             };
             let desc = format!(
-                "in-process mlxbar: queue_capacity {}, max_batch {}, prefix_cache {} MB, weight_format {:?}, admission {:?} (RSS is this process: server + soak client)",
+                "in-process mlxbar: queue_capacity {}, max_batch {}, prefix_cache {}, weight_format {:?}, admission {:?} (RSS is this process: server + soak client)",
                 config.queue_capacity,
                 config.max_batch,
-                config.prefix_cache_bytes >> 20,
+                config.prefix_cache_bytes.map_or("sized from the model".into(), |b| format!("{} MB", b >> 20)),
                 config.weight_format,
                 config.admission
             );

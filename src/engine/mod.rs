@@ -12,6 +12,7 @@ pub mod loader;
 pub mod logprobs;
 pub mod model;
 pub mod prefix_cache;
+mod quiet;
 pub mod request;
 pub mod sampling;
 pub mod stats;
@@ -35,6 +36,7 @@ pub use request::{Completion, EngineError, ErrorKind, Event, FinishReason, Gener
 pub use sampling::SamplingParams;
 pub use stats::StatsView;
 pub use tokenizer::TextCodec;
+pub use worker::PREFILL_CHUNK;
 
 /// Says whether new work must wait (memory pressure critical); asked once per engine
 /// iteration while requests wait.
@@ -61,6 +63,8 @@ pub struct EngineOptions {
     pub mlx_memory_limit: usize,
     /// Bytes of finished sequences' KV kept for prefix reuse (0: off).
     pub prefix_cache_bytes: usize,
+    /// With no work on any engine for this long, MLX's buffer cache is cleared.
+    pub cache_idle: std::time::Duration,
     pub admission_gate: Option<AdmissionGate>,
     /// The process-wide grammar-mask histogram every engine observes.
     pub mask_seconds: stats::MaskSeconds,
@@ -398,6 +402,7 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
         kv_bytes_per_token: per_token,
         attention_heads: model.config.num_heads.max(1) as usize,
         device_lock: options.device_lock.clone(),
+        cache_idle: options.cache_idle,
     }
 }
 

@@ -76,7 +76,7 @@ impl PrefixCache {
     }
 
     pub fn stats(&self) -> PrefixStats {
-        PrefixStats { entries: self.entries.len(), bytes: self.entries.values().map(|e| e.bytes).sum(), ..self.stats }
+        PrefixStats { entries: self.entries.len(), bytes: self.bytes(), ..self.stats }
     }
 
     /// The longest cached prefix of `prompt`, leaving at least one prompt token to compute
@@ -114,8 +114,18 @@ impl PrefixCache {
     /// Entries that are a prefix of it are dropped (it covers them); then least recently
     /// used entries go until the budget holds.
     pub fn insert(&mut self, tokens: Vec<u32>, kv: Vec<(Array, Array)>) {
+        if self.budget == 0 || tokens.len() < BLOCK {
+            return;
+        }
+        let kv = match trim(kv, tokens.len() as i32) {
+            Ok(kv) => kv,
+            Err(e) => {
+                tracing::warn!("trimming a prefix for the cache: {e:#}");
+                return;
+            }
+        };
         let bytes: usize = kv.iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum();
-        if self.budget == 0 || tokens.len() < BLOCK || bytes > self.budget {
+        if bytes > self.budget {
             return;
         }
         let covered: Vec<u64> = self.entries.iter().filter(|(_, e)| tokens.starts_with(&e.tokens)).map(|(id, _)| *id).collect();
@@ -132,11 +142,16 @@ impl PrefixCache {
             self.index.entry(h).or_default().push(id);
         }
         self.entries.insert(id, Entry { tokens, kv, bytes, last_used: self.tick });
-        while self.entries.values().map(|e| e.bytes).sum::<usize>() > self.budget {
+        while self.bytes() > self.budget {
             let oldest = *self.entries.iter().min_by_key(|(_, e)| e.last_used).unwrap().0;
             self.remove(oldest);
             self.stats.evictions += 1;
         }
+    }
+
+    /// Bytes the entries hold.
+    pub fn bytes(&self) -> usize {
+        self.entries.values().map(|e| e.bytes).sum()
     }
 
     fn remove(&mut self, id: u64) {
@@ -151,6 +166,24 @@ impl PrefixCache {
             }
         }
     }
+}
+
+/// `kv` cut to its first `tokens` positions, in buffers of their own: a finished sequence's
+/// cache is padded to the next 256 tokens, and kept as is that padding would take up to half
+/// the cache's budget. Two slices concatenated always make a fresh buffer (a single slice
+/// may stay a view of the padded one), and evaluating it now lets the padded one go.
+fn trim(kv: Vec<(Array, Array)>, tokens: i32) -> anyhow::Result<Vec<(Array, Array)>> {
+    use mlx_rs::ops::indexing::IndexOp;
+    if kv.iter().all(|(k, _)| k.shape()[2] == tokens) {
+        return Ok(kv);
+    }
+    let cut = |a: &Array| -> anyhow::Result<Array> {
+        let (head, last) = (a.index((.., .., ..tokens - 1, ..)), a.index((.., .., tokens - 1..tokens, ..)));
+        Ok(mlx_rs::ops::concatenate(&[head, last], 2)?)
+    };
+    let trimmed = kv.iter().map(|(k, v)| Ok((cut(k)?, cut(v)?))).collect::<anyhow::Result<Vec<_>>>()?;
+    mlx_rs::transforms::eval(trimmed.iter().flat_map(|(k, v)| [k, v]))?;
+    Ok(trimmed)
 }
 
 #[cfg(test)]
@@ -214,6 +247,21 @@ mod tests {
         assert!(c.lookup(&toks(2000..2033)).is_some());
         assert_eq!(c.stats().evictions, 1);
         assert!(c.stats().bytes <= 2 * one);
+    }
+
+    #[test]
+    fn a_padded_cache_is_kept_at_its_length() {
+        // 40 positions filled of a 256-position buffer, 2 heads (as a sequence's cache leaves).
+        let padded = Array::from_slice(&(0..2 * 256).map(|i| i as f32).collect::<Vec<_>>(), &[1, 2, 256, 1]);
+        let mut c = PrefixCache::new(1 << 20);
+        c.insert(toks(0..40), vec![(padded.clone(), padded)]);
+        assert_eq!(c.bytes(), 2 * (2 * 40 * 4), "keys and values, 2 heads × 40 positions × float32");
+        let hit = c.lookup(&toks(0..41)).unwrap();
+        let (k, _) = &hit.kv[0];
+        assert_eq!(k.shape(), &[1, 2, 40, 1]);
+        let got: Vec<f32> = k.as_slice::<f32>().to_vec();
+        let want: Vec<f32> = (0..40).map(|i| i as f32).chain((256..296).map(|i| i as f32)).collect();
+        assert_eq!(got, want, "each head's first 40 positions, in order");
     }
 
     #[test]

@@ -21,6 +21,7 @@ use super::kv_cache::KvCache;
 use super::logprobs;
 use super::model::Model;
 use super::prefix_cache::PrefixCache;
+use super::quiet::QuietRelease;
 use super::request::{Completion, EngineError, ErrorKind, Event, FinishReason, GenerationRequest, Timings};
 use super::sampling::Sampler;
 use super::stats::EngineStats;
@@ -29,8 +30,8 @@ use super::tokenizer::TextCodec;
 use super::{AdmissionGate, Shared};
 
 /// Prompt tokens per prefill pass (shared by the newcomers in it) when nothing else runs:
-/// bounds attention scratch memory.
-const PREFILL_CHUNK: usize = 512;
+/// bounds attention scratch memory (and sizes MLX's cache: `registry::budget`).
+pub const PREFILL_CHUNK: usize = 512;
 /// ... and while other sequences decode: each pass delays their next token.
 const PREFILL_CHUNK_SHARED: usize = 256;
 /// How often a blocked admission (memory pressure) looks again.
@@ -56,6 +57,8 @@ pub struct Limits {
     pub attention_heads: usize,
     /// Held from admission to the step's end (see [`super::DeviceLock`]).
     pub device_lock: super::DeviceLock,
+    /// With no work anywhere for this long, MLX's buffer cache goes back (`mlx_cache_idle_seconds`).
+    pub cache_idle: Duration,
 }
 
 impl Limits {
@@ -109,6 +112,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
     let mut prefix = PrefixCache::new(limits.prefix_cache_bytes);
     let mut batch = BatchKv::default();
     let mut next_id = 0u64;
+    let mut quiet = QuietRelease::new(limits.cache_idle);
     shared.stats.set_limits(limits.max_batch, limits.kv_budget_tokens);
     shared.stats.set_prefix(&prefix.stats());
     loop {
@@ -126,9 +130,18 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             return;
         }
 
-        // 1. New requests. Block only when idle.
+        // 1. New requests. Block only when idle (waking once, at the end of a quiet spell,
+        // to give MLX's buffer cache back).
         if running.is_empty() && pending.is_empty() {
-            match jobs.recv() {
+            let job = loop {
+                let Some(wait) = quiet.wait() else { break jobs.recv() };
+                match jobs.recv_timeout(wait) {
+                    Ok(job) => break Ok(job),
+                    Err(mpsc::RecvTimeoutError::Timeout) => quiet.maybe_release(&limits.device_lock),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break Err(mpsc::RecvError),
+                }
+            };
+            match job {
                 Ok(Job::Generate(req)) => pending.push_back(req),
                 // Shutdown sets the stopping flag first (handled at the top); a closed
                 // channel with nothing left to do ends the thread.
@@ -141,6 +154,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 pending.push_back(req);
             }
         }
+        quiet.busy();
         // Clients that left while waiting.
         pending.retain(|req| {
             let gone = req.events.is_closed();

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub model_load_duration_seconds: GaugeVec,
     pub model_weight_bytes: IntGaugeVec,
     pub model_memory_bytes: IntGaugeVec,
+    pub model_kv_bytes: IntGaugeVec,
+    pub model_prefix_cache_bytes: IntGaugeVec,
     pub model_load_seconds: prometheus::Histogram,
     pub model_loads_total: IntCounterVec,
     pub model_unloads_total: IntCounterVec,
@@ -75,6 +77,7 @@ pub struct Metrics {
     pub prefix_cache_tokens_saved_total: IntCounter,
     // memory
     pub mlx_memory_bytes: IntGaugeVec,
+    pub mlx_cache_clears_total: IntCounterVec,
     pub memory_bytes: IntGaugeVec,
     pub memory_used_ratio: Gauge,
     pub swap_used_bytes: IntGauge,
@@ -149,6 +152,14 @@ impl Metrics {
                 Opts::new("model_memory_bytes", "Bytes a loaded model holds as the memory budget counts it: weights + its KV budget; 0 once unloaded."),
                 &["model"]
             )),
+            model_kv_bytes: reg!(IntGaugeVec::new(
+                Opts::new("model_kv_bytes", "Bytes of KV buffers a loaded model's running requests hold now (the decoding batch is padded to its longest row); 0 when idle or unloaded."),
+                &["model"]
+            )),
+            model_prefix_cache_bytes: reg!(IntGaugeVec::new(
+                Opts::new("model_prefix_cache_bytes", "Bytes of KV a loaded model's prefix cache holds; 0 once unloaded."),
+                &["model"]
+            )),
             model_load_seconds: reg!(prometheus::Histogram::with_opts(
                 HistogramOpts::new("model_load_seconds", "Time to load a model, from the engine's start to ready (or failed).")
                     .buckets(exponential_buckets(0.25, 2.0, 10).unwrap())
@@ -178,7 +189,11 @@ impl Metrics {
             prefix_cache_misses_total: reg!(IntCounter::new("prefix_cache_misses_total", "Requests that found no cached prefix.")),
             prefix_cache_evictions_total: reg!(IntCounter::new("prefix_cache_evictions_total", "Prefixes evicted from the prefix cache.")),
             prefix_cache_tokens_saved_total: reg!(IntCounter::new("prefix_cache_tokens_saved_total", "Prompt tokens not recomputed thanks to the prefix cache.")),
-            mlx_memory_bytes: reg!(IntGaugeVec::new(Opts::new("mlx_memory_bytes", "MLX allocator memory: active (live arrays), peak, cache (reusable buffers), limit."), &["kind"])),
+            mlx_memory_bytes: reg!(IntGaugeVec::new(Opts::new("mlx_memory_bytes", "MLX allocator memory: active (live arrays), peak, cache (reusable buffers), limit, cache_limit."), &["kind"])),
+            mlx_cache_clears_total: reg!(IntCounterVec::new(
+                Opts::new("mlx_cache_clears_total", "Times MLX's buffer cache was given back to the system, by reason: idle (no work for mlx_cache_idle_seconds), unload (a model unloaded)."),
+                &["reason"]
+            )),
             memory_bytes: reg!(IntGaugeVec::new(Opts::new("memory_bytes", "System memory by kind: total, free, available, used, active, inactive, wired, compressed, app, cached_files (Activity Monitor's terms on macOS)."), &["kind"])),
             memory_used_ratio: reg!(Gauge::new("memory_used_ratio", "Used system memory over total (0-1).")),
             swap_used_bytes: reg!(IntGauge::new("swap_used_bytes", "Swap in use.")),
@@ -252,6 +267,8 @@ impl Metrics {
     }
 
     pub fn observe_system(&self, s: &SystemSample) {
+        advance_to(&self.mlx_cache_clears_total.with_label_values(&["idle"]), s.mlx.idle_clears);
+        advance_to(&self.mlx_cache_clears_total.with_label_values(&["unload"]), s.mlx.unload_clears);
         for (kind, v) in [
             ("active", s.mlx.active),
             ("peak", s.mlx.peak),

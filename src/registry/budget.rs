@@ -1,12 +1,13 @@
 //! The memory budget: the one place that sets MLX's process-wide memory and cache limits,
-//! estimates what a model needs before it loads, and decides whether it fits beside the
-//! loaded ones — which idle ones to unload first, or why it cannot load at all. Pure
-//! arithmetic apart from [`Budget::install`], so the tests feed it recorded figures.
+//! sizes the caches from the model and the machine, estimates what a model needs before it
+//! loads, and decides whether it fits beside the loaded ones — which idle ones to unload
+//! first, or why it cannot load at all. Pure arithmetic apart from [`Budget::install`] and
+//! [`Budget::apply_cache_limit`], so the tests feed it recorded figures.
 use std::time::Instant;
 
 use crate::config::Config;
 use crate::engine::WeightFormat;
-use crate::library::ModelEntry;
+use crate::library::{ModelEntry, Shape};
 
 /// A model loads with at least this much KV (one short conversation); more as room allows.
 pub const MIN_KV_TOKENS: usize = 1024;
@@ -14,11 +15,68 @@ pub const MIN_KV_TOKENS: usize = 1024;
 /// whole batch of typical chats, not `max_batch` full contexts (32k × 8 is tens of GB).
 pub const DEFAULT_KV_TOKENS: usize = 16384;
 
+/// The prefix cache holds this many tokens of KV unless `prefix_cache_bytes` says otherwise:
+/// a long shared system prompt, or the last turns of a few chats. Counted in tokens, so a
+/// model with a fat KV gets more bytes and a small one does not sit on 256 MiB it never fills.
+pub const PREFIX_CACHE_TOKENS: u64 = 2048;
+
+/// MLX's buffer cache holds this many engine steps' transient buffers: a step frees its
+/// activations, the next allocates the same sizes again, so one step's worth is reused; the
+/// second covers a prefill chunk and a decode step alternating.
+pub const CACHE_STEPS: u64 = 2;
+/// Below this a cache limit saves nothing worth having (a small model's step is a few MB,
+/// and a malloc per op is what the cache is there to avoid).
+pub const MIN_CACHE_LIMIT: u64 = 32 << 20;
+/// Free buffers past this are memory the machine can use better than MLX can.
+pub const MAX_CACHE_LIMIT: u64 = 512 << 20;
+/// Tokens of one prefill pass, for the transient estimate.
+const PREFILL_TOKENS: u64 = crate::engine::PREFILL_CHUNK as u64;
+
+/// Bytes one engine step allocates and frees again, at most: the larger of a prefill chunk
+/// (its tokens' activations through one layer — a handful of hidden-wide tensors, the
+/// MLP's three intermediate-wide ones — and its attention scores against a context as long
+/// as the chunk) and a decode step of a full batch (the same per row, plus float32 logits).
+/// KV buffers are not counted: they live as long as their sequence, and when a batch's KV
+/// grows (every 256 tokens) its old buffers go back to the system rather than to the cache.
+pub fn step_transient_bytes(shape: &Shape, max_batch: usize, dtype_bytes: usize) -> u64 {
+    let per_token = 6 * shape.hidden_size as u64 + 3 * shape.intermediate_size as u64;
+    let prefill = PREFILL_TOKENS * (per_token + shape.num_heads as u64 * PREFILL_TOKENS) * dtype_bytes as u64;
+    let decode = max_batch.max(1) as u64 * (per_token * dtype_bytes as u64 + 4 * shape.vocab_size as u64);
+    prefill.max(decode)
+}
+
+/// MLX's cache limit for models with `step` transient bytes: [`CACHE_STEPS`] steps, within
+/// [`MIN_CACHE_LIMIT`]..[`MAX_CACHE_LIMIT`] and at most 1/16 of the machine's memory.
+pub fn cache_limit_for_step(step: u64, total: u64) -> u64 {
+    let limit = (CACHE_STEPS * step).clamp(MIN_CACHE_LIMIT, MAX_CACHE_LIMIT);
+    if total > 0 {
+        limit.min(total / 16)
+    } else {
+        limit
+    }
+}
+
+/// The prefix cache for a model whose KV takes `kv_per_token` bytes a token:
+/// [`PREFIX_CACHE_TOKENS`] of it, at most 1/32 of the machine's memory.
+pub fn prefix_cache_for(kv_per_token: u64, total: u64) -> u64 {
+    let bytes = PREFIX_CACHE_TOKENS * kv_per_token;
+    if total > 0 {
+        bytes.min(total / 32)
+    } else {
+        bytes
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Budget {
     /// MLX's allocator limit (one process, every model).
     pub mlx_memory_limit: u64,
-    pub cache_limit: u64,
+    /// `mlx_cache_limit_bytes`, when set: the cache limit whatever is loaded.
+    pub cache_limit_configured: Option<u64>,
+    /// `prefix_cache_bytes`, when set: every model's prefix cache.
+    pub prefix_configured: Option<u64>,
+    /// Physical memory (0: unknown).
+    pub total: u64,
     /// What loaded models may take together: `memory_budget_bytes`, else the MLX limit.
     pub ceiling: u64,
     /// The ceiling was configured (a refusal then says "within the memory budget").
@@ -109,28 +167,26 @@ impl Budget {
     ///
     /// Memory limit: MLX's own default, but at most 75% of physical memory, so a big model
     /// fails to allocate rather than pushing the machine into swap. Cache limit (freed
-    /// buffers MLX keeps for reuse): 1 GiB or 1/16 of memory, whichever is smaller. Margin:
-    /// a tenth of memory, at most 2 GiB.
-    pub fn install(config: &Config, total: u64) -> Budget {
+    /// buffers MLX keeps for reuse): sized for `first`, the model that loads first (see
+    /// [`Budget::cache_limit`]); each load resizes it. Margin: a tenth of memory, at most 2 GiB.
+    pub fn install(config: &Config, total: u64, first: Option<&ModelEntry>) -> Budget {
         let mlx_default = mlx_rs::memory::memory_limit().unwrap_or(0) as u64;
         let mlx_memory_limit = config.mlx_memory_limit_bytes.map(|b| b as u64).unwrap_or(match (mlx_default, total) {
             (0, t) => t * 3 / 4,
             (d, 0) => d,
             (d, t) => d.min(t * 3 / 4),
         });
-        let cache_limit = config.mlx_cache_limit_bytes.map(|b| b as u64).unwrap_or((1u64 << 30).min(total / 16).max(64 << 20));
+        crate::telemetry::mlx_memory::tune_allocator();
         if mlx_memory_limit > 0 {
             if let Err(e) = mlx_rs::memory::set_memory_limit(mlx_memory_limit as usize) {
                 tracing::warn!("setting the MLX memory limit: {e}");
             }
         }
-        match mlx_rs::memory::set_cache_limit(cache_limit as usize) {
-            Ok(_) => crate::telemetry::mlx_memory::CACHE_LIMIT.store(cache_limit, std::sync::atomic::Ordering::Relaxed),
-            Err(e) => tracing::warn!("setting the MLX cache limit: {e}"),
-        }
         let budget = Budget {
             mlx_memory_limit,
-            cache_limit,
+            cache_limit_configured: config.mlx_cache_limit_bytes.map(|b| b as u64),
+            prefix_configured: config.prefix_cache_bytes.map(|b| b as u64),
+            total,
             ceiling: config.memory_budget_bytes.map(|b| b as u64).unwrap_or(mlx_memory_limit).min(mlx_memory_limit.max(1)),
             configured: config.memory_budget_bytes.is_some(),
             margin: (total / 10).min(2 << 30),
@@ -138,6 +194,8 @@ impl Budget {
             max_batch: config.max_batch.max(1),
             max_loaded: config.max_loaded_models.max(1),
         };
+        let cache_limit = budget.cache_limit(first.into_iter());
+        budget.apply_cache_limit(cache_limit);
         tracing::info!(
             "MLX memory limit {} MB, cache limit {} MB; models may take {} MB together (at most {})",
             mlx_memory_limit >> 20,
@@ -146,6 +204,50 @@ impl Budget {
             budget.max_loaded
         );
         budget
+    }
+
+    /// MLX's cache limit while `models` are loaded: `mlx_cache_limit_bytes` if set, else
+    /// the largest of their [`cache_limit_for_step`] (a model of unknown shape, or none,
+    /// gets the minimum).
+    pub fn cache_limit<'a>(&self, models: impl Iterator<Item = &'a ModelEntry>) -> u64 {
+        if let Some(limit) = self.cache_limit_configured {
+            return limit;
+        }
+        let dtype_bytes = if crate::engine::DeviceKind::for_this_platform() == crate::engine::DeviceKind::Gpu { 2 } else { 4 };
+        models
+            .filter_map(|m| m.shape.as_ref())
+            .map(|s| cache_limit_for_step(step_transient_bytes(s, self.max_batch, dtype_bytes), self.total))
+            .max()
+            .unwrap_or_else(|| cache_limit_for_step(0, self.total))
+    }
+
+    /// Sets MLX's cache limit (process-wide; freed buffers past it go back to the system).
+    pub fn apply_cache_limit(&self, limit: u64) {
+        use std::sync::atomic::Ordering;
+        if crate::telemetry::mlx_memory::CACHE_LIMIT.load(Ordering::Relaxed) == limit {
+            return;
+        }
+        match mlx_rs::memory::set_cache_limit(limit as usize) {
+            Ok(_) => {
+                crate::telemetry::mlx_memory::CACHE_LIMIT.store(limit, Ordering::Relaxed);
+                tracing::debug!("MLX cache limit {} MB", limit >> 20);
+            }
+            Err(e) => tracing::warn!("setting the MLX cache limit: {e}"),
+        }
+    }
+
+    /// The prefix cache `entry` gets: `prefix_cache_bytes` if set, else
+    /// [`prefix_cache_for`] its KV per token at the device's dtype (a model of unknown
+    /// shape: 64 MiB within the same cap).
+    pub fn prefix_cache_bytes(&self, entry: &ModelEntry, on_gpu: bool) -> u64 {
+        if let Some(bytes) = self.prefix_configured {
+            return bytes;
+        }
+        let dtype_bytes = if on_gpu { 2 } else { 4 };
+        match entry.kv_bytes_per_token(dtype_bytes) {
+            Some(per_token) => prefix_cache_for(per_token as u64, self.total),
+            None => (64u64 << 20).min(if self.total > 0 { self.total / 32 } else { u64::MAX }),
+        }
     }
 
     /// What `entry` needs in `format` (resolved) on the device: weights as they will be
@@ -258,7 +360,9 @@ mod tests {
     fn budget(ceiling: u64, max_loaded: usize) -> Budget {
         Budget {
             mlx_memory_limit: 18 * GB,
-            cache_limit: 1 << 30,
+            cache_limit_configured: None,
+            prefix_configured: None,
+            total: 24 * GB,
             ceiling,
             configured: false,
             margin: 2 * GB,
@@ -345,5 +449,99 @@ mod tests {
         let err = b.plan(&SMOL, 21 * GB, &[], false).unwrap_err();
         assert_eq!(err, Refusal::Memory { need: SMOL.least(), available: 300 * MB, within_budget: true });
         assert!(err.message("m", 2).contains("within the memory budget"), "{}", err.message("m", 2));
+    }
+
+    const SMOL_SHAPE: Shape = Shape {
+        layers: 30,
+        hidden_size: 576,
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+        vocab_size: 49152,
+        intermediate_size: 1536,
+        tie_word_embeddings: true,
+    };
+    const QWEN7B_SHAPE: Shape = Shape {
+        layers: 28,
+        hidden_size: 3584,
+        num_heads: 28,
+        num_kv_heads: 4,
+        head_dim: 128,
+        vocab_size: 152064,
+        intermediate_size: 18944,
+        tie_word_embeddings: false,
+    };
+
+    fn entry(shape: Option<Shape>) -> ModelEntry {
+        ModelEntry {
+            id: "m".into(),
+            path: "/m".into(),
+            format: crate::library::ModelFormat::Gguf,
+            source: crate::library::ModelSource::Path,
+            revision: None,
+            architecture: None,
+            parameters: None,
+            quantization: None,
+            size_bytes: 0,
+            context_length: None,
+            chat_template: false,
+            shape,
+            runnable: true,
+            unsupported_reason: None,
+        }
+    }
+
+    #[test]
+    fn the_mlx_cache_holds_two_steps_of_the_model_not_a_flat_gigabyte() {
+        // SmolLM2-135M on the CPU: a 512-token prefill chunk is the largest step (26 MB;
+        // a batch of 8 decoding allocates 1.8 MB), so two steps: 49.5 MiB.
+        let smol = step_transient_bytes(&SMOL_SHAPE, 8, 4);
+        assert_eq!(smol, 512 * (6 * 576 + 3 * 1536 + 9 * 512) * 4);
+        assert_eq!(cache_limit_for_step(smol, 24 * GB), 51_904_512);
+        // A 7B on Metal (float16): 95 MB a step, 190 MB of cache.
+        let qwen = step_transient_bytes(&QWEN7B_SHAPE, 8, 2);
+        assert_eq!(cache_limit_for_step(qwen, 24 * GB), 2 * qwen);
+        assert_eq!(qwen, 94_896_128);
+        // Bounded below, above, and by the machine.
+        assert_eq!(cache_limit_for_step(1, 24 * GB), MIN_CACHE_LIMIT);
+        assert_eq!(cache_limit_for_step(10 * GB, 64 * GB), MAX_CACHE_LIMIT);
+        assert_eq!(cache_limit_for_step(qwen, 2 << 30), 128 << 20, "1/16 of a 2 GiB machine");
+        // A wide batch of a large vocabulary makes the decode step the larger one.
+        let wide = step_transient_bytes(&QWEN7B_SHAPE, 256, 2);
+        assert_eq!(wide, 256 * (78_336 * 2 + 4 * 152_064));
+    }
+
+    #[test]
+    fn the_cache_limit_follows_the_largest_loaded_model_unless_configured() {
+        let mut b = budget(18 * GB, 2);
+        let (smol, qwen, unknown) = (entry(Some(SMOL_SHAPE)), entry(Some(QWEN7B_SHAPE)), entry(None));
+        let dtype = if crate::engine::DeviceKind::for_this_platform() == crate::engine::DeviceKind::Gpu { 2 } else { 4 };
+        let expect = |s: &Shape| cache_limit_for_step(step_transient_bytes(s, 8, dtype), 24 * GB);
+        assert_eq!(b.cache_limit([&smol].into_iter()), expect(&SMOL_SHAPE));
+        assert_eq!(b.cache_limit([&smol, &qwen, &unknown].into_iter()), expect(&QWEN7B_SHAPE));
+        assert_eq!(b.cache_limit([&unknown].into_iter()), MIN_CACHE_LIMIT);
+        assert_eq!(b.cache_limit(std::iter::empty()), MIN_CACHE_LIMIT);
+        b.cache_limit_configured = Some(1 << 30);
+        assert_eq!(b.cache_limit([&smol].into_iter()), 1 << 30);
+    }
+
+    #[test]
+    fn the_prefix_cache_is_sized_in_tokens_of_the_models_kv_and_capped_by_memory() {
+        let mut b = budget(18 * GB, 2);
+        let smol = entry(Some(SMOL_SHAPE));
+        // 2048 tokens × 46,080 B (30 layers × 3 KV heads × 64 × K and V × float32): 90 MiB,
+        // where the old flat default kept 256 MiB.
+        assert_eq!(b.prefix_cache_bytes(&smol, false), 2048 * 46_080);
+        assert_eq!(b.prefix_cache_bytes(&smol, true), 2048 * 23_040, "float16 KV on Metal");
+        let qwen = ModelEntry { shape: Some(QWEN7B_SHAPE), ..smol.clone() };
+        assert_eq!(b.prefix_cache_bytes(&qwen, true), 2048 * 57_344);
+        b.total = 1 << 30;
+        assert_eq!(b.prefix_cache_bytes(&qwen, true), 32 << 20, "1/32 of a 1 GiB machine");
+        let unknown = ModelEntry { shape: None, ..smol.clone() };
+        assert_eq!(b.prefix_cache_bytes(&unknown, false), 32 << 20);
+        b.total = 24 * GB;
+        assert_eq!(b.prefix_cache_bytes(&unknown, false), 64 << 20);
+        b.prefix_configured = Some(0);
+        assert_eq!(b.prefix_cache_bytes(&smol, false), 0, "configured: 0 turns it off");
     }
 }

@@ -111,7 +111,7 @@ impl Models {
     pub fn new(config: Arc<Config>, parts: Parts) -> Arc<Models> {
         let total =
             parts.telemetry.latest().memory.as_ref().map(|m| m.total).or_else(|| crate::telemetry::memory::read().ok().map(|m| m.total));
-        let budget = Budget::install(&config, total.unwrap_or(0));
+        let budget = Budget::install(&config, total.unwrap_or(0), Some(&parts.default));
         let mask_seconds = MaskSeconds::default();
         parts.metrics.register_engine_histogram(mask_seconds.0.clone());
         let models = Arc::new(Models {
@@ -354,6 +354,7 @@ impl Models {
             tracing::info!("unloading {victim} ({}) to load {id}", reason.as_str());
             self.unload_locked(victim, *reason, true).await;
         }
+        self.resize_mlx_cache(Some(&entry));
         let options = EngineOptions {
             model_path: entry.path.clone(),
             model_id: id.to_string(),
@@ -363,7 +364,8 @@ impl Models {
             kv_budget_tokens: self.config.kv_budget_tokens,
             kv_budget_bytes: plan.kv_bytes as usize,
             mlx_memory_limit: self.budget.mlx_memory_limit as usize,
-            prefix_cache_bytes: self.config.prefix_cache_bytes,
+            prefix_cache_bytes: self.budget.prefix_cache_bytes(&entry, on_gpu) as usize,
+            cache_idle: Duration::from_secs_f64(self.config.mlx_cache_idle_seconds),
             admission_gate: self.gate.clone(),
             mask_seconds: self.mask_seconds.clone(),
             device_lock: self.device_lock.clone(),
@@ -485,18 +487,32 @@ impl Models {
                 // The model's buffers went back to MLX's cache with the engine thread; give
                 // them back to the system before anything else loads.
                 let _device = device_lock.lock();
-                if let Err(e) = mlx_rs::memory::clear_cache() {
-                    tracing::warn!("clearing MLX's cache: {e}");
-                }
+                crate::telemetry::mlx_memory::release(crate::telemetry::mlx_memory::ClearReason::Unload);
             })
             .await;
             self.metrics.model_unloads_total.with_label_values(&[id, reason.as_str()]).inc();
             tracing::info!("unloaded {id} ({})", reason.as_str());
         }
         lock(&self.slots).remove(id);
+        self.resize_mlx_cache(None);
         self.metrics.model_loaded.with_label_values(&[id]).set(0);
         self.metrics.model_memory_bytes.with_label_values(&[id]).set(0);
+        self.metrics.model_weight_bytes.with_label_values(&[id]).set(0);
+        self.metrics.model_kv_bytes.with_label_values(&[id]).set(0);
+        self.metrics.model_prefix_cache_bytes.with_label_values(&[id]).set(0);
         self.changed.notify_waiters();
+    }
+
+    /// Sizes MLX's cache for the models loaded (and `loading`): see [`Budget::cache_limit`].
+    fn resize_mlx_cache(&self, loading: Option<&ModelEntry>) {
+        let ids: Vec<String> = lock(&self.slots)
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::Ready(_) | Phase::Loading(_)))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut entries: Vec<ModelEntry> = ids.iter().filter_map(|id| self.entry(id).ok()).collect();
+        entries.extend(loading.cloned());
+        self.budget.apply_cache_limit(self.budget.cache_limit(entries.iter()));
     }
 
     fn active(&self, id: &str) -> usize {
@@ -713,11 +729,15 @@ impl Models {
             _ => None,
         });
         let loaded = state == SlotState::Loaded;
+        let stats = engine.as_ref().filter(|_| loaded).map(|e| e.stats());
         ModelView {
             state,
             progress: (state == SlotState::Loading).then(|| engine.as_ref().map_or(0.0, |e| e.load_progress())),
             error: failure.or(refused),
             memory_bytes: loaded.then(|| slot.map_or(0, |s| s.memory_bytes)),
+            kv_bytes: stats.map(|s| s.kv_bytes),
+            prefix_cache_bytes: stats.map(|s| s.prefix_bytes),
+            prefix_cache_limit_bytes: stats.map(|s| s.prefix_budget_bytes),
             estimate_bytes: need,
             idle_seconds: slot.filter(|s| loaded && s.idle()).map(|s| s.last_used.elapsed().as_secs_f64()),
             last_used_unix: slot.map(|s| s.last_used_unix),

@@ -96,6 +96,12 @@ pub struct ModelView {
     pub error: Option<String>,
     /// Loaded: weights + the KV budget it holds.
     pub memory_bytes: Option<u64>,
+    /// Loaded: bytes of KV buffers its running requests hold now (the decoding batch is
+    /// padded to its longest row).
+    pub kv_bytes: Option<u64>,
+    /// Loaded: bytes of KV its prefix cache holds, and at most may.
+    pub prefix_cache_bytes: Option<u64>,
+    pub prefix_cache_limit_bytes: Option<u64>,
     /// What loading it needs at least (weights + a minimal KV budget).
     pub estimate_bytes: Option<u64>,
     /// Loaded with nothing running: seconds since its last request.

@@ -95,6 +95,13 @@ test("the popover shows the model, device and memory that /metrics reports", asy
   const totalGb = metricSum(m, "mlxbar_memory_bytes", (l) => l.includes('kind="total"')) / 2 ** 30;
   assert.match(await testid("mem-used").textContent(), new RegExp(`of ${totalGb.toFixed(1)} GB$`));
   assert.equal(await testid("alert-count").textContent(), "none firing");
+  // What the process holds, part by part; the weights as /metrics counts them.
+  const weights = metricSum(m, "mlxbar_model_weight_bytes");
+  const mb = weights / 2 ** 20;
+  const legend = await testid("proclegend").textContent();
+  assert.ok(legend.includes(`Weights ${mb.toFixed(mb >= 100 ? 0 : 1)} MB`), `${legend} (weights ${weights} B)`);
+  for (const part of ["KV in use", "Prefix cache", "MLX cache", "Other"]) assert.ok(legend.includes(part), legend);
+  assert.match(await testid("proc-mem").textContent(), /^[\d.]+ [MG]B resident$/);
   await shot("popover-idle");
 });
 
