@@ -203,10 +203,10 @@ fn decode_through_a_batch_of_three_joining_and_leaving_matches_python_mlx() {
 }
 
 /// llama.cpp's CPU kernels quantize activations to 8 bits (Q8_1) before every Q4_1 dot
-/// product and keep the KV cache in float16; mlxbar's Native path multiplies the packed
-/// weights with float32 activations. That alone moves logits (|logit| 14..31) by up to
-/// 0.76 here (prompts 0/1/2: 0.76, 0.51, 0.56 with MLX's qmm, llama-cpp-python 0.3.36 AVX2
-/// build), so 1.0 leaves a 1.3x margin. Re-tune when the native kernel changes; a real
+/// product and keep the KV cache in float16; mlxbar's kernel rounds activations to int8 per
+/// 32 values too (the same blocks), with a float32 KV cache. Logits (|logit| 14..31) differ
+/// by up to 0.76 here (prompts 0/1/2: 0.76, 0.37, 0.65; llama-cpp-python 0.3.36 AVX2
+/// build; MLX's float qmm gave 0.76, 0.51, 0.56), so 1.0 leaves a 1.3x margin; a real
 /// error (wrong group, scale, bias or RoPE) moves them by whole units.
 const LLAMACPP_LOGIT_TOLERANCE: f32 = 1.0;
 
@@ -214,19 +214,26 @@ const LLAMACPP_LOGIT_TOLERANCE: f32 = 1.0;
 /// token, so at a near-tie the pick may flip and the paths part for good: a flip is allowed
 /// only where llama.cpp ranks mlxbar's pick within this of its own top (with every logit
 /// within the tolerance, a flip needs a llama.cpp gap <= 2 x tolerance), and ends that
-/// prompt's comparison. Measured: prompt 0 flips at step 0 (gap 0.35: mlx-lm's own top two
-/// are 0.08 apart there), prompt 2 at step 10 (gap 0.05), prompt 1 agrees for all 16.
+/// prompt's comparison. Measured with mlxbar's kernel: prompts 0, 1, 2 flip at steps 9, 9,
+/// 10 (llama.cpp gaps 0.42, 0.16, 0.05).
 const LLAMACPP_TIE_MARGIN: f32 = 2.0 * LLAMACPP_LOGIT_TOLERANCE;
 
 /// Of the 3 × 16 reference steps, at least this many must be compared with the same greedy
-/// path (so ties cannot excuse a wholesale divergence). Measured: 26 (0 + 16 + 10).
+/// path (so ties cannot excuse a wholesale divergence). Measured: 28 (9 + 9 + 10; with
+/// MLX's float qmm 26).
 const LLAMACPP_MIN_AGREED_STEPS: usize = 24;
 
-/// Native on the CPU multiplies the same quantized values as the float32 path (which
-/// dequantizes them at load); only the order of summation differs today: max 9.9e-5 over
-/// the full vocabulary along 3 x 16 steps (MLX's qmm), so 1e-3 is a 10x margin. A native
-/// kernel that rounds activations (as llama.cpp does) would need this re-tuned.
-const NATIVE_VS_FLOAT32_TOLERANCE: f32 = 1e-3;
+/// Native (the GGUF's 4-bit weights through mlxbar's CPU kernel, which rounds activations
+/// to int8 per 32 values as llama.cpp does) vs Float32 (dequantized weights, float
+/// activations), on the logits that matter: the float32 path's top 10 at every step. Over
+/// 3 prompts x 16 steps on the Xeon: max 0.96 (|logit| ~ 25; llama.cpp's own distance from
+/// MLX is 0.76), typically 0.2-0.5; the full vocabulary's tail moves by up to 1.7. 1.25
+/// leaves a margin and still fails on any real error (a wrong group, scale or nibble moves
+/// the logits by several units).
+const NATIVE_VS_FLOAT32_TOLERANCE: f32 = 1.25;
+/// Greedy choices may differ only where float32's top two are closer than this (measured
+/// flips at gaps of 0.08 and 0.14).
+const NATIVE_VS_FLOAT32_TIE_MARGIN: f32 = 0.5;
 
 fn reference_llamacpp() -> Value {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/reference_llamacpp.json")).unwrap();
@@ -290,14 +297,15 @@ fn native_logits_and_greedy_tokens_match_llamacpp() {
     assert!(agreed >= LLAMACPP_MIN_AGREED_STEPS, "only {agreed} greedy steps agree with llama.cpp");
 }
 
-/// Native vs Float32 on the same GGUF: every logit of the full vocabulary, at the first
-/// position and along 16 greedy steps of each prompt (both fed the same tokens).
+/// Native vs Float32 on the same GGUF: the float32 path's top-10 logits at the first
+/// position and along 16 greedy steps of each prompt (both fed float32's choices), and the
+/// greedy choice itself outside near-ties.
 #[test]
 fn native_logits_match_float32() {
     let native = load_native();
     let float32 = load_model();
     let reference = common::reference();
-    let mut worst = 0f32;
+    let (mut worst, mut worst_all, mut flips) = (0f32, 0f32, 0);
     for (n, case) in reference["prompts"].as_array().unwrap().iter().enumerate() {
         let prompt: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
         let (mut a_cache, mut b_cache) = (native.new_cache(), float32.new_cache());
@@ -306,13 +314,29 @@ fn native_logits_match_float32() {
         for step in 0..16 {
             let a = native.forward(&input, &mut a_cache).unwrap().as_slice::<f32>().to_vec();
             let b = float32.forward(&input, &mut b_cache).unwrap().as_slice::<f32>().to_vec();
-            let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            worst_all = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(worst_all, f32::max);
+            let mut order: Vec<usize> = (0..b.len()).collect();
+            order.sort_by(|&i, &j| b[j].total_cmp(&b[i]));
+            let diff = order[..10].iter().map(|&i| (a[i] - b[i]).abs()).fold(0f32, f32::max);
             max_diff = max_diff.max(diff);
-            assert!(diff <= NATIVE_VS_FLOAT32_TOLERANCE, "prompt {n} step {step}: max |native - float32| {diff}");
+            assert!(diff <= NATIVE_VS_FLOAT32_TOLERANCE, "prompt {n} step {step}: top-10 max |native - float32| {diff}");
+            let gap = b[order[0]] - b[order[1]];
+            if argmax(&a) != argmax(&b) {
+                assert!(
+                    gap < NATIVE_VS_FLOAT32_TIE_MARGIN,
+                    "prompt {n} step {step}: greedy {} vs {} with a gap of {gap}",
+                    argmax(&a),
+                    argmax(&b)
+                );
+                flips += 1;
+            }
             input = vec![argmax(&b)];
         }
         worst = worst.max(max_diff);
-        println!("prompt {n}: 16 steps, max |native - float32| {max_diff:.2e}");
+        println!("prompt {n}: 16 steps, top-10 max |native - float32| {max_diff:.3}");
     }
-    println!("max |native - float32| {worst:.2e} (tolerance {NATIVE_VS_FLOAT32_TOLERANCE:.0e})");
+    println!(
+        "top-10 max |native - float32| {worst:.3} (tolerance {NATIVE_VS_FLOAT32_TOLERANCE}); whole vocabulary {worst_all:.3}; {flips} near-tie flips of 48 steps"
+    );
+    assert!(flips <= 4, "{flips} greedy flips in 48 steps");
 }

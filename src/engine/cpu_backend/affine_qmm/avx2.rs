@@ -53,7 +53,8 @@ pub unsafe fn columns(w: &Weights, a: &Activations, out: Out, columns: Range<usi
 unsafe fn tile4<const R: usize>(w: &Weights, a: &Activations, j: usize, r0: usize, sums: &mut [f32; TILE]) {
     let (k, gs) = (w.k, w.group_size);
     let (groups, blocks) = (k / gs, k / BLOCK);
-    let per_group = gs / BLOCK;
+    // Blocks per group: 1, 2 or 4, so a shift (a division per pair costs more than the pair).
+    let group_shift = (gs / BLOCK).trailing_zeros();
     let wrow = (w.packed.as_ptr() as *const u8).add(j * k / 2);
     let scales = &w.scales[j * groups..][..groups];
     let q: [*const i8; R] = std::array::from_fn(|y| a.row_q(r0 + y).as_ptr());
@@ -66,7 +67,11 @@ unsafe fn tile4<const R: usize>(w: &Weights, a: &Activations, j: usize, r0: usiz
         let v = _mm256_loadu_si256(wrow.add(p * 32) as *const __m256i);
         let lo = _mm256_and_si256(v, low);
         let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        let s = _mm256_set_m128(_mm_set1_ps(scales[(2 * p + 1) / per_group]), _mm_set1_ps(scales[2 * p / per_group]));
+        // SAFETY: both blocks of a pair lie in the row, so their groups index `scales`.
+        let s = _mm256_set_m128(
+            _mm_set1_ps(*scales.get_unchecked((2 * p + 1) >> group_shift)),
+            _mm_set1_ps(*scales.get_unchecked((2 * p) >> group_shift)),
+        );
         for y in 0..R {
             let xe = _mm256_loadu_si256(q[y].add(p * 64) as *const __m256i);
             let xo = _mm256_loadu_si256(q[y].add(p * 64 + 32) as *const __m256i);
@@ -84,7 +89,7 @@ unsafe fn tile4<const R: usize>(w: &Weights, a: &Activations, j: usize, r0: usiz
         for y in 0..R {
             let x = _mm256_loadu_si256(q[y].add(b * BLOCK) as *const __m256i);
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), ones);
-            let m = _mm256_set1_ps(a.row_scale(r0 + y)[b] * scales[b / per_group]);
+            let m = _mm256_set1_ps(a.row_scale(r0 + y)[b] * scales[b >> group_shift]);
             acc[y] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), m, acc[y]);
         }
     }
