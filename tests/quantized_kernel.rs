@@ -150,7 +150,7 @@ fn fusions_equal_the_ops_they_replace() {
         ("swiglu", &gate_up, Prologue::SwiGlu, mlx_rs::nn::silu(&halves[0]).unwrap().multiply(&halves[1]).unwrap()),
     ] {
         let fused = cpu_backend::quantized_matmul(input, &wq, &scales, &biases, gs, bits, prologue, Some(&residual)).unwrap();
-        let want = residual.add(&ops::quantized_matmul(&transformed, &wq, &scales, &biases, true, gs, bits).unwrap()).unwrap();
+        let want = residual.add(ops::quantized_matmul(&transformed, &wq, &scales, &biases, true, gs, bits).unwrap()).unwrap();
         mlx_rs::transforms::eval([&fused, &want, &transformed]).unwrap();
         let case = Case {
             x: transformed.as_slice::<f32>().to_vec(),

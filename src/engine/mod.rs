@@ -453,11 +453,12 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         Err(_) => return set_state(LoadState::Failed("model load panicked".into())),
     };
     tracing::info!(
-        "model {} loaded in {:.1}s: {} layers, {} MB of {} weights",
+        "model {} loaded in {:.1}s: {} layers, {} MB of weights ({:?}, {} activations)",
         info.id,
         info.load_seconds,
         info.layers,
         info.weight_bytes / 1_000_000,
+        info.weight_format,
         info.dtype
     );
     let limits = limits(&options, &model, &info);

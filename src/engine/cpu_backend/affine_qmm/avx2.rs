@@ -138,7 +138,7 @@ unsafe fn tile8<const R: usize>(w: &Weights, a: &Activations, j: usize, r0: usiz
     let flip = _mm256_set1_epi8(-128);
     let mut acc = [_mm256_setzero_ps(); R];
     let per_group = gs / BLOCK;
-    for g in 0..groups {
+    for (g, &scale) in scales.iter().enumerate() {
         let mut group = [_mm256_setzero_ps(); R];
         for b in g * per_group..(g + 1) * per_group {
             // Unsigned bytes shifted to signed (w - 128); |w| against sign-moved x keeps
@@ -151,7 +151,7 @@ unsafe fn tile8<const R: usize>(w: &Weights, a: &Activations, j: usize, r0: usiz
                 group[y] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&*xs[y].add(b)), group[y]);
             }
         }
-        let s = _mm256_set1_ps(scales[g]);
+        let s = _mm256_set1_ps(scale);
         for y in 0..R {
             acc[y] = _mm256_fmadd_ps(group[y], s, acc[y]);
         }
