@@ -18,7 +18,7 @@ fn compile_primitives() {
     const SRC: &[&str] = &[
         "src/engine/cpu_backend/affine_qmm/primitive.cpp",
         "src/engine/cpu_backend/decode_attention/primitive.cpp",
-        "src/engine/cpu_backend/dense.h",
+        "src/engine/cpu_backend/primitive.h",
     ];
     for f in SRC {
         println!("cargo:rerun-if-changed={f}");

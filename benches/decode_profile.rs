@@ -146,7 +146,7 @@ fn main() -> anyhow::Result<()> {
         // A decode step reads every weight once (the tied head reads the whole embedding).
         let bytes = info.weight_bytes as f64;
         let floor = bytes / bandwidth * 1e3;
-        println!("\n{format:?} weights, {:.0} MB held:", bytes / 1e6);
+        println!("\n{format:?} weights, {:.0} MB held = bytes read per token:", bytes / 1e6);
         println!("  decode step, 1 sequence   {step:7.2} ms = {:6.1} tok/s", 1e3 / step);
         println!("  bandwidth floor           {floor:7.2} ms = {:6.1} tok/s (bytes read per token / copy bandwidth); the step is {:.1}x the floor", 1e3 / floor, step / floor);
         println!(

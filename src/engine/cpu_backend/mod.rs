@@ -14,6 +14,8 @@ pub mod decode_attention;
 #[cfg(target_os = "linux")]
 pub mod gemv_forward;
 #[cfg(target_os = "linux")]
+mod primitive_call;
+#[cfg(target_os = "linux")]
 pub mod small_m;
 
 use anyhow::Result;

@@ -1,12 +1,12 @@
 //! The kernel as an MLX op on `mlx_rs` arrays: one lazy graph node (primitive.cpp) that
 //! evaluates on the current CPU stream. Safe wrapper over the raw C entry point.
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int};
 
 use anyhow::{bail, Result};
 use mlx_rs::Array;
 use mlx_sys::{mlx_array, mlx_stream};
 
-use crate::engine::cpu_backend::Prologue;
+use crate::engine::cpu_backend::{primitive_call, Prologue};
 
 extern "C" {
     fn mlxbar_affine_qmm(
@@ -49,33 +49,26 @@ pub fn affine_qmm(
         Prologue::RmsNorm(weight, eps) => (super::PROLOGUE_RMS_NORM, Some(weight), eps),
         Prologue::SwiGlu => (super::PROLOGUE_SWIGLU, None, 0.0),
     };
-    let stream = mlx_rs::Stream::thread_local_or_default();
-    let mut err = [0 as c_char; 256];
-    // SAFETY: every handle is alive for the call (an empty handle stands for no array); on
-    // success `res` is a new array that the returned Array owns, on failure it is freed here.
+    let opt = |a: Option<&Array>| a.map_or_else(primitive_call::none, |a| a.as_ptr());
+    // SAFETY: every handle is alive for the call (an empty one stands for no array).
     unsafe {
-        let empty = mlx_sys::mlx_array_new();
-        let mut res = mlx_sys::mlx_array_new();
-        let rc = mlxbar_affine_qmm(
-            &mut res,
-            x.as_ptr(),
-            w.as_ptr(),
-            scales.as_ptr(),
-            biases.as_ptr(),
-            group_size,
-            bits,
-            code,
-            norm.map_or(empty, |a| a.as_ptr()),
-            eps,
-            residual.map_or(empty, |a| a.as_ptr()),
-            stream.as_ptr(),
-            err.as_mut_ptr(),
-            err.len(),
-        );
-        if rc != 0 {
-            mlx_sys::mlx_array_free(res);
-            bail!("{}", CStr::from_ptr(err.as_ptr()).to_string_lossy());
-        }
-        Ok(Array::from_ptr(res))
+        primitive_call::new_array(|res, stream, err, err_len| {
+            mlxbar_affine_qmm(
+                res,
+                x.as_ptr(),
+                w.as_ptr(),
+                scales.as_ptr(),
+                biases.as_ptr(),
+                group_size,
+                bits,
+                code,
+                opt(norm),
+                eps,
+                opt(residual),
+                stream,
+                err,
+                err_len,
+            )
+        })
     }
 }

@@ -8,11 +8,9 @@
 //! mlx-c's array handles (`mlxbar_affine_qmm`, used by affine_qmm/op.rs).
 
 #include <cstdint>
-#include <cstring>
-#include <exception>
 #include <vector>
 
-#include "../dense.h"
+#include "../primitive.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/c/private/array.h"
 #include "mlx/c/private/stream.h"
@@ -161,8 +159,8 @@ mx::array affine_qmm(
 
 }  // namespace
 
-// 0 on success; otherwise 1 and the reason in `err` (NUL-terminated, truncated).
-// 0 on success; otherwise 1 and the reason in `err` (NUL-terminated, truncated).
+// 0 on success; otherwise 1 and the reason in `err` (see mlxbar::guarded).
+// 0 on success; otherwise 1 and the reason in `err` (see mlxbar::guarded).
 // `norm` and `residual` may be empty handles (ctx null).
 extern "C" int mlxbar_affine_qmm(
     mlx_array* res,
@@ -179,10 +177,8 @@ extern "C" int mlxbar_affine_qmm(
     mlx_stream stream,
     char* err,
     size_t err_len) {
-  try {
-    mlx_array_set_(
-        *res,
-        affine_qmm(
+  return mlxbar::guarded(res, err, err_len, [&] {
+    return affine_qmm(
             mlx_array_get_(x),
             mlx_array_get_(w),
             mlx_array_get_(scales),
@@ -193,13 +189,6 @@ extern "C" int mlxbar_affine_qmm(
             norm.ctx ? &mlx_array_get_(norm) : nullptr,
             eps,
             residual.ctx ? &mlx_array_get_(residual) : nullptr,
-            mlx_stream_get_(stream)));
-    return 0;
-  } catch (const std::exception& e) {
-    if (err_len > 0) {
-      std::strncpy(err, e.what(), err_len - 1);
-      err[err_len - 1] = '\0';
-    }
-    return 1;
-  }
+            mlx_stream_get_(stream));
+  });
 }

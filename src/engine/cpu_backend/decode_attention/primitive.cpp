@@ -5,11 +5,9 @@
 //! on the CPU stream's queue, like MLX's own kernels. Built by build.rs on Linux.
 
 #include <cstdint>
-#include <cstring>
-#include <exception>
 #include <vector>
 
-#include "../dense.h"
+#include "../primitive.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/c/private/array.h"
 #include "mlx/c/private/stream.h"
@@ -99,7 +97,7 @@ mx::array decode_attention(
 
 }  // namespace
 
-// 0 on success; otherwise 1 and the reason in `err` (NUL-terminated, truncated).
+// 0 on success; otherwise 1 and the reason in `err` (see mlxbar::guarded).
 extern "C" int mlxbar_decode_attention(
     mlx_array* res,
     mlx_array q,
@@ -110,18 +108,9 @@ extern "C" int mlxbar_decode_attention(
     mlx_stream stream,
     char* err,
     size_t err_len) {
-  try {
-    mlx_array_set_(
-        *res,
-        decode_attention(
+  return mlxbar::guarded(res, err, err_len, [&] {
+    return decode_attention(
             mlx_array_get_(q), mlx_array_get_(keys), mlx_array_get_(values), mlx_array_get_(positions), scale,
-            mlx_stream_get_(stream)));
-    return 0;
-  } catch (const std::exception& e) {
-    if (err_len > 0) {
-      std::strncpy(err, e.what(), err_len - 1);
-      err[err_len - 1] = '\0';
-    }
-    return 1;
-  }
+            mlx_stream_get_(stream));
+  });
 }
