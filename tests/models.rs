@@ -95,10 +95,7 @@ async fn the_library_lists_local_models_and_v1_models_the_runnable_ones() {
     assert_eq!(four["quantization"], json!({"bits": 4, "group_size": 32}));
     assert_eq!(four["runnable"], true);
     assert_eq!(four["state"], "unloaded");
-    // Packed 4-bit weights with float32 scales and biases (~101 MB) plus the least KV: not
-    // the ~540 MB float32 would take.
-    let estimate = four["estimate_bytes"].as_u64().unwrap();
-    assert!((100_000_000..250_000_000).contains(&estimate), "packed weights on the CPU: {four}");
+    assert!(four["estimate_bytes"].as_u64().unwrap() > 500_000_000, "float32 weights (the tests' format): {four}");
     assert_eq!(model(&list, EIGHT)["quantization"]["bits"], 8);
     let unknown = model(&list, "gpt2-like");
     assert_eq!(unknown["runnable"], false);
@@ -190,10 +187,8 @@ async fn concurrent_requests_for_an_unloaded_model_share_one_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_does_not_fit_is_refused_with_both_figures_and_pinned_ones_stay() {
     let default_id = common::model_path().file_stem().unwrap().to_string_lossy().into_owned();
-    // Room for the default model (538 MB of float32 weights + KV) and not for a second:
-    // float32, so the figures are large and far apart.
+    // Room for the default model (538 MB of float32 weights + KV) and not for a second.
     let base = common::start_server(config(|c| {
-        c.weight_format = mlxbar::engine::WeightFormat::Float32;
         c.memory_budget_bytes = Some(700_000_000);
         c.pinned = vec![default_id.clone()];
         c.keep_alive = mlxbar::registry::KeepAlive::parse("1s").unwrap();
