@@ -491,6 +491,23 @@ mod tests {
         }
     }
 
+    /// A 4-bit 7B on the CPU: packed values plus float32 scales and biases (groups of 64:
+    /// 0.625 bytes a parameter, ~4.8 GB), where float32 would take ~30 GB; what the kernel
+    /// cannot run (3 bits) is float32.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn packed_weights_on_the_cpu_are_estimated_at_their_packed_size() {
+        let b = budget(18 * GB, 2);
+        let params = 7_615_616_512u64;
+        let mut e = entry(Some(QWEN7B_SHAPE));
+        e.parameters = Some(params);
+        e.quantization = Some(crate::library::Quantization { bits: 4, group_size: 64 });
+        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, params / 2 + params / 8);
+        assert_eq!(b.need(&e, WeightFormat::Float32, false).weights, params * 4);
+        e.quantization = Some(crate::library::Quantization { bits: 3, group_size: 64 });
+        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, params * 4);
+    }
+
     #[test]
     fn the_mlx_cache_holds_two_steps_of_the_model_not_a_flat_gigabyte() {
         // SmolLM2-135M on the CPU: a 512-token prefill chunk is the largest step (26 MB;
