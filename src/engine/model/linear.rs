@@ -77,10 +77,9 @@ impl Weight {
 
     /// Casts the float parts (dense matrix, or scales and biases) to `dtype`.
     pub fn cast_floats(self, dtype: Dtype) -> Result<Weight> {
-        let cast = |a: Array| -> Result<Array> { Ok(if a.dtype() == dtype { a } else { a.as_dtype(dtype)? }) };
         Ok(match self {
-            Weight::Dense(w) => Weight::Dense(cast(w)?),
-            Weight::Quantized(q) => Weight::Quantized(Quantized { scales: cast(q.scales)?, biases: cast(q.biases)?, ..q }),
+            Weight::Dense(w) => Weight::Dense(cast(w, dtype)?),
+            Weight::Quantized(q) => Weight::Quantized(Quantized { scales: cast(q.scales, dtype)?, biases: cast(q.biases, dtype)?, ..q }),
         })
     }
 
@@ -89,10 +88,8 @@ impl Weight {
     pub fn for_cpu(self) -> Result<Weight> {
         match self {
             Weight::Quantized(q) if crate::engine::cpu_backend::quantized_kernel(q.bits, q.group_size).is_some() => {
-                match Weight::Quantized(q).cast_floats(Dtype::Float32)? {
-                    Weight::Quantized(q) => Ok(Weight::Quantized(Quantized { cpu_kernel: true, ..q })),
-                    dense => Ok(dense),
-                }
+                let (scales, biases) = (cast(q.scales, Dtype::Float32)?, cast(q.biases, Dtype::Float32)?);
+                Ok(Weight::Quantized(Quantized { scales, biases, cpu_kernel: true, ..q }))
             }
             other => other.into_dense(Dtype::Float32),
         }
@@ -160,6 +157,11 @@ impl Weight {
             Weight::Quantized(q) => vec![&q.weight, &q.scales, &q.biases],
         }
     }
+}
+
+/// `a` as `dtype` (itself when it already is).
+fn cast(a: Array, dtype: Dtype) -> Result<Array> {
+    Ok(if a.dtype() == dtype { a } else { a.as_dtype(dtype)? })
 }
 
 /// A linear layer: weight plus optional bias (qwen2 has q/k/v biases).

@@ -100,7 +100,7 @@ impl Prologue<'_> {
     }
 
     /// `x` transformed (`rows × k`), or None when it is used as it is.
-    fn apply(&self, x: &[f32], rows: usize, k: usize) -> Option<Vec<f32>> {
+    fn apply(&self, x: &[f32], k: usize) -> Option<Vec<f32>> {
         match *self {
             Prologue::None => None,
             Prologue::RmsNorm { weight, eps } => Some(
@@ -114,7 +114,6 @@ impl Prologue<'_> {
             ),
             Prologue::SwiGlu => Some(
                 x.chunks_exact(2 * k)
-                    .take(rows)
                     .flat_map(|row| {
                         let (gate, up) = row.split_at(k);
                         gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u)
@@ -166,7 +165,7 @@ pub fn matmul(kernel: Kernel, x: &[f32], rows: usize, w: &Weights, fusion: Fusio
         assert!(weight.len() == k);
     }
     assert!(fusion.residual.is_none_or(|r| r.len() == rows * n));
-    let transformed = fusion.prologue.apply(x, rows, k);
+    let transformed = fusion.prologue.apply(x, k);
     let a = Activations::new(transformed.as_deref().unwrap_or(x), rows, k, w.group_size, w.bits);
     let o = Out { ptr: out.as_mut_ptr(), residual: fusion.residual.map_or(std::ptr::null(), |r| r.as_ptr()), n };
     let tasks = (rayon::current_num_threads() * 4).min(n.div_ceil(MIN_COLUMNS_PER_TASK)).max(1);
