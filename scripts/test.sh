@@ -27,20 +27,33 @@ else
   fi
 fi
 
-say "format and lints (rustfmt.toml; lints in Cargo.toml: every unsafe block documented)"
+# Each phase prints its wall time, so a change sees what it costs (README's Tests section).
+phase() {
+  local name=$1; shift
+  local t0=$SECONDS
+  say "$name"
+  "$@"
+  say "$name: $((SECONDS - t0)) s"
+}
+
 # rustup's default profile has both; a minimal profile does not.
 if command -v rustup >/dev/null; then rustup component add rustfmt clippy 2>&1 | grep -v "is up to date" || true; fi
-cargo fmt --all --check
-# Tests run the release profile: the engine in a debug build is too slow to be useful.
-cargo build --release --workspace --bins
-cargo clippy --release --workspace --all-targets -- -D warnings
+phase "format (rustfmt.toml)" cargo fmt --all --check
+phase "lints (Cargo.toml: every unsafe block documented)" cargo clippy --release --workspace --all-targets -- -D warnings
+# Tests run the release profile (the engine in a debug build is too slow to be useful).
+# One build for the tests and the benches (same profile and features), so the benches
+# keep compiling at no second build's cost; the binaries it makes carry the test hooks.
+phase "test build" cargo test --release --workspace --lib --bins --tests --benches --no-run
 ./target/release/mlxbar fetch-model >/dev/null
-./target/release/mlxbar doctor
 say "client SDKs for the API tests (openai, in a venv; scripts/sdk-venv.sh)"
 bash scripts/sdk-venv.sh >/dev/null
-cargo test --release --workspace --lib --bins --tests --no-fail-fast -- --test-threads=2
-say "popover browser tests (Playwright + Chromium)"
-(cd ui && npm ci --no-audit --no-fund --loglevel=error && npm test)
-cargo bench --no-run   # benches must keep compiling
-bash scripts/check-macos.sh
+phase "Rust tests" cargo test --release --workspace --lib --bins --tests --no-fail-fast -- --test-threads=2
+# What `make run` builds: without the test hooks (a test build's binary must not be what
+# a user runs). The browser tests then run on that binary.
+phase "release build (make build)" cargo build --release --workspace --bins
+doctor=$(./target/release/mlxbar doctor)
+echo "$doctor"
+grep -q "^test hooks  not compiled in" <<<"$doctor" || { echo "the release binary carries the test hooks" >&2; exit 1; }
+phase "popover browser tests (Playwright + Chromium)" bash -c 'cd ui && npm ci --no-audit --no-fund --loglevel=error && npm test'
+phase "macOS type-check and lints" bash scripts/check-macos.sh
 say "screenshots of the popover and the app are in test-artifacts/"

@@ -33,6 +33,8 @@
 //! data_dir = "/path"              # bench runs and history; default: the user data dir + mlxbar
 //! bench_wait_seconds = 10         # while a bench run holds the engine, requests wait this long, then 503
 //! stall_seconds = 30              # no engine step for this long with work waiting: /health says stalled
+//! load_timeout_seconds = 900      # a model load that takes longer fails (its thread is left behind: restart required)
+//! engine_stop_seconds = 30        # an unload, reload or shutdown waits this long for the engine's step; past it the engine is failed (restart required)
 //! shutdown_grace_seconds = 10     # on SIGTERM / Quit, in-flight requests get this long to finish
 //!
 //! [alerts.queue_backlog]          # override a built-in alert rule (see src/alerts/rules.rs)
@@ -99,6 +101,12 @@ pub struct Config {
     pub stall_seconds: f64,
     /// On SIGTERM or Quit, in-flight requests may finish for this long; new ones get 503.
     pub shutdown_grace_seconds: f64,
+    /// A load still running after this long fails ("restart required": its thread cannot be
+    /// stopped), so a hung read cannot hold the registry for ever.
+    pub load_timeout_seconds: f64,
+    /// How long stopping an engine (unload, reload, shutdown) waits for its current step;
+    /// past it the engine is left behind and marked failed ("restart required").
+    pub engine_stop_seconds: f64,
     /// Where the user's Grafana dashboard lives; the popover links to it.
     pub grafana_url: Option<String>,
     /// Alert rule overrides by rule id, applied over the built-in defaults.
@@ -141,6 +149,10 @@ impl Default for Config {
             bench_wait_seconds: 10.0,
             stall_seconds: 30.0,
             shutdown_grace_seconds: 10.0,
+            // Generous: a large model from a slow disk takes minutes, a hung read for ever.
+            load_timeout_seconds: 900.0,
+            // Far above one step (a 512-token prefill chunk of a 70B model takes seconds).
+            engine_stop_seconds: 30.0,
             alerts: BTreeMap::new(),
         }
     }
@@ -238,6 +250,9 @@ impl Config {
         config.cors_origins.extend(args.cors_origins.iter().cloned());
         if args.api_key.is_some() {
             config.api_key = args.api_key.clone();
+        } else if std::env::var_os("MLXBAR_API_KEY").is_some_and(|v| v.is_empty()) {
+            // clap reads an empty variable as unset; a user who exported it meant a key.
+            config.api_key = Some(String::new());
         }
         config.validate()?;
         Ok(config)
@@ -249,7 +264,17 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<()> {
-        if !self.host.is_loopback() && self.api_key.as_deref().is_none_or(str::is_empty) {
+        // An empty key would be a key every request without one matches, and a configured
+        // key turns the Host check off: together, a DNS-rebinding page could read and act.
+        if let Some(key) = &self.api_key {
+            if key.trim().is_empty() {
+                bail!("the API key is empty (api_key in the config file, --api-key or MLXBAR_API_KEY): set a non-empty key, or remove it to serve loopback without one");
+            }
+        }
+        if self.api_key.is_none() && self.allowed_hosts.iter().any(|h| h.trim() == "*") {
+            bail!("allowed_hosts = [\"*\"] (or --allowed-host '*') turns the DNS-rebinding check off: list the host names, or set an API key (--api-key or MLXBAR_API_KEY), which then guards every request");
+        }
+        if !self.host.is_loopback() && self.api_key.is_none() {
             bail!("binding to {} exposes the server beyond this machine: set an API key (--api-key or MLXBAR_API_KEY)", self.host);
         }
         if self.cors_origins.iter().any(|o| o.trim() == "*") {
@@ -276,6 +301,12 @@ impl Config {
         }
         if !(0.0..=3600.0).contains(&self.shutdown_grace_seconds) {
             bail!("shutdown_grace_seconds must be between 0 and 3600");
+        }
+        if !(self.load_timeout_seconds > 0.0 && self.load_timeout_seconds <= 86400.0) {
+            bail!("load_timeout_seconds must be in (0, 86400]");
+        }
+        if !(self.engine_stop_seconds > 0.0 && self.engine_stop_seconds <= 3600.0) {
+            bail!("engine_stop_seconds must be in (0, 3600]");
         }
         Ok(())
     }
@@ -306,6 +337,29 @@ mod tests {
     fn beyond_loopback_needs_an_api_key() {
         let mut c = Config { host: "0.0.0.0".parse().unwrap(), ..Config::default() };
         assert!(c.validate().unwrap_err().to_string().contains("API key"));
+        c.api_key = Some("secret".into());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn an_empty_key_is_refused_wherever_it_is_set() {
+        for key in ["", "  "] {
+            let c = Config { api_key: Some(key.into()), ..Config::default() };
+            assert!(c.validate().unwrap_err().to_string().contains("API key is empty"), "{key:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "api_key = \"\"\n").unwrap();
+        let err = Config::load(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap_err();
+        assert!(err.to_string().contains("API key is empty"), "{err}");
+        let err = Config::load(&ServeArgs { api_key: Some(String::new()), ..Default::default() }).unwrap_err();
+        assert!(err.to_string().contains("API key is empty"), "{err}");
+    }
+
+    #[test]
+    fn any_host_needs_a_key() {
+        let mut c = Config { allowed_hosts: vec!["*".into()], ..Config::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("DNS-rebinding"));
         c.api_key = Some("secret".into());
         c.validate().unwrap();
     }

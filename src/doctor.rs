@@ -64,6 +64,16 @@ pub fn kernels(device: DeviceKind) -> String {
     format!("{quantized}; float32 matmul: BLAS (1-16 rows: mlxbar's gemv/small-m routing); {attention}")
 }
 
+/// Whether this binary carries the fault-injection hooks (a `cargo test` build does: they
+/// stay inert unless a test harness arms them; `make build` leaves them out).
+pub fn test_hooks() -> &'static str {
+    if cfg!(feature = "test-hooks") {
+        "compiled in (a test build; inert unless a test harness arms them; `make build` makes a binary without them)"
+    } else {
+        "not compiled in"
+    }
+}
+
 pub fn report() -> String {
     let mut out = String::new();
     let device = DeviceKind::for_this_platform();
@@ -80,6 +90,7 @@ pub fn report() -> String {
     let _ = writeln!(out, "BLAS        {blas}{verdict}");
     let _ = writeln!(out, "cpus        {}", std::thread::available_parallelism().map_or(0, |n| n.get()));
     let _ = writeln!(out, "kernels     {}", kernels(device));
+    let _ = writeln!(out, "test hooks  {}", test_hooks());
     let model = model_store::default_model_path();
     let _ = writeln!(
         out,

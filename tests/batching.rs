@@ -13,6 +13,7 @@ use mlxbar::{Config, Server};
 use serde_json::{json, Value};
 
 async fn start(config: Config) -> (Server, String) {
+    mlxbar::engine::faults::arm();
     let server = Server::start(config).await.unwrap();
     server.wait_ready().await.unwrap();
     let base = format!("http://{}", server.local_addr());

@@ -80,6 +80,41 @@ fn a_port_in_use_is_one_line_and_a_non_zero_exit() {
     drop(taken);
 }
 
+/// An empty key (exported empty, on the command line or in the file) and a wildcard Host
+/// without a key would each switch the DNS-rebinding defence off: both are startup errors.
+#[test]
+fn an_empty_api_key_or_any_host_without_a_key_is_refused_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "").unwrap();
+    let run = |args: &[&str], env_key: Option<&str>, file: &str| {
+        std::fs::write(&config, file).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlxbar"));
+        cmd.arg("serve").args(args).args(["--port", "0", "--model"]).arg(common::model_path());
+        cmd.env("MLXBAR_DATA_DIR", dir.path()).env("MLXBAR_CONFIG", &config).env_remove("MLXBAR_API_KEY").stdin(Stdio::null());
+        if let Some(k) = env_key {
+            cmd.env("MLXBAR_API_KEY", k);
+        }
+        let out = cmd.output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for (args, env_key, file) in [
+        (&[][..], Some(""), ""),
+        (&["--api-key", ""][..], None, ""),
+        (&[][..], None, "api_key = \"\"\n"),
+    ] {
+        let (code, stderr) = run(args, env_key, file);
+        assert_ne!(code, Some(0), "{args:?} {env_key:?} {file:?}: {stderr}");
+        assert!(stderr.contains("API key is empty"), "{args:?} {env_key:?} {file:?}: {stderr}");
+    }
+    let (code, stderr) = run(&["--allowed-host", "*"], None, "");
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("DNS-rebinding"), "{stderr}");
+    let (code, stderr) = run(&[], None, "allowed_hosts = [\"*\"]\n");
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("DNS-rebinding"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_streams_finish_then_exits_0() {
     let dir = tempfile::tempdir().unwrap();

@@ -208,6 +208,7 @@ impl From<crate::registry::ModelError> for ApiError {
             NotLoaded(_) => ApiError::conflict(e.to_string()).code("model_not_loaded"),
             QueueFull { waiting } => ApiError::queue_full(waiting, 5),
             Stopped => ApiError::shutting_down(),
+            Busy(message) => ApiError::conflict(message).code("models_busy"),
         }
     }
 }

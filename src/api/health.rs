@@ -52,6 +52,8 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl I
         "version": env!("CARGO_PKG_VERSION"),
         "queue": {"waiting": models.waiting(), "running": models.running(), "capacity": state.config.queue_capacity},
         "last_step_age_seconds": models.stall_seconds(),
+        // An engine left behind stuck (its memory held until mlxbar restarts).
+        "restart_required": models.restart_required(),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
     });
     (status, Json(body))

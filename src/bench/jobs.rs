@@ -326,18 +326,34 @@ impl BenchJobs {
         if token.is_some_and(|t| bool::from(subtle::ConstantTimeEq::ct_eq(t, active.token.as_bytes()))) {
             return Ok(());
         }
-        use std::sync::atomic::Ordering::Relaxed;
-        self.waiting.fetch_add(1, Relaxed);
-        self.metrics.bench_waiting_requests.inc();
+        // Counted while waiting; the guard uncounts it also when the client disconnects
+        // and this future is dropped mid-wait.
+        let _waiting = WaitingGuard::enter(self);
         let mut rx = self.active.subscribe();
         let idle = tokio::time::timeout(wait, rx.wait_for(Option::is_none)).await.is_ok_and(|r| r.is_ok());
-        self.waiting.fetch_sub(1, Relaxed);
-        self.metrics.bench_waiting_requests.dec();
         if idle {
             Ok(())
         } else {
             Err(self.active().map(|a| a.remaining_seconds()).unwrap_or(1))
         }
+    }
+}
+
+/// One request counted in `waiting` and `mlxbar_bench_waiting_requests` for as long as it lives.
+struct WaitingGuard<'a>(&'a BenchJobs);
+
+impl<'a> WaitingGuard<'a> {
+    fn enter(jobs: &'a BenchJobs) -> Self {
+        jobs.waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        jobs.metrics.bench_waiting_requests.inc();
+        WaitingGuard(jobs)
+    }
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.metrics.bench_waiting_requests.dec();
     }
 }
 
@@ -384,6 +400,30 @@ mod tests {
             cells,
             report_url: "/api/bench/r1/report".into(),
         }
+    }
+
+    #[tokio::test]
+    async fn a_waiting_client_that_disconnects_is_no_longer_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let jobs = BenchJobs::new(BenchStore::new(dir.path()), "http://127.0.0.1:1".into(), None, metrics.clone());
+        let progress = watch::channel(Progress::default()).1;
+        jobs.active.send_replace(Some(Active { id: "r1".into(), token: "t".into(), started: Instant::now(), progress }));
+        let waiter = {
+            let jobs = jobs.clone();
+            tokio::spawn(async move { jobs.gate(None, Duration::from_secs(3600)).await })
+        };
+        let counted = async {
+            while jobs.waiting() == 0 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), counted).await.expect("the request is counted while it waits");
+        assert_eq!(metrics.bench_waiting_requests.get(), 1);
+        // The client goes away: axum drops the handler's future, as abort does here.
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!((jobs.waiting(), metrics.bench_waiting_requests.get()), (0, 0));
     }
 
     #[test]

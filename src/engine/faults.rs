@@ -1,7 +1,12 @@
-//! Fault injection for tests, compiled only with the `test-hooks` cargo feature (the
-//! integration tests turn it on through a dev-dependency on this crate; release builds
-//! carry none of it). A prompt that contains a fault's marker triggers the fault on the
-//! engine thread, so a test reaches every failure path through the real HTTP API.
+//! Fault injection for tests. Two locks keep it out of what people run: it is compiled only
+//! with the `test-hooks` cargo feature (the integration tests turn it on through a
+//! dev-dependency on this crate; `make build`/`make run` build without it), and even then
+//! it does nothing until the test harness calls [`arm`] in its own process (a server a user
+//! starts from a test build has no way to arm it). Armed, a prompt that contains a fault's
+//! marker triggers the fault on the engine thread, so a test reaches every failure path
+//! through the real HTTP API; a model path containing [`STALL_LOAD`] hangs its load.
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
 /// Panics inside the per-request guard: only this request fails (500), the engine goes on.
@@ -10,19 +15,41 @@ pub const PANIC_IN_REQUEST: &str = "__mlxbar_fault_panic_request__";
 pub const KILL_ENGINE: &str = "__mlxbar_fault_kill_engine__";
 /// Blocks the engine's step until [`release_stalls`]: the stall watchdog's case.
 pub const STALL: &str = "__mlxbar_fault_stall__";
+/// In a model's path: its load blocks (holding the device) until [`release_stalls`].
+pub const STALL_LOAD: &str = "__mlxbar_fault_stall_load__";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     PanicInRequest,
     KillEngine,
     Stall,
+    StallLoad,
 }
 
-/// The fault a prompt asks for, if any.
+static ARMED: AtomicBool = AtomicBool::new(false);
+
+/// Turns the hooks on for this process: only test harnesses call it.
+pub fn arm() {
+    ARMED.store(true, Ordering::Relaxed);
+}
+
+pub fn armed() -> bool {
+    ARMED.load(Ordering::Relaxed)
+}
+
+/// The fault a prompt asks for, if any (none unless armed).
 pub fn for_prompt(text: &str) -> Option<Fault> {
+    if !armed() {
+        return None;
+    }
     [(PANIC_IN_REQUEST, Fault::PanicInRequest), (KILL_ENGINE, Fault::KillEngine), (STALL, Fault::Stall)]
         .into_iter()
         .find_map(|(marker, fault)| text.contains(marker).then_some(fault))
+}
+
+/// The fault a model's path asks for, if any (none unless armed).
+pub fn for_path(path: &Path) -> Option<Fault> {
+    (armed() && path.to_string_lossy().contains(STALL_LOAD)).then_some(Fault::StallLoad)
 }
 
 /// Generation of released stalls: a stall waits until it changes.
@@ -40,4 +67,22 @@ pub fn release_stalls() {
     let (lock, cv) = &RELEASED;
     *lock.lock().unwrap() += 1;
     cv.notify_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_do_nothing_until_the_harness_arms_the_hooks() {
+        // Unit tests share this process: check disarmed first, then arm (never disarmed).
+        if !armed() {
+            assert_eq!(for_prompt(KILL_ENGINE), None);
+            assert_eq!(for_path(Path::new(STALL_LOAD)), None);
+        }
+        arm();
+        assert_eq!(for_prompt(&format!("x {KILL_ENGINE} y")), Some(Fault::KillEngine));
+        assert_eq!(for_path(&Path::new("/m").join(STALL_LOAD)), Some(Fault::StallLoad));
+        assert_eq!(for_prompt("hello"), None);
+    }
 }

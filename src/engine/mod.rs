@@ -5,6 +5,7 @@ pub mod batch_kv;
 pub mod chat_template;
 pub mod constraint;
 pub mod cpu_backend;
+mod device_lock;
 #[cfg(feature = "test-hooks")]
 pub mod faults;
 pub mod kv_cache;
@@ -30,6 +31,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 pub use constraint::{Constraint, ConstraintError, ConstraintState, Grammars};
+pub use device_lock::DeviceLock;
 pub use loader::ModelInfo;
 pub use model::WeightFormat;
 pub use request::{Completion, EngineError, ErrorKind, Event, FinishReason, GenerationRequest, Timings};
@@ -69,6 +71,9 @@ pub struct EngineOptions {
     /// The process-wide grammar-mask histogram every engine observes.
     pub mask_seconds: stats::MaskSeconds,
     pub device_lock: DeviceLock,
+    /// How long a stop waits for the engine thread to finish its step; past it the thread
+    /// is left behind (stuck) and the engine reports itself failed: restart required.
+    pub stop_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for EngineOptions {
@@ -160,25 +165,16 @@ pub enum SubmitError {
     Unavailable(String),
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
-    #[error("the model is already loading")]
-    AlreadyLoading,
-    #[error("the engine has been shut down")]
-    Stopped,
-    #[error("starting the engine thread: {0}")]
-    Spawn(String),
-}
-
 pub struct Engine {
-    /// Replaced with the thread on a reload.
     jobs: Mutex<mpsc::SyncSender<worker::Job>>,
     shared: Arc<Shared>,
     options: EngineOptions,
     device: DeviceKind,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Serializes reloads and shutdown.
+    thread: Mutex<Option<EngineThread>>,
+    /// Serializes shutdowns.
     lifecycle: Mutex<()>,
+    /// Set when a stop found the thread stuck in a step: why a restart is required.
+    stuck: Mutex<Option<String>>,
 }
 
 impl Engine {
@@ -197,43 +193,37 @@ impl Engine {
         });
         let device = DeviceKind::for_this_platform();
         let (tx, thread) = spawn_thread(&options, device, &shared)?;
-        Ok(Engine { jobs: Mutex::new(tx), shared, options, device, thread: Mutex::new(Some(thread)), lifecycle: Mutex::new(()) })
+        Ok(Engine { jobs: Mutex::new(tx), shared, options, device, thread: Mutex::new(Some(thread)), lifecycle: Mutex::new(()), stuck: Mutex::new(None) })
     }
 
-    /// Stops the engine thread if it runs (its requests end with a 503), then loads the
-    /// model afresh on a new one: the way back from a failed load or a dead engine.
-    /// Blocks for at most one engine step; the load itself goes on in the background.
-    pub fn reload(&self) -> Result<(), ReloadError> {
-        let _one_at_a_time = self.lifecycle.lock().unwrap();
-        match self.state() {
-            LoadState::Loading => return Err(ReloadError::AlreadyLoading),
-            LoadState::Stopped => return Err(ReloadError::Stopped),
-            LoadState::Ready | LoadState::Failed(_) => {}
-        }
-        self.stop_thread();
-        let s = &self.shared;
-        s.stopping.store(false, Ordering::Relaxed);
-        s.waiting.store(0, Ordering::Relaxed);
-        s.running.store(0, Ordering::Relaxed);
-        s.load_progress.store(0, Ordering::Relaxed);
-        *s.loaded.write().unwrap() = None;
-        *s.state.write().unwrap() = LoadState::Loading;
-        let (tx, thread) = spawn_thread(&self.options, self.device, &self.shared).map_err(|e| {
-            *s.state.write().unwrap() = LoadState::Failed(format!("starting the engine thread: {e}"));
-            ReloadError::Spawn(e.to_string())
-        })?;
-        *self.jobs.lock().unwrap() = tx;
-        *self.thread.lock().unwrap() = Some(thread);
-        Ok(())
-    }
-
-    /// Asks the engine thread to stop within one step and waits for it.
-    fn stop_thread(&self) {
-        let Some(thread) = self.thread.lock().unwrap().take() else { return };
+    /// Asks the engine thread to stop within one step and waits for it, at most
+    /// `stop_timeout`. A thread still in its step then is left behind (a thread cannot be
+    /// killed): the engine turns failed with the returned reason, and it keeps what it holds
+    /// (its memory, the device lock of its step) until the process restarts.
+    fn stop_thread(&self) -> Result<(), String> {
+        let Some(thread) = self.thread.lock().unwrap().take() else { return Ok(()) };
         self.shared.stopping.store(true, Ordering::Relaxed);
         // A full queue or a dead thread: the stopping flag alone ends the loop.
         let _ = self.jobs.lock().unwrap().try_send(worker::Job::Shutdown);
-        let _ = thread.join();
+        match thread.exited.recv_timeout(self.options.stop_timeout) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let reason = format!(
+                    "the engine of {} is stuck in a step and did not stop within {:.0} s; restart mlxbar (restart required) to free what it holds",
+                    self.options.model_id,
+                    self.options.stop_timeout.as_secs_f64()
+                );
+                tracing::error!("{reason}");
+                *self.stuck.lock().unwrap() = Some(reason.clone());
+                *self.shared.state.write().unwrap() = LoadState::Failed(reason.clone());
+                self.shared.ready.notify_waiters();
+                Err(reason)
+            }
+            // Exited (the sender went with the thread): the join returns at once.
+            _ => {
+                let _ = thread.handle.join();
+                Ok(())
+            }
+        }
     }
 
     /// Waits until the model is loaded (Ok) or failed to load (Err).
@@ -342,12 +332,24 @@ impl Engine {
         (per_request * rounds).ceil().clamp(1.0, 300.0) as u64
     }
 
-    /// Stops the engine thread within one step (running requests get an error) and waits for it.
-    pub fn shutdown(&self) {
+    /// Stops the engine thread within one step (running requests get an error) and waits
+    /// for it, at most `stop_timeout`: Err with the reason when it is stuck (the engine
+    /// then stays failed; see [`Engine::stop_thread`]).
+    pub fn shutdown(&self) -> Result<(), String> {
         let _one_at_a_time = self.lifecycle.lock().unwrap();
-        self.stop_thread();
+        if let Some(reason) = self.stuck() {
+            return Err(reason);
+        }
+        self.stop_thread()?;
         *self.shared.state.write().unwrap() = LoadState::Stopped;
         self.shared.ready.notify_waiters();
+        Ok(())
+    }
+
+    /// Why a restart is required, when a stop found the engine thread stuck (it still
+    /// holds what it had).
+    pub fn stuck(&self) -> Option<String> {
+        self.stuck.lock().unwrap().clone()
     }
 
     pub fn new_request(
@@ -375,8 +377,15 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.shutdown();
+        let _ = self.shutdown();
     }
+}
+
+/// The engine thread and the channel that closes when it ends (its sender lives in the
+/// thread), so a stop can wait for it with a deadline.
+struct EngineThread {
+    handle: std::thread::JoinHandle<()>,
+    exited: mpsc::Receiver<()>,
 }
 
 /// The engine's scheduling limits: its KV budget in tokens (from the bytes the registry
@@ -406,23 +415,18 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
     }
 }
 
-/// The device the loaded models share: one engine computes at a time (one device gains
-/// nothing from interleaving them, and MLX's streams are not meant to be driven from
-/// several threads at once). Each engine holds it for its load and for each scheduling
-/// step. Fair (first come, first served), so an engine decoding non-stop does not starve
-/// another or a load. One per registry (a server), made by `registry::Models`.
-pub type DeviceLock = Arc<parking_lot::FairMutex<()>>;
 
 /// A new engine thread with its queue (capacity: `queue_capacity`).
-fn spawn_thread(
-    options: &EngineOptions,
-    device: DeviceKind,
-    shared: &Arc<Shared>,
-) -> std::io::Result<(mpsc::SyncSender<worker::Job>, std::thread::JoinHandle<()>)> {
+fn spawn_thread(options: &EngineOptions, device: DeviceKind, shared: &Arc<Shared>) -> std::io::Result<(mpsc::SyncSender<worker::Job>, EngineThread)> {
     let (tx, rx) = mpsc::sync_channel(options.queue_capacity.max(1) + 1);
+    let (exit_tx, exited) = mpsc::channel::<()>();
     let (shared, options) = (shared.clone(), options.clone());
-    let thread = std::thread::Builder::new().name("mlxbar-engine".into()).spawn(move || engine_thread(options, device, rx, shared))?;
-    Ok((tx, thread))
+    let handle = std::thread::Builder::new().name("mlxbar-engine".into()).spawn(move || {
+        // Dropped when the thread ends, however it ends: that closes `exited`.
+        let _exit = exit_tx;
+        engine_thread(options, device, rx, shared)
+    })?;
+    Ok((tx, EngineThread { handle, exited }))
 }
 
 fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receiver<worker::Job>, shared: Arc<Shared>) {
@@ -440,6 +444,10 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     let progress = |f: f64| shared.load_progress.store((f.clamp(0.0, 1.0) * 1000.0) as u32, Ordering::Relaxed);
     let loaded = {
         let _device = options.device_lock.lock();
+        #[cfg(feature = "test-hooks")]
+        if faults::for_path(&options.model_path) == Some(faults::Fault::StallLoad) {
+            faults::stall();
+        }
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             loader::load_reporting(&options.model_path, &options.model_id, format, &progress)
         }))

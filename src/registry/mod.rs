@@ -25,7 +25,7 @@ use slot::{Phase, Slot};
 
 use crate::config::Config;
 use crate::engine::stats::MaskSeconds;
-use crate::engine::{AdmissionGate, DeviceKind, Engine, EngineOptions, LoadState, StatsView};
+use crate::engine::{AdmissionGate, DeviceKind, DeviceLock, Engine, EngineOptions, LoadState, StatsView};
 use crate::library::{Library, ModelEntry};
 use crate::metrics::Metrics;
 use crate::telemetry::Telemetry;
@@ -48,6 +48,9 @@ pub enum ModelError {
     QueueFull { waiting: usize },
     #[error("the server is shutting down")]
     Stopped,
+    /// Another load, reload or unload holds the registry.
+    #[error("{0}")]
+    Busy(String),
 }
 
 /// What a [`Models`] is built from besides the config.
@@ -78,8 +81,12 @@ pub struct Models {
     pinned: Mutex<BTreeSet<String>>,
     /// The last refused load's reason, by id, until a load succeeds.
     refused: Mutex<BTreeMap<String, String>>,
-    /// Held by every load and unload.
-    lifecycle: tokio::sync::Mutex<()>,
+    /// Held by every load and unload; each of them is bounded (`load_timeout_seconds`,
+    /// `engine_stop_seconds`, `shutdown_grace_seconds`), so it is always released.
+    lifecycle: Arc<tokio::sync::Mutex<()>>,
+    /// Engines whose thread did not stop (stuck in a step or a load): kept, never joined,
+    /// so nothing waits on them; they hold their memory until the process restarts.
+    abandoned: Mutex<Vec<(String, Arc<Engine>, String)>>,
     /// Requests waiting for a model to load (bounded by `queue_capacity`).
     waiting_for_load: AtomicUsize,
     /// Woken on every state change (for `wait_ready` and the live views).
@@ -98,7 +105,7 @@ pub struct Models {
     generations: std::sync::atomic::AtomicU64,
     /// The default model's first load has not ended yet (`/health`: loading).
     default_pending: AtomicBool,
-    device_lock: crate::engine::DeviceLock,
+    device_lock: DeviceLock,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -121,7 +128,8 @@ impl Models {
             slots: Mutex::default(),
             pinned: Mutex::new(config.pinned.iter().cloned().collect()),
             refused: Mutex::default(),
-            lifecycle: tokio::sync::Mutex::new(()),
+            lifecycle: Arc::new(tokio::sync::Mutex::new(())),
+            abandoned: Mutex::default(),
             waiting_for_load: AtomicUsize::new(0),
             changed: tokio::sync::Notify::new(),
             telemetry: parts.telemetry,
@@ -291,16 +299,51 @@ impl Models {
     }
 
     /// Stops `id`'s engine if it runs (its requests end with a 503: the way out of a stall)
-    /// and loads it afresh.
-    pub async fn reload(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
+    /// and loads it afresh. Refused at once (Busy) while another load, reload or unload
+    /// runs; the reload itself then goes on even if the caller leaves.
+    pub fn start_reload(self: &Arc<Self>, requested: &str) -> Result<tokio::task::JoinHandle<Result<(), ModelError>>, ModelError> {
         let id = self.resolve(Some(requested))?;
+        let one = self.lifecycle.clone().try_lock_owned().map_err(|_| {
+            ModelError::Busy(format!("Cannot reload {id} now: a model load, reload or unload is under way; retry when it ends"))
+        })?;
         let models = self.clone();
-        self.detached(async move {
-            let _one = models.lifecycle.lock().await;
+        Ok(self.runtime.spawn(async move {
+            let _one = one;
             models.unload_locked(&id, UnloadReason::Request, false).await;
             models.load_locked(&id).await
-        })
-        .await
+        }))
+    }
+
+    /// [`Models::start_reload`], waiting for the reload's end.
+    pub async fn reload(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
+        self.start_reload(requested)?.await.unwrap_or(Err(ModelError::Stopped))
+    }
+
+    /// Why a restart is required, if an engine had to be left behind (stuck in a step or a
+    /// load, holding its memory).
+    pub fn restart_required(&self) -> Option<String> {
+        lock(&self.abandoned).last().map(|(_, _, reason)| reason.clone())
+    }
+
+    /// Gives up on `engine`, whose thread did not stop: keeps it (dropping it would wait on
+    /// the thread), frees the device for the others, and marks `id` failed with `reason`.
+    fn abandon(&self, id: &str, engine: Arc<Engine>, reason: String) {
+        tracing::error!("{reason}");
+        self.device_lock.abandon();
+        lock(&self.abandoned).push((id.to_string(), engine, reason.clone()));
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        lock(&self.slots).insert(id.into(), Slot::new(Phase::Failed { reason }, self.config.keep_alive, generation));
+        if id == self.default.id {
+            self.default_pending.store(false, Ordering::Relaxed);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Stops `engine` on a blocking thread (bounded by `engine_stop_seconds`): Err with the
+    /// reason when its thread is stuck.
+    async fn stop_engine(engine: &Arc<Engine>) -> Result<(), String> {
+        let stopping = engine.clone();
+        tokio::task::spawn_blocking(move || stopping.shutdown()).await.unwrap_or_else(|e| Err(format!("stopping the engine: {e}")))
     }
 
     /// A request's load: behind any load or unload under way. A failed model's reason is
@@ -369,6 +412,7 @@ impl Models {
             admission_gate: self.gate.clone(),
             mask_seconds: self.mask_seconds.clone(),
             device_lock: self.device_lock.clone(),
+            stop_timeout: Duration::from_secs_f64(self.config.engine_stop_seconds),
         };
         let engine = match Engine::start(options) {
             Ok(e) => Arc::new(e),
@@ -378,7 +422,18 @@ impl Models {
         lock(&self.slots).insert(id.into(), Slot::new(Phase::Loading(engine.clone()), self.config.keep_alive, generation));
         self.changed.notify_waiters();
         let started = Instant::now();
-        let ready = engine.wait_ready().await;
+        let timeout = Duration::from_secs_f64(self.config.load_timeout_seconds);
+        let Ok(ready) = tokio::time::timeout(timeout, engine.wait_ready()).await else {
+            let reason = format!(
+                "loading {id} did not finish within {:.0} s (load_timeout_seconds); its thread is left behind: restart mlxbar (restart required) to free what it holds",
+                timeout.as_secs_f64()
+            );
+            // Asks the thread to stop should the load ever end; bounded either way.
+            let _ = Self::stop_engine(&engine).await;
+            self.metrics.model_loads_total.with_label_values(&[id, "failed"]).inc();
+            self.abandon(id, engine, reason.clone());
+            return Err(ModelError::Failed { id: id.into(), reason });
+        };
         self.metrics.model_load_seconds.observe(started.elapsed().as_secs_f64());
         match ready {
             Ok(()) => {
@@ -481,9 +536,13 @@ impl Models {
                 retired.steps += engine.steps();
                 add_counts(&mut retired.batch_sizes, &batches);
             }
-            let (stopping, device_lock) = (engine.clone(), self.device_lock.clone());
+            if let Err(stuck) = Self::stop_engine(&engine).await {
+                self.abandon(id, engine, stuck);
+                self.metrics.model_unloads_total.with_label_values(&[id, reason.as_str()]).inc();
+                return;
+            }
+            let device_lock = self.device_lock.clone();
             let _ = tokio::task::spawn_blocking(move || {
-                stopping.shutdown();
                 // The model's buffers went back to MLX's cache with the engine thread; give
                 // them back to the system before anything else loads.
                 let _device = device_lock.lock();
@@ -753,12 +812,21 @@ impl Models {
         }
     }
 
-    /// Stops every engine (their requests end with a 503); the registry then refuses work.
+    /// Stops every engine (their requests end with a 503), all at once, so the whole stop
+    /// takes at most `engine_stop_seconds` however many are stuck; the registry then
+    /// refuses work.
     pub fn shutdown(&self) {
         self.stopping.store(true, Ordering::Relaxed);
-        for (_, engine) in self.engines() {
-            engine.shutdown();
-        }
+        let engines = self.engines();
+        std::thread::scope(|scope| {
+            for (id, engine) in &engines {
+                scope.spawn(move || {
+                    if let Err(stuck) = engine.shutdown() {
+                        tracing::error!("{id}: {stuck}");
+                    }
+                });
+            }
+        });
         self.changed.notify_waiters();
     }
 }

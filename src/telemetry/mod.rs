@@ -86,6 +86,7 @@ impl Telemetry {
     /// Test hook: report `level` as the memory pressure until called with None.
     #[cfg(feature = "test-hooks")]
     pub fn force_pressure(&self, level: Option<memory::PressureLevel>) {
+        assert!(crate::engine::faults::armed(), "test hooks are not armed (crate::engine::faults::arm)");
         *self.forced_pressure.write().unwrap() = level;
     }
 

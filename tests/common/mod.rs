@@ -22,6 +22,7 @@ pub const FAIL_MARKER: &str = mlxbar::engine::faults::PANIC_IN_REQUEST;
 /// A server on 127.0.0.1:<free port> with the default model, alive for the whole test
 /// binary (its own runtime on its own thread, so any test runtime can talk to it).
 pub fn start_server(config: Config) -> String {
+    mlxbar::engine::faults::arm();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();

@@ -187,14 +187,53 @@ pub fn format(f: Option<ResponseFormat>) -> Result<Option<OutputFormat>, ApiErro
     })
 }
 
-/// `{"<token id>": bias}` as OpenAI sends it.
-pub fn logit_bias(bias: Option<std::collections::BTreeMap<String, f32>>) -> Result<Vec<(u32, f32)>, ApiError> {
-    bias.unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| {
-            k.parse::<u32>()
-                .map(|id| (id, v))
-                .map_err(|_| ApiError::bad_request(format!("logit_bias keys must be token ids, got '{k}'")).param("logit_bias"))
-        })
-        .collect()
+/// At most this many `logit_bias` entries (OpenAI's own limit).
+pub const LOGIT_BIAS_MAX_ENTRIES: usize = 300;
+
+/// `{"<token id>": bias}` as OpenAI sends it. Each token id is spelt one way (decimal, no
+/// sign or leading zero) and appears once: `"1"` and `"01"` are one token, and their biases
+/// would add up past the ±100 each is checked against.
+pub fn logit_bias(bias: Option<super::request::LogitBiasIn>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let entries = bias.unwrap_or_default().0;
+    let bad = |m: String| ApiError::bad_request(m).param("logit_bias");
+    if entries.len() > LOGIT_BIAS_MAX_ENTRIES {
+        return Err(bad(format!("logit_bias has {} entries; at most {LOGIT_BIAS_MAX_ENTRIES} are allowed", entries.len())));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(entries.len());
+    for (k, v) in entries {
+        let id = k.parse::<u32>().ok().filter(|id| id.to_string() == k).ok_or_else(|| {
+            bad(format!("logit_bias keys must be token ids written in decimal without sign or leading zeros, got '{k}'"))
+        })?;
+        if !seen.insert(id) {
+            return Err(bad(format!("logit_bias names token {id} more than once")));
+        }
+        out.push((id, v));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::openai::request::LogitBiasIn;
+
+    fn parse(json: &str) -> Result<Vec<(u32, f32)>, String> {
+        let raw: LogitBiasIn = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        logit_bias(Some(raw)).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn logit_bias_takes_each_token_once_in_one_spelling() {
+        assert_eq!(parse(r#"{"1": 5, "20": -100}"#).unwrap(), vec![(1, 5.0), (20, -100.0)]);
+        for spelling in [r#"{"01": 1}"#, r#"{"+1": 1}"#, r#"{" 1": 1}"#, r#"{"1.0": 1}"#, r#"{"-1": 1}"#] {
+            assert!(parse(spelling).unwrap_err().contains("leading zeros"), "{spelling}");
+        }
+        // One token three times: 3 × 100 would pass the ±100 check entry by entry.
+        assert!(parse(r#"{"1": 100, "1": 100, "1": 100}"#).unwrap_err().contains("more than once"));
+        let many = (0..=LOGIT_BIAS_MAX_ENTRIES).map(|i| format!("\"{i}\": 1")).collect::<Vec<_>>().join(",");
+        assert!(parse(&format!("{{{many}}}")).unwrap_err().contains("entries"));
+        let at_limit = (0..LOGIT_BIAS_MAX_ENTRIES).map(|i| format!("\"{i}\": 1")).collect::<Vec<_>>().join(",");
+        assert_eq!(parse(&format!("{{{at_limit}}}")).unwrap().len(), LOGIT_BIAS_MAX_ENTRIES);
+    }
 }

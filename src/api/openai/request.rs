@@ -30,7 +30,7 @@ pub struct ChatCompletionRequest {
     pub n: Option<u32>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
-    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub logit_bias: Option<LogitBiasIn>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
     pub tools: Option<Vec<ToolIn>>,
@@ -76,7 +76,7 @@ pub struct CompletionRequest {
     pub n: Option<u32>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
-    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub logit_bias: Option<LogitBiasIn>,
     /// The number of alternatives per token (0-5), as the legacy endpoint counts them.
     pub logprobs: Option<u32>,
     /// mlxbar's extension: constrained output on raw completions too.
@@ -261,4 +261,36 @@ pub struct JsonSchemaFormat {
     pub schema: Option<Value>,
     /// Output is always decoded against the schema, strict or not.
     pub strict: Option<bool>,
+}
+
+/// `logit_bias` as sent: every entry in order, repeated keys included (a map would keep the
+/// last one silently), so [`crate::api::openai::chat::logit_bias`] can refuse them.
+#[derive(Debug, Default)]
+pub struct LogitBiasIn(pub Vec<(String, f32)>);
+
+impl<'de> Deserialize<'de> for LogitBiasIn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = LogitBiasIn;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of token ids to biases")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<LogitBiasIn, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, f32>()? {
+                    // Bounded before the count check runs: a huge map is refused as it is read.
+                    if out.len() > super::chat::LOGIT_BIAS_MAX_ENTRIES {
+                        return Err(serde::de::Error::custom(format!(
+                            "logit_bias has more than {} entries",
+                            super::chat::LOGIT_BIAS_MAX_ENTRIES
+                        )));
+                    }
+                    out.push(entry);
+                }
+                Ok(LogitBiasIn(out))
+            }
+        }
+        d.deserialize_map(Entries)
+    }
 }
