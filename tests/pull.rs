@@ -268,3 +268,49 @@ fn server_pulls_run_in_the_background_one_per_repo() {
     assert_eq!(pulls.list().len(), 1, "one entry per repo");
     assert!(!pulls.cancel(MLX_REPO), "nothing runs");
 }
+
+/// A hub (or a mirror, or whatever HF_ENDPOINT points at) names the files: `..`, absolute
+/// names and a 100 MB file list must not reach the disk, and nothing outside the cache moves.
+#[test]
+fn names_and_answers_from_the_hub_are_checked_before_the_disk() {
+    let hub = FakeHub::start();
+    let outside = tempfile::tempdir().unwrap();
+    let cache_parent = tempfile::tempdir().unwrap();
+    let cache = cache_parent.path().join("hub");
+    let sentinel = outside.path().join("evil.gguf");
+    std::fs::write(&sentinel, b"keep me").unwrap();
+    let sibling_sentinel = cache_parent.path().join("evil.gguf");
+    std::fs::write(&sibling_sentinel, b"keep me too").unwrap();
+
+    let repo = "evil-test/names-GGUF";
+    hub.add(repo, "tiny-Q8_0.gguf", &pattern(3000, 8));
+    let abs = sentinel.to_str().unwrap().to_string();
+    for bad in ["../../../../evil.gguf", abs.as_str(), "q/../../../evil.gguf"] {
+        let evil = format!("evil-test/names-{}", &sha256(bad.as_bytes())[..8]);
+        hub.add(&evil, "tiny-Q8_0.gguf", &pattern(3000, 8));
+        hub.add_phantom(&evil, bad);
+        let mut asked = opts(&hub, &evil, &cache);
+        asked.gguf_file = Some("evil.gguf".into());
+        let (result, seen) = pull_logged(&asked);
+        let err = format!("{:#}", result.unwrap_err());
+        assert!(err.contains(bad) && err.contains("not a file name inside a repo") && err.contains(&evil), "{bad}: {err}");
+        assert_eq!(seen.last().unwrap().state, PullState::Failed);
+        // The whole list is refused, not just the asked file: the good file is not fetched either.
+        let mut good = opts(&hub, &evil, &cache);
+        good.gguf_file = Some("tiny-Q8_0.gguf".into());
+        assert!(pull_logged(&good).0.is_err(), "{bad}");
+    }
+    assert!(!hub.hits().iter().any(|h| h.path.contains("/resolve/") || h.path.starts_with("/cdn/")), "{:?}", hub.hits());
+    assert_eq!(std::fs::read(&sentinel).unwrap(), b"keep me");
+    assert_eq!(std::fs::read(&sibling_sentinel).unwrap(), b"keep me too");
+    assert_eq!(names_in(outside.path()), BTreeSet::from(["evil.gguf".to_string()]));
+
+    // 100 MB of model info, streamed without a Content-Length: refused at the cap, quickly.
+    hub.huge_info(MLX_REPO, 100 << 20);
+    let started = Instant::now();
+    let err = format!("{:#}", pull_logged(&opts(&hub, MLX_REPO, &cache)).0.unwrap_err());
+    assert!(err.contains("16 MB cap"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    assert!(!cache.join("models--mlx-test--tiny-4bit").exists(), "nothing written");
+    assert_eq!(names_in(cache_parent.path()), BTreeSet::from(["evil.gguf".to_string()]), "nothing beside the cache");
+}

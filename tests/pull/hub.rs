@@ -17,6 +17,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
 #[derive(Clone, Debug)]
@@ -36,6 +37,8 @@ struct HubState {
     /// Files listed in a repo's siblings without being served (a 404 on resolve).
     phantom: Mutex<HashMap<String, Vec<String>>>,
     hold: tokio::sync::watch::Sender<bool>,
+    /// Repos whose model info is a streamed JSON of this many bytes (never held in memory).
+    huge_info: Mutex<HashMap<String, usize>>,
 }
 
 pub struct FakeHub {
@@ -86,6 +89,7 @@ impl FakeHub {
             cut: Mutex::new(HashMap::new()),
             phantom: Mutex::new(HashMap::new()),
             hold,
+            huge_info: Mutex::new(HashMap::new()),
         });
         let app = Router::new()
             .route("/api/models/{org}/{name}/revision/{rev}", get(info))
@@ -112,6 +116,11 @@ impl FakeHub {
     /// Lists `file` in `repo` without serving it.
     pub fn add_phantom(&self, repo: &str, file: &str) {
         self.state.phantom.lock().unwrap().entry(repo.to_string()).or_default().push(file.to_string());
+    }
+
+    /// Makes `repo`'s model info a valid-looking JSON of `bytes` bytes, streamed.
+    pub fn huge_info(&self, repo: &str, bytes: usize) {
+        self.state.huge_info.lock().unwrap().insert(repo.to_string(), bytes);
     }
 
     pub fn cut_next_get(&self, file: &str, after: usize) {
@@ -161,6 +170,9 @@ async fn info(
 ) -> Response {
     let repo = format!("{org}/{name}");
     log(&state, &method, format!("/api/models/{repo}/revision/{rev}"), &headers);
+    if let Some(bytes) = state.huge_info.lock().unwrap().get(&repo).copied() {
+        return huge_json(&commit_of(&repo), bytes);
+    }
     let dir = state.root.join(&repo);
     if !dir.is_dir() {
         return not_found("RepoNotFound", "Repository not found");
@@ -175,6 +187,20 @@ async fn info(
     files.sort();
     let siblings: Vec<_> = files.iter().map(|f| serde_json::json!({"rfilename": f})).collect();
     Json(serde_json::json!({"id": repo, "sha": commit, "siblings": siblings})).into_response()
+}
+
+/// `{"sha": .., "siblings": [{"rfilename": "f0000000.json"}, ...]}` of about `bytes` bytes,
+/// made chunk by chunk as it is sent (no Content-Length: only a streaming cap can stop it).
+fn huge_json(commit: &str, bytes: usize) -> Response {
+    const ENTRY: usize = 30;
+    let head = Bytes::from(format!("{{\"sha\":\"{commit}\",\"siblings\":[{{\"rfilename\":\"first.json\"}}"));
+    let chunk: Bytes = (0..2048).map(|i| format!(",{{\"rfilename\":\"f{i:07}.json\"}}")).collect::<String>().into();
+    let chunks = bytes / (ENTRY * 2048);
+    let body = futures::stream::iter(
+        std::iter::once(head).chain(std::iter::repeat_n(chunk, chunks)).chain(std::iter::once(Bytes::from_static(b"]}"))),
+    )
+    .map(Ok::<_, std::io::Error>);
+    ([("content-type", "application/json")], Body::from_stream(body)).into_response()
 }
 
 async fn resolve(

@@ -108,8 +108,13 @@ impl Hub {
                 _ => anyhow::anyhow!("{url} answered {status}{why}"),
             });
         }
-        let info: InfoJson = resp.json().await.with_context(|| format!("reading {url}"))?;
-        let files = info.siblings.into_iter().map(|s| s.rfilename).collect();
+        let body = read_capped(resp, MAX_JSON_BYTES).await.with_context(|| format!("reading {url}"))?;
+        let info: InfoJson = serde_json::from_slice(&body).with_context(|| format!("reading {url}"))?;
+        let files: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
+        // Every name the hub sends may become a path: the rule the user's `file` passes.
+        for file in &files {
+            super::select::check_file_name(file).with_context(|| format!("the hub listed a file of {repo} that mlxbar refuses"))?;
+        }
         Ok(ModelInfo { sha: info.sha, files })
     }
 
@@ -157,6 +162,25 @@ impl Hub {
         let commit = header("x-repo-commit").map(str::to_string);
         Ok(Head { etag, size, commit })
     }
+}
+
+/// The most a JSON answer of the hub may weigh: the largest repos' file lists are a few MB.
+pub const MAX_JSON_BYTES: usize = 16 << 20;
+
+/// The body, refused once it passes `cap` bytes (checked as it streams, never held whole).
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>> {
+    let too_big = || anyhow::anyhow!("the hub's answer is larger than the {} MB cap for its JSON", cap >> 20);
+    if resp.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(too_big());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if body.len() + chunk.len() > cap {
+            return Err(too_big());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// The hub's own explanation (`X-Error-Message`), as ": <message>".

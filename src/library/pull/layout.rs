@@ -71,7 +71,12 @@ pub fn link_target(file: &str, etag: &str) -> PathBuf {
 
 /// Points `snapshots/<commit>/<file>` at its blob (replacing what was there).
 pub fn link(repo_dir: &Path, commit: &str, file: &str, etag: &str) -> Result<()> {
-    let path = snapshot_dir(repo_dir, commit).join(file);
+    let snapshot = snapshot_dir(repo_dir, commit);
+    let path = snapshot.join(file);
+    // The names were checked; this holds whatever a future caller passes: only plain
+    // components below the snapshot (no `..`, no root that would replace the join).
+    let inside = Path::new(file).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    anyhow::ensure!(inside && path.starts_with(&snapshot), "'{file}' would land outside {}", snapshot.display());
     let parent = path.parent().context("a snapshot file has a folder")?;
     crate::private_fs::create_dir_all(parent)?;
     if std::fs::symlink_metadata(&path).is_ok() {
@@ -108,6 +113,11 @@ mod tests {
             link(&repo, "c0ffee1", file, "abc").unwrap(); // again: replaced, not an error
             assert_eq!(std::fs::read_to_string(snapshot_dir(&repo, "c0ffee1").join(file)).unwrap(), "hello");
         }
+        for outside in ["../escape", "/tmp/escape", "a/../../escape"] {
+            let err = link(&repo, "c0ffee1", outside, "abc").unwrap_err();
+            assert!(err.to_string().contains("outside"), "{outside}: {err}");
+        }
+        assert!(!repo.join("snapshots/escape").exists() && !repo.join("escape").exists());
         assert_eq!(bytes_on_disk(&repo, "abc", 5), 5);
         assert_eq!(bytes_on_disk(&repo, "abc", 9), 0, "a blob of the wrong size is not counted");
         std::fs::write(partial_path(&blob_path(&repo, "def")), "hel").unwrap();
