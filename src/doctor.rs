@@ -1,4 +1,5 @@
-//! `mlxbar doctor`: what this machine gives mlxbar (MLX build, device, BLAS, model cache).
+//! `mlxbar doctor`: what this machine gives mlxbar (MLX build, device, BLAS, memory and its
+//! cgroup limit, model cache).
 use std::fmt::Write;
 
 use crate::engine::DeviceKind;
@@ -64,6 +65,23 @@ pub fn kernels(device: DeviceKind) -> String {
     format!("{quantized}; float32 matmul: BLAS (1-16 rows: mlxbar's gemv/small-m routing); {attention}")
 }
 
+/// The memory the budget judges loads against: the machine's, or its cgroup's limit.
+pub fn memory_line(m: Option<&crate::telemetry::memory::MemoryStats>) -> String {
+    use crate::registry::budget::human;
+    let Some(m) = m else { return "not readable".into() };
+    match &m.cgroup {
+        Some(c) => format!(
+            "{} available of {}: cgroup v{} limit at {} ({} in use); loads are judged against it",
+            human(m.available),
+            human(c.limit),
+            c.version,
+            c.path,
+            human(c.working_set)
+        ),
+        None => format!("{} available of {} (no cgroup memory limit)", human(m.available), human(m.total)),
+    }
+}
+
 pub fn report() -> String {
     let mut out = String::new();
     let device = DeviceKind::for_this_platform();
@@ -80,6 +98,7 @@ pub fn report() -> String {
     let _ = writeln!(out, "BLAS        {blas}{verdict}");
     let _ = writeln!(out, "cpus        {}", std::thread::available_parallelism().map_or(0, |n| n.get()));
     let _ = writeln!(out, "kernels     {}", kernels(device));
+    let _ = writeln!(out, "memory      {}", memory_line(crate::telemetry::memory::read().ok().as_ref()));
     let model = model_store::default_model_path();
     let _ = writeln!(
         out,
