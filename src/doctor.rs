@@ -1,4 +1,5 @@
-//! `mlxbar doctor`: what this machine gives mlxbar (MLX build, device, BLAS, model cache).
+//! `mlxbar doctor`: what this machine gives mlxbar (MLX build, device, BLAS, memory and its
+//! cgroup limit, model cache).
 use std::fmt::Write;
 
 use crate::engine::DeviceKind;
@@ -74,6 +75,23 @@ pub fn test_hooks() -> &'static str {
     }
 }
 
+/// The memory the budget judges loads against: the machine's, or its cgroup's limit.
+pub fn memory_line(m: Option<&crate::telemetry::memory::MemoryStats>) -> String {
+    use crate::registry::budget::human;
+    let Some(m) = m else { return "not readable".into() };
+    match &m.cgroup {
+        Some(c) => format!(
+            "{} available of {}: cgroup v{} limit at {} ({} in use); loads are judged against it",
+            human(m.available),
+            human(c.limit),
+            c.version,
+            c.path,
+            human(c.working_set)
+        ),
+        None => format!("{} available of {} (no cgroup memory limit)", human(m.available), human(m.total)),
+    }
+}
+
 pub fn report() -> String {
     let mut out = String::new();
     let device = DeviceKind::for_this_platform();
@@ -91,6 +109,7 @@ pub fn report() -> String {
     let _ = writeln!(out, "cpus        {}", std::thread::available_parallelism().map_or(0, |n| n.get()));
     let _ = writeln!(out, "kernels     {}", kernels(device));
     let _ = writeln!(out, "test hooks  {}", test_hooks());
+    let _ = writeln!(out, "memory      {}", memory_line(crate::telemetry::memory::read().ok().as_ref()));
     let model = model_store::default_model_path();
     let _ = writeln!(
         out,

@@ -117,14 +117,20 @@ function memory(m) {
   text("pressure-raw", sys.pressure_source === "kernel" ? `kernel level ${raw ?? "?"}`
     : sys.pressure_source === "psi" ? `PSI some ${raw == null ? "?" : raw.toFixed(1)} %` : "no pressure signal on this system");
 
-  const parts = [
+  // Under a cgroup limit the total is the limit: the machine's breakdown does not fit in
+  // it, so the bar shows what the group uses and what is left.
+  const cg = sys.cgroup;
+  const parts = (cg ? [["app", "In use", sys.used], ["free", "Left", sys.available]] : [
     ["app", "App", sys.app], ["wired", "Wired", sys.wired], ["compressed", "Compressed", sys.compressed],
     ["cached", "Cached files", sys.cached_files], ["free", "Free", sys.free],
-  ].filter((p) => p[2] > 0);
+  ]).filter((p) => p[2] > 0);
   const known = parts.reduce((s, p) => s + p[2], 0);
-  if (sys.total > known) parts.splice(parts.length - 1, 0, ["other", "Other", sys.total - known]);
+  if (!cg && sys.total > known) parts.splice(parts.length - 1, 0, ["other", "Other", sys.total - known]);
   stackedBar($("membar"), $("memlegend"), parts, sys.total);
   text("mem-used", `${fmtBytes(sys.used)} of ${fmtBytes(sys.total)}`);
+  const limit = $("mem-limit");
+  limit.textContent = cg ? `cgroup v${cg.version}: ${fmtBytes(cg.limit)} (${fmtBytes(cg.working_set)} in use)` : "none";
+  limit.title = cg ? `${cg.path}: loads are judged against this limit, not the machine's memory` : "no cgroup memory limit: loads are judged against the machine's memory";
   text("swap", sys.swap_total ? `${fmtBytes(sys.swap_used)} of ${fmtBytes(sys.swap_total)}` : "off");
   text("swap-rate", `${m.swap_in_pages_per_second.toFixed(0)} in · ${m.swap_out_pages_per_second.toFixed(0)} out pages/s`);
   text("mlx-mem", `${fmtBytes(m.mlx.active)} active · ${fmtBytes(m.mlx.cache)} cache`);

@@ -1,5 +1,5 @@
 //! Pure arithmetic from raw kernel counters to [`MemoryStats`].
-use super::{MemoryStats, PressureLevel, PressureSource};
+use super::{CgroupLimit, MemoryStats, PressureLevel, PressureSource};
 
 /// Raw macOS readings: `host_statistics64(HOST_VM_INFO64)` page counts, `hw.memsize`,
 /// `vm.swapusage` and `kern.memorystatus_vm_pressure_level`.
@@ -60,6 +60,7 @@ pub fn from_mac(r: &MacVmRaw) -> MemoryStats {
         pressure: mac_pressure(r.pressure_level),
         pressure_raw: r.pressure_level.map(f64::from),
         pressure_source: if r.pressure_level.is_some() { PressureSource::Kernel } else { PressureSource::Unknown },
+        cgroup: None,
     }
 }
 
@@ -98,6 +99,8 @@ pub struct LinuxRaw {
     pub pswpout: u64,
     /// (some avg10, full avg10) in percent; None without PSI.
     pub psi: Option<(f64, f64)>,
+    /// This process's cgroup limit, if any (see [`super::cgroup`]).
+    pub cgroup: Option<CgroupLimit>,
 }
 
 pub fn from_linux(r: &LinuxRaw) -> MemoryStats {
@@ -105,11 +108,18 @@ pub fn from_linux(r: &LinuxRaw) -> MemoryStats {
         Some((some, full)) => (psi_pressure(some, full), Some(some), PressureSource::Psi),
         None => (PressureLevel::Unknown, None, PressureSource::Unknown),
     };
+    // A limit at or above the machine's memory binds nothing (v1 says "unlimited" with
+    // 2^63 rounded down to a page).
+    let cgroup = r.cgroup.clone().filter(|c| c.limit < r.mem_total);
+    let (total, available) = match &cgroup {
+        Some(c) => (c.limit, r.mem_available.min(c.headroom())),
+        None => (r.mem_total, r.mem_available),
+    };
     MemoryStats {
-        total: r.mem_total,
-        free: r.mem_free,
-        available: r.mem_available,
-        used: r.mem_total.saturating_sub(r.mem_available),
+        total,
+        free: r.mem_free.min(available),
+        available,
+        used: total.saturating_sub(available),
         active: r.active,
         inactive: r.inactive,
         wired: r.unevictable,
@@ -123,6 +133,7 @@ pub fn from_linux(r: &LinuxRaw) -> MemoryStats {
         pressure,
         pressure_raw,
         pressure_source,
+        cgroup,
     }
 }
 
@@ -251,6 +262,7 @@ mod tests {
             pswpin: 0,
             pswpout: 0,
             psi: Some((0.0, 0.0)),
+            cgroup: None,
         };
         let m = from_linux(&r);
         assert_eq!(m.used, (24_683_656 - 23_760_080) * 1024);
@@ -259,6 +271,25 @@ mod tests {
         assert_eq!((m.pressure, m.pressure_source), (PressureLevel::Normal, PressureSource::Psi));
         let none = from_linux(&LinuxRaw { psi: None, ..r });
         assert_eq!((none.pressure, none.pressure_source), (PressureLevel::Unknown, PressureSource::Unknown));
+    }
+
+    #[test]
+    fn a_cgroup_limit_is_the_total_and_bounds_what_is_available() {
+        let machine = LinuxRaw { mem_total: 24 << 30, mem_free: 20 << 30, mem_available: 22 << 30, ..Default::default() };
+        let limit = |limit: u64, working_set: u64| CgroupLimit { version: 1, path: "/sys/fs/cgroup/memory/t".into(), limit, working_set };
+        // 400 MiB limit, 150 MiB charged: 250 MiB left, whatever the machine has free.
+        let m = from_linux(&LinuxRaw { cgroup: Some(limit(400 << 20, 150 << 20)), ..machine.clone() });
+        assert_eq!((m.total, m.available, m.used, m.free), (400 << 20, 250 << 20, 150 << 20, 250 << 20));
+        assert_eq!(m.cgroup.as_ref().map(|c| c.limit), Some(400 << 20));
+        // The machine is the tighter one: its available memory binds.
+        let m = from_linux(&LinuxRaw { mem_available: 100 << 20, cgroup: Some(limit(400 << 20, 150 << 20)), ..machine.clone() });
+        assert_eq!(m.available, 100 << 20);
+        // Charged past the limit (the kernel lets usage touch it): nothing left, not a wrap.
+        let m = from_linux(&LinuxRaw { cgroup: Some(limit(400 << 20, 500 << 20)), ..machine.clone() });
+        assert_eq!((m.available, m.used), (0, 400 << 20));
+        // v1's "unlimited" (2^63 less a page) is no limit: the machine's figures, no cgroup.
+        let m = from_linux(&LinuxRaw { cgroup: Some(limit(9_223_372_036_854_771_712, 1 << 30)), ..machine.clone() });
+        assert_eq!((m.total, m.available, m.cgroup), (24 << 30, 22 << 30, None));
     }
 
     #[test]

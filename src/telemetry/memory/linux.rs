@@ -1,4 +1,5 @@
-//! Linux reader: /proc/meminfo, /proc/vmstat and PSI (/proc/pressure/memory) via procfs.
+//! Linux reader: /proc/meminfo, /proc/vmstat and PSI (/proc/pressure/memory) via procfs,
+//! and this process's cgroup memory limit ([`super::cgroup`]).
 use anyhow::Result;
 use procfs::Current;
 
@@ -26,5 +27,6 @@ pub fn read() -> Result<MemoryStats> {
         pswpin: counter("pswpin"),
         pswpout: counter("pswpout"),
         psi,
+        cgroup: super::cgroup::read(),
     }))
 }

@@ -1,10 +1,13 @@
 //! System memory as the user knows it: Activity Monitor's breakdown and the kernel's
-//! pressure level on macOS; /proc/meminfo and PSI on Linux.
+//! pressure level on macOS; /proc/meminfo and PSI on Linux, bounded by this process's
+//! control group's memory limit when one is set (a container, a systemd unit: [`cgroup`]).
 //!
 //! One reader per platform behind one cfg switch, each returning [`MemoryStats`]; the
 //! arithmetic lives in [`derive`] as pure functions that unit tests feed recorded values.
 pub mod derive;
 
+#[cfg(target_os = "linux")]
+pub mod cgroup;
 #[cfg(target_os = "linux")]
 mod linux;
 #[cfg(target_os = "linux")]
@@ -100,6 +103,31 @@ pub struct MemoryStats {
     /// The raw signal: the kernel's level (1, 2, 4) or PSI `some avg10` in percent.
     pub pressure_raw: Option<f64>,
     pub pressure_source: PressureSource,
+    /// The control group's memory limit that bounds this process, when one is set below
+    /// the machine's memory (Linux): `total` is then the limit and `available` at most the
+    /// limit less the group's working set; the other figures stay the machine's.
+    pub cgroup: Option<CgroupLimit>,
+}
+
+/// A cgroup memory limit (v1 `memory.limit_in_bytes`, v2 `memory.max`) and what is charged
+/// against it, of the tightest group from this process's own up to its hierarchy's root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct CgroupLimit {
+    /// 1 or 2.
+    pub version: u8,
+    /// The group's directory, e.g. `/sys/fs/cgroup/memory/docker/<id>`.
+    pub path: String,
+    pub limit: u64,
+    /// What the group uses that the kernel cannot simply drop: usage less inactive file
+    /// pages (docker's and cAdvisor's working set).
+    pub working_set: u64,
+}
+
+impl CgroupLimit {
+    /// What is left under the limit.
+    pub fn headroom(&self) -> u64 {
+        self.limit.saturating_sub(self.working_set)
+    }
 }
 
 impl MemoryStats {
