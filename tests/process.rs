@@ -98,11 +98,7 @@ fn an_empty_api_key_or_any_host_without_a_key_is_refused_at_startup() {
         let out = cmd.output().unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    for (args, env_key, file) in [
-        (&[][..], Some(""), ""),
-        (&["--api-key", ""][..], None, ""),
-        (&[][..], None, "api_key = \"\"\n"),
-    ] {
+    for (args, env_key, file) in [(&[][..], Some(""), ""), (&["--api-key", ""][..], None, ""), (&[][..], None, "api_key = \"\"\n")] {
         let (code, stderr) = run(args, env_key, file);
         assert_ne!(code, Some(0), "{args:?} {env_key:?} {file:?}: {stderr}");
         assert!(stderr.contains("API key is empty"), "{args:?} {env_key:?} {file:?}: {stderr}");

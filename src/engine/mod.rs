@@ -193,7 +193,15 @@ impl Engine {
         });
         let device = DeviceKind::for_this_platform();
         let (tx, thread) = spawn_thread(&options, device, &shared)?;
-        Ok(Engine { jobs: Mutex::new(tx), shared, options, device, thread: Mutex::new(Some(thread)), lifecycle: Mutex::new(()), stuck: Mutex::new(None) })
+        Ok(Engine {
+            jobs: Mutex::new(tx),
+            shared,
+            options,
+            device,
+            thread: Mutex::new(Some(thread)),
+            lifecycle: Mutex::new(()),
+            stuck: Mutex::new(None),
+        })
     }
 
     /// Asks the engine thread to stop within one step and waits for it, at most
@@ -415,9 +423,12 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
     }
 }
 
-
 /// A new engine thread with its queue (capacity: `queue_capacity`).
-fn spawn_thread(options: &EngineOptions, device: DeviceKind, shared: &Arc<Shared>) -> std::io::Result<(mpsc::SyncSender<worker::Job>, EngineThread)> {
+fn spawn_thread(
+    options: &EngineOptions,
+    device: DeviceKind,
+    shared: &Arc<Shared>,
+) -> std::io::Result<(mpsc::SyncSender<worker::Job>, EngineThread)> {
     let (tx, rx) = mpsc::sync_channel(options.queue_capacity.max(1) + 1);
     let (exit_tx, exited) = mpsc::channel::<()>();
     let (shared, options) = (shared.clone(), options.clone());

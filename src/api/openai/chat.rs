@@ -202,9 +202,10 @@ pub fn logit_bias(bias: Option<super::request::LogitBiasIn>) -> Result<Vec<(u32,
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(entries.len());
     for (k, v) in entries {
-        let id = k.parse::<u32>().ok().filter(|id| id.to_string() == k).ok_or_else(|| {
-            bad(format!("logit_bias keys must be token ids written in decimal without sign or leading zeros, got '{k}'"))
-        })?;
+        let id =
+            k.parse::<u32>().ok().filter(|id| id.to_string() == k).ok_or_else(|| {
+                bad(format!("logit_bias keys must be token ids written in decimal without sign or leading zeros, got '{k}'"))
+            })?;
         if !seen.insert(id) {
             return Err(bad(format!("logit_bias names token {id} more than once")));
         }
