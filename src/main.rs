@@ -47,6 +47,8 @@ async fn main() -> Result<()> {
         .with_env_filter(EnvFilter::try_from_env("MLXBAR_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
         .init();
+    #[cfg(feature = "test-hooks")]
+    mlxbar::engine::faults::arm_from_env();
     match Cli::parse().command {
         Command::Serve(args) => match serve(Config::load(&args)?).await {
             // One line, not a backtrace-style report: the user only needs to pick a port.

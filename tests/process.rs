@@ -173,3 +173,181 @@ async fn a_model_that_fails_to_load_leaves_the_server_up_saying_why() {
     let status = tokio::task::spawn_blocking(move || wait_exit(&mut child, 30)).await.unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// A step that never returns (a test hook stalls it) wedges nothing: the stuck request ends
+/// with 503 `engine_stuck`, a reload answers at once (409 while it runs) and replaces the
+/// engine once the old one is left behind (`restart_required` in /health, /metrics, the
+/// snapshot and the alert), another model loads and serves, and SIGTERM still exits 0
+/// within the grace period plus the engine-stop deadline. On a main without bounded stops,
+/// the reload, the second model and the exit all wait for the stuck step for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_step_wedges_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    let second = models.join("smollm2-second.gguf");
+    std::fs::hard_link(common::model_path(), &second).or_else(|_| std::fs::copy(common::model_path(), &second).map(drop)).unwrap();
+    let config = format!(
+        "engine_stop_seconds = 2\nshutdown_grace_seconds = 2\nstall_seconds = 1\nmodels_dirs = [{:?}]\n",
+        models.display().to_string()
+    );
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let mut child = {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlxbar"));
+        cmd.args(["serve", "--port", "0", "--model"]).arg(common::model_path());
+        cmd.env("MLXBAR_DATA_DIR", dir.path()).env("MLXBAR_CONFIG", dir.path().join("config.toml")).env_remove("MLXBAR_API_KEY");
+        cmd.env(mlxbar::engine::faults::ARM_VARIABLE, "1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let (base, log) = listen_until(&mut child, "ready: model");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let chat = |content: String, model: Option<&str>| {
+        let mut body = json!({"messages": [{"role": "user", "content": content}], "max_tokens": 3, "temperature": 0});
+        if let Some(m) = model {
+            body["model"] = json!(m);
+        }
+        http.post(format!("{base}/v1/chat/completions")).json(&body).send()
+    };
+    let stuck = tokio::spawn(chat(format!("{} Hi", mlxbar::engine::faults::STALL), None));
+    common::until("health to say stalled", 30, async || {
+        let h: Value = http.get(format!("{base}/health")).send().await.ok()?.json().await.ok()?;
+        (h["status"] == "stalled").then_some(())
+    })
+    .await;
+
+    // The reload answers at once; a second one while it waits for the stuck thread is 409.
+    let reload = http.post(format!("{base}/api/engine/reload")).json(&json!({})).send().await.unwrap();
+    assert_eq!(reload.status(), 202, "{:?}", reload.text().await);
+    let again = http.post(format!("{base}/api/engine/reload")).json(&json!({})).send().await.unwrap();
+    assert_eq!(again.status(), 409);
+    assert_eq!(again.json::<Value>().await.unwrap()["error"]["code"], "models_busy");
+
+    // The stuck request ends: its engine was left behind.
+    let stuck = stuck.await.unwrap().expect("the stuck request is answered");
+    assert_eq!(stuck.status(), 503);
+    let e: Value = stuck.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "engine_stuck", "{e}");
+
+    // The reload brought a fresh engine; the old one's memory needs a restart, and says so.
+    let health = common::until("the reloaded engine to be ready", 60, async || {
+        let h: Value = http.get(format!("{base}/health")).send().await.ok()?.json().await.ok()?;
+        (h["status"] == "ok").then_some(h)
+    })
+    .await;
+    assert!(health["restart_required"].as_str().is_some_and(|r| r.contains("restart")), "{health}");
+    let snap: Value = http.get(format!("{base}/api/metrics/snapshot")).send().await.unwrap().json().await.unwrap();
+    assert!(snap["scheduler"]["restart_required"].as_str().is_some_and(|r| r.contains("stuck")), "{}", snap["scheduler"]);
+    let metrics = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l == "mlxbar_engine_restart_required 1"), "{metrics}");
+    common::until("the restart_required alert to fire", 30, async || {
+        let a: Value = http.get(format!("{base}/api/alerts")).send().await.ok()?.json().await.ok()?;
+        a["data"].as_array()?.iter().any(|a| a["id"] == "restart_required" && a["firing"] == true).then_some(())
+    })
+    .await;
+
+    // Both the reloaded default and another model serve.
+    for model in [None, Some("smollm2-second")] {
+        let r = chat("Say hi.".into(), model).await.unwrap();
+        assert_eq!(r.status(), 200, "{model:?}: {:?}", r.text().await);
+        let answer: Value = r.json().await.unwrap();
+        assert!(!answer["choices"][0]["message"]["content"].as_str().unwrap_or("").is_empty(), "{answer}");
+    }
+
+    // SIGTERM: the left-behind thread does not hold the exit.
+    let signalled = Instant::now();
+    // SAFETY: kill(2) on our own child's pid, with a valid signal number.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || wait_exit(&mut child, 30)).await.unwrap();
+    let log = log.join().unwrap();
+    assert!(status.success(), "exit {status:?}\n{log}");
+    assert!(signalled.elapsed() < Duration::from_secs(15), "exit took {:?}", signalled.elapsed());
+}
+
+/// In a container's memory limit (a cgroup v1 or v2 memory group, made here as a child of
+/// this test's own), the budget takes the group's limit as the machine's memory: a model
+/// too big for it (the 1B scale fixture, ~0.7 GB loaded) is refused with a 507 naming what it
+/// needs and what is available, where reading the machine's memory would start the load and
+/// end in the kernel's OOM killer. The server serves on. Needs a writable memory cgroup
+/// (root, as CI runs): without one the test fails and says so.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_memory_limited_cgroup_a_model_too_big_is_refused_not_oom_killed() {
+    use mlxbar::telemetry::memory::cgroup;
+    const LIMIT: u64 = 640 << 20;
+    let own = cgroup::own_group(&std::fs::read_to_string("/proc/self/cgroup").unwrap());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let group = own
+        .iter()
+        .find_map(|g| {
+            let m = cgroup::mount(&mountinfo, g.version)?;
+            let rel = g.path.strip_prefix(&m.root).unwrap_or(&g.path).trim_start_matches('/');
+            let dir = m.mount_point.join(rel).join(format!("mlxbar-test-{}", std::process::id()));
+            std::fs::create_dir(&dir).ok()?;
+            let limit_file = if g.version == 1 { "memory.limit_in_bytes" } else { "memory.max" };
+            std::fs::write(dir.join(limit_file), LIMIT.to_string()).ok().map(|_| dir)
+        })
+        .expect("this test needs a writable cgroup memory controller (run as root, as CI does)");
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let _group = Remove(group.clone());
+
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    std::os::unix::fs::symlink(common::fixtures::scale_folder(), models.join("big-1b")).unwrap();
+    std::fs::write(dir.path().join("config.toml"), format!("models_dirs = [{:?}]\n", models.display().to_string())).unwrap();
+    // The shell joins the group, then becomes the server: everything it allocates is charged.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"echo $$ > "$1/cgroup.procs" && exec "$2" serve --port 0 --model "$3""#)
+        .arg("sh")
+        .arg(&group)
+        .arg(env!("CARGO_BIN_EXE_mlxbar"))
+        .arg(common::model_path())
+        .env("MLXBAR_DATA_DIR", dir.path())
+        .env("MLXBAR_CONFIG", dir.path().join("config.toml"))
+        .env_remove("MLXBAR_API_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (base, log) = listen_until(&mut child, "ready: model");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
+    let snap: Value = http.get(format!("{base}/api/metrics/snapshot")).send().await.unwrap().json().await.unwrap();
+    let system = &snap["memory"]["system"];
+    assert_eq!(system["cgroup"]["limit"], LIMIT, "the server sees its group's limit: {system}");
+    assert_eq!(system["total"], LIMIT, "{system}");
+
+    let r = http.post(format!("{base}/api/models/big-1b/load")).json(&json!({})).send().await.unwrap();
+    let status = r.status();
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(status, 507, "{e}");
+    assert_eq!(e["error"]["code"], "insufficient_memory", "{e}");
+    let message = e["error"]["message"].as_str().unwrap();
+    // what it needs, and what is left (of the machine's memory, or of the budget: by default
+    // the MLX memory limit, 75 % of the group's limit)
+    let available = message.contains("is available without swapping") || message.contains("is left within the memory budget");
+    assert!(message.starts_with("big-1b needs ~") && available, "both figures: {message}");
+    let library: Value = http.get(format!("{base}/api/models")).send().await.unwrap().json().await.unwrap();
+    let big = library["models"].as_array().unwrap().iter().find(|m| m["id"] == "big-1b").expect("the fixture is listed").clone();
+    assert_ne!(big["state"], "loaded", "{big}");
+
+    // Alive and serving.
+    let r = http
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(child.try_wait().unwrap().is_none(), "the server is alive");
+    // SAFETY: kill(2) on our own child's pid (the shell exec'd the server), a valid signal.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || wait_exit(&mut child, 60)).await.unwrap();
+    assert!(status.success(), "{status:?}\n{}", log.join().unwrap());
+}

@@ -97,7 +97,7 @@ function processMemory(s) {
   const limit = sum((m) => m.prefix_cache_limit_bytes);
   $("proclegend").querySelector('[data-part="prefix"]').title = `Prefix cache: ${fmtBytes(parts[2][2])} of ${fmtBytes(limit)}`;
   $("proclegend").querySelector('[data-part="mlxcache"]').title = `MLX buffer cache: ${fmtBytes(s.memory.mlx.cache)} of ${fmtBytes(s.memory.mlx.cache_limit)}; given back after a quiet spell (${s.memory.mlx.idle_clears} so far)`;
-  text("proc-mem", `${fmtBytes(rss)} resident`);
+  text("proc-mem", `process ${fmtBytes(rss)} resident`);
 }
 const PRESSURE_ANGLE = { normal: 150, warn: 90, critical: 30, unknown: 90 };
 function memory(m) {
@@ -345,7 +345,12 @@ function modelItem(m) {
   t.append(name, sub);
   li.append(t);
   if (m.state === "loaded") {
-    sub.textContent = `${fmtBytes(m.memory_bytes)} · ${fmtIdle(m.idle_seconds)}`;
+    // three figures, each named: the weights, the KV in use of what the budget granted it
+    // (memory_bytes = weights + KV granted), and how long it has been idle
+    const weights = m.info?.weight_bytes ?? 0;
+    const granted = Math.max(0, (m.memory_bytes ?? 0) - weights);
+    sub.textContent = `${fmtBytes(weights)} weights · KV ${fmtBytes(m.kv_bytes ?? 0)} of ${fmtBytes(granted)} · ${fmtIdle(m.idle_seconds)}`;
+    sub.title = `Holds ${fmtBytes(m.memory_bytes)} of the memory budget: ${fmtBytes(weights)} of weights and room for ${fmtBytes(granted)} of KV (${fmtBytes(m.kv_bytes ?? 0)} in use now)`;
     const b = document.createElement("button");
     b.textContent = "Unload";
     b.dataset.testid = "model-unload";
@@ -395,7 +400,7 @@ function models(live) {
   }
   if (!shown.length) ul.dataset.key = "";
   const loaded = live.filter((m) => m.state === "loaded");
-  text("models-summary", loaded.length ? `${loaded.length} loaded · ${fmtBytes(loaded.reduce((a, m) => a + (m.memory_bytes ?? 0), 0))}` : "none loaded");
+  text("models-summary", loaded.length ? `${loaded.length} loaded · ${fmtBytes(loaded.reduce((a, m) => a + (m.memory_bytes ?? 0), 0))} granted` : "none loaded");
 
   const busy = new Set(shown.filter((m) => m.state !== "failed").map((m) => m.id));
   const choices = library.filter((m) => m.runnable && !busy.has(m.id));
@@ -483,8 +488,9 @@ function render(s) {
   text("model", model ? model.id : st === "loading" ? "Loading model…" : "No model");
   $("model").title = model ? model.path : "";
   text("status", { serving: "Serving", paused: "Paused", loading: "Loading", error: st === "failed" ? "Model failed" : "Stopped" }[mode]);
-  text("device", `${s.device.toUpperCase()}${model ? ` · ${model.weight_format} · ${fmtBytes(model.weight_bytes)}` : ""}`);
-  if (st === "failed") showBanner(`The model failed to load: ${s.state.detail}`);
+  text("device", `${s.device.toUpperCase()}${model ? ` · ${model.weight_format} · ${fmtBytes(model.weight_bytes)} weights` : ""}`);
+  if (s.scheduler.restart_required) showBanner(`Restart required: ${s.scheduler.restart_required}`);
+  else if (st === "failed") showBanner(`The model failed to load: ${s.state.detail}`);
   else if (st === "loading") showBanner("Loading the model… requests wait until it is ready.", "info");
   else if (s.paused) showBanner("Serving is paused: new requests get 503 until you resume from the menu.", "info");
   else showBanner("");

@@ -34,6 +34,7 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
         admission_blocked: stats.admission_blocked,
         refused_total: metrics.admission_refused_total.with_label_values(&["memory_pressure"]).get(),
         engine_stall_seconds: models.stall_seconds(),
+        restart_required: models.restart_required().is_some(),
     }
 }
 

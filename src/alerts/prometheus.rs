@@ -85,6 +85,7 @@ pub fn value(r: &Rule) -> String {
             max_of(&format!("increase(mlxbar_admission_refused_total{{reason=\"memory_pressure\"}}[{window}])"), "mlxbar_admission_blocked")
         }
         Signal::EngineStalled => "mlxbar_engine_last_step_age_seconds".into(),
+        Signal::RestartRequired => "mlxbar_engine_restart_required".into(),
     }
 }
 
@@ -112,7 +113,7 @@ fn unit(signal: Signal) -> (&'static str, &'static str, &'static str) {
         Signal::SwapInRate => ("", "humanize", " pages/s"),
         Signal::TtftP90 | Signal::EngineStalled => ("", "humanize", " s"),
         Signal::QueueBacklog => ("", "humanize", " waiting"),
-        Signal::MemoryPressure | Signal::EngineErrors | Signal::AdmissionHeld => ("", "humanize", ""),
+        Signal::MemoryPressure | Signal::EngineErrors | Signal::AdmissionHeld | Signal::RestartRequired => ("", "humanize", ""),
     }
 }
 

@@ -29,6 +29,9 @@ pub enum Signal {
     AdmissionHeld,
     /// Seconds the engine has made no progress while work waits or runs (0 when idle).
     EngineStalled,
+    /// 1 once an engine thread was stuck past `engine_stop_seconds` or `load_timeout_seconds`
+    /// and left behind: it holds its memory until mlxbar restarts.
+    RestartRequired,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -107,6 +110,7 @@ pub fn summary(signal: Signal, threshold: f64, window_seconds: f64) -> String {
         Signal::QueueBacklog => format!("{threshold:.0} or more requests are waiting"),
         Signal::AdmissionHeld => "New requests are held back or refused: memory pressure is critical".into(),
         Signal::EngineStalled => format!("The engine made no progress for {threshold:.0} s with work waiting"),
+        Signal::RestartRequired => "An engine is stuck and was left behind: restart mlxbar to free its memory".into(),
     }
 }
 
@@ -131,6 +135,7 @@ pub fn defaults() -> Vec<Rule> {
         rule("queue_backlog", QueueBacklog, Warning, 8.0, 2.0, 30.0, 0.0),
         rule("admission_held", AdmissionHeld, Critical, 1.0, 1.0, 0.0, 60.0),
         rule("engine_stalled", EngineStalled, Critical, 30.0, 30.0, 0.0, 0.0),
+        rule("restart_required", RestartRequired, Critical, 1.0, 1.0, 0.0, 0.0),
     ]
 }
 

@@ -70,6 +70,7 @@ impl Scenario {
             admission_blocked: self.at("mlxbar_admission_blocked", t) == Some(1.0),
             refused_total: self.get("mlxbar_admission_refused_total", "reason=\"memory_pressure\"").map_or(0.0, |s| s.values[t]) as u64,
             engine_stall_seconds: self.at("mlxbar_engine_last_step_age_seconds", t).unwrap_or(0.0),
+            restart_required: self.at("mlxbar_engine_restart_required", t) == Some(1.0),
         }
     }
 
@@ -204,6 +205,13 @@ pub fn all() -> Vec<Scenario> {
             120,
             vec![series("mlxbar_engine_last_step_age_seconds", "", (0..120).map(|t| if (10..=60).contains(&t) { (t - 10) as f64 } else { 0.0 }).collect())],
             &[(40, 91)],
+        ),
+        scenario(
+            "restart_required",
+            "an engine left behind at 20 s fires at once and stays firing: only a restart frees what it holds",
+            60,
+            vec![series("mlxbar_engine_restart_required", "", steps(60, &[(0, 0.0), (20, 1.0)]))],
+            &[(20, 60)],
         ),
     ];
     // A request a second with a 10 s TTFT from 10 s to 100 s. Both see a p90 over 5 s while

@@ -28,6 +28,8 @@ pub struct Reading {
     pub refused_total: u64,
     /// Seconds without engine progress while work waits or runs; 0 when idle.
     pub engine_stall_seconds: f64,
+    /// An engine thread was left behind stuck (it holds memory until a restart).
+    pub restart_required: bool,
 }
 
 /// Readings kept for windowed signals.
@@ -75,6 +77,7 @@ impl History {
                 Some(if r.admission_blocked { refused.max(1.0) } else { refused })
             }
             Signal::EngineStalled => Some(r.engine_stall_seconds),
+            Signal::RestartRequired => Some(f64::from(u8::from(r.restart_required))),
         }
     }
 }
@@ -98,6 +101,8 @@ pub fn describe(signal: Signal, v: f64) -> String {
         Signal::AdmissionHeld if v == 0.0 => "admitting".into(),
         Signal::AdmissionHeld => format!("held back ({v:.0})"),
         Signal::EngineStalled => format!("{v:.0} s without progress"),
+        Signal::RestartRequired if v == 0.0 => "no".into(),
+        Signal::RestartRequired => "yes".into(),
     }
 }
 

@@ -183,6 +183,8 @@ impl From<crate::engine::EngineError> for ApiError {
             Internal => ApiError::internal(format!("The engine failed on this request: {}", e.message)),
             OutOfMemory => ApiError::insufficient_memory(format!("Not enough memory for this request: {}", e.message)),
             ShuttingDown => ApiError::shutting_down(),
+            Stuck => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", format!("The engine stopped answering: {}", e.message))
+                .code("engine_stuck"),
         }
     }
 }

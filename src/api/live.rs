@@ -41,6 +41,7 @@ pub fn snapshot(state: &AppState) -> Snapshot {
             queue_capacity: state.config.queue_capacity,
             last_step_age_seconds: e.stall_seconds(),
             health: super::health::status_word(state),
+            restart_required: state.models.restart_required(),
             max_batch: state.config.max_batch,
             tokens_per_second: m.live.tokens_per_second_now(),
         },

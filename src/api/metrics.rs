@@ -15,6 +15,7 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     crate::metrics::advance_to(&m.engine_steps_total, models.steps());
     m.engine_last_step_age_seconds.set(models.stall_seconds());
     m.engine_failed.set(i64::from(models.active_views().iter().any(|v| v.state == SlotState::Failed)));
+    m.engine_restart_required.set(i64::from(models.restart_required().is_some()));
     m.info.with_label_values(&[env!("CARGO_PKG_VERSION"), models.default_id(), models.device().as_str()]).set(1);
     // Only models of the library (or the default) become labels: a bounded set.
     for view in models.active_views() {

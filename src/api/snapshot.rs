@@ -69,6 +69,9 @@ pub struct Scheduler {
     /// `/health`'s status word.
     #[schemars(extend("enum" = ["ok", "loading", "failed", "stopped", "stopping", "stalled"]))]
     pub health: &'static str,
+    /// Why mlxbar must be restarted (an engine thread stuck past its deadline was left
+    /// behind, holding its memory); null when all is well.
+    pub restart_required: Option<String>,
     pub max_batch: usize,
     pub tokens_per_second: f64,
 }

@@ -1,8 +1,9 @@
 //! Fault injection for tests. Two locks keep it out of what people run: it is compiled only
 //! with the `test-hooks` cargo feature (the integration tests turn it on through a
 //! dev-dependency on this crate; `make build`/`make run` build without it), and even then
-//! it does nothing until the test harness calls [`arm`] in its own process (a server a user
-//! starts from a test build has no way to arm it). Armed, a prompt that contains a fault's
+//! it does nothing until the test harness calls [`arm`] in its own process, or sets
+//! [`ARM_VARIABLE`] for a child `mlxbar` process it starts (process tests); a server a user
+//! starts from a test build is not armed. Armed, a prompt that contains a fault's
 //! marker triggers the fault on the engine thread, so a test reaches every failure path
 //! through the real HTTP API; a model path containing [`STALL_LOAD`] hangs its load.
 use std::path::Path;
@@ -31,6 +32,18 @@ static ARMED: AtomicBool = AtomicBool::new(false);
 /// Turns the hooks on for this process: only test harnesses call it.
 pub fn arm() {
     ARMED.store(true, Ordering::Relaxed);
+}
+
+/// Set (to `1`) by process tests in the environment of the `mlxbar` they start, whose
+/// `main` then calls [`arm`]. Nothing else sets it; a build without `test-hooks` ignores it.
+pub const ARM_VARIABLE: &str = "MLXBAR_TEST_ARM_FAULT_HOOKS";
+
+/// [`arm`] when the test harness asked for it through [`ARM_VARIABLE`].
+pub fn arm_from_env() {
+    if std::env::var_os(ARM_VARIABLE).is_some_and(|v| v == "1") {
+        tracing::warn!("fault-injection test hooks armed ({ARM_VARIABLE}=1): this process is a test's");
+        arm();
+    }
 }
 
 pub fn armed() -> bool {

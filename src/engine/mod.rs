@@ -34,7 +34,7 @@ pub use constraint::{Constraint, ConstraintError, ConstraintState, Grammars};
 pub use device_lock::DeviceLock;
 pub use loader::ModelInfo;
 pub use model::WeightFormat;
-pub use request::{Completion, EngineError, ErrorKind, Event, FinishReason, GenerationRequest, Timings};
+pub use request::{Completion, EngineError, ErrorKind, Event, Events, FinishReason, GenerationRequest, Timings};
 pub use sampling::SamplingParams;
 pub use stats::StatsView;
 pub use tokenizer::TextCodec;
@@ -174,7 +174,8 @@ pub struct Engine {
     /// Serializes shutdowns.
     lifecycle: Mutex<()>,
     /// Set when a stop found the thread stuck in a step: why a restart is required.
-    stuck: Mutex<Option<String>>,
+    /// (A watch, so the requests it was running end when it is set: [`request::Events`].)
+    stuck: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl Engine {
@@ -200,7 +201,7 @@ impl Engine {
             device,
             thread: Mutex::new(Some(thread)),
             lifecycle: Mutex::new(()),
-            stuck: Mutex::new(None),
+            stuck: tokio::sync::watch::Sender::new(None),
         })
     }
 
@@ -221,7 +222,7 @@ impl Engine {
                     self.options.stop_timeout.as_secs_f64()
                 );
                 tracing::error!("{reason}");
-                *self.stuck.lock().unwrap() = Some(reason.clone());
+                self.stuck.send_replace(Some(reason.clone()));
                 *self.shared.state.write().unwrap() = LoadState::Failed(reason.clone());
                 self.shared.ready.notify_waiters();
                 Err(reason)
@@ -357,7 +358,7 @@ impl Engine {
     /// Why a restart is required, when a stop found the engine thread stuck (it still
     /// holds what it had).
     pub fn stuck(&self) -> Option<String> {
-        self.stuck.lock().unwrap().clone()
+        self.stuck.borrow().clone()
     }
 
     pub fn new_request(
@@ -366,7 +367,7 @@ impl Engine {
         max_tokens: usize,
         sampling: SamplingParams,
         stop: Vec<String>,
-    ) -> (GenerationRequest, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+    ) -> (GenerationRequest, Events) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let req = GenerationRequest {
             prompt_ids,
@@ -379,7 +380,7 @@ impl Engine {
             events: tx,
             enqueued_at: Instant::now(),
         };
-        (req, rx)
+        (req, Events::new(rx, self.stuck.subscribe()))
     }
 }
 

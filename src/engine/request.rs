@@ -51,6 +51,8 @@ pub enum ErrorKind {
     OutOfMemory,
     /// The server is stopping (or the engine is being reloaded): 503.
     ShuttingDown,
+    /// The engine's thread is stuck in a step and was left behind (restart required): 503.
+    Stuck,
 }
 
 #[derive(Debug, Clone)]
@@ -68,6 +70,10 @@ impl EngineError {
         EngineError { kind: ErrorKind::ShuttingDown, message: "the server is shutting down".into() }
     }
 
+    pub fn stuck(reason: String) -> Self {
+        EngineError { kind: ErrorKind::Stuck, message: reason }
+    }
+
     /// Tells an MLX allocation failure from other errors by its message.
     pub fn from_message(message: String) -> Self {
         let m = message.to_ascii_lowercase();
@@ -79,6 +85,30 @@ impl EngineError {
 impl std::fmt::Display for EngineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
+    }
+}
+
+/// A request's events as its client reads them. The channel alone would never close when the
+/// engine's thread is stuck (that thread keeps the sender), so the request also ends, with a
+/// [`ErrorKind::Stuck`] error, once its engine is left behind.
+pub struct Events {
+    rx: mpsc::UnboundedReceiver<Event>,
+    stuck: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+impl Events {
+    pub fn new(rx: mpsc::UnboundedReceiver<Event>, stuck: tokio::sync::watch::Receiver<Option<String>>) -> Self {
+        Events { rx, stuck }
+    }
+
+    /// The next event; None once the engine dropped the request.
+    pub async fn recv(&mut self) -> Option<Event> {
+        tokio::select! {
+            biased;
+            ev = self.rx.recv() => ev,
+            // Err (the engine is gone without being stuck) disables this branch.
+            Ok(reason) = self.stuck.wait_for(Option::is_some) => Some(Event::Error(EngineError::stuck(reason.clone().unwrap_or_default()))),
+        }
     }
 }
 

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rand::Rng;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::output::{Answer, Finish, Output, TextLogprobs};
 use super::prompt::prompt_ids;
@@ -15,7 +14,7 @@ use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::tools::{ToolCall, ToolCallStream, ToolDelta, ToolMode};
-use crate::engine::{Constraint, Event, FinishReason, Grammars, Loaded, SamplingParams, SubmitError};
+use crate::engine::{Constraint, Event, Events, FinishReason, Grammars, Loaded, SamplingParams, SubmitError};
 use crate::metrics::inference::InferenceRecorder;
 use crate::registry::{Lease, ModelError};
 
@@ -33,7 +32,7 @@ pub struct Generation {
     pub model: String,
     /// Holds the model loaded (and not idle) until the answer is done.
     _lease: Lease,
-    rx: UnboundedReceiver<Event>,
+    rx: Events,
     recorder: InferenceRecorder,
     grammars: Arc<Grammars>,
     /// Set when the request has tools: splits calls out of the text.

@@ -44,6 +44,7 @@ pub struct Metrics {
     pub engine_failed_requests_total: IntCounter,
     pub engine_last_step_age_seconds: Gauge,
     pub engine_failed: IntGauge,
+    pub engine_restart_required: IntGauge,
     // model
     pub model_loaded: IntGaugeVec,
     pub model_load_duration_seconds: GaugeVec,
@@ -145,6 +146,10 @@ impl Metrics {
             engine_failed_requests_total: reg!(IntCounter::new("engine_failed_requests_total", "Requests the engine ended with an error (counted even with metrics_enabled = false).")),
             engine_last_step_age_seconds: reg!(Gauge::new("engine_last_step_age_seconds", "Seconds since the engine last finished a step while work waits or runs; 0 when idle. At stall_seconds /health says stalled.")),
             engine_failed: reg!(IntGauge::new("engine_failed", "1 when the engine has failed (the model did not load, or the engine thread died), else 0.")),
+            engine_restart_required: reg!(IntGauge::new(
+                "engine_restart_required",
+                "1 once an engine thread was stuck past engine_stop_seconds or load_timeout_seconds and left behind (it holds its memory until mlxbar restarts), else 0."
+            )),
             model_loaded: reg!(IntGaugeVec::new(Opts::new("model_loaded", "1 when the model is loaded and serving."), &["model"])),
             model_load_duration_seconds: reg!(GaugeVec::new(Opts::new("model_load_duration_seconds", "How long loading the model took."), &["model"])),
             model_weight_bytes: reg!(IntGaugeVec::new(Opts::new("model_weight_bytes", "Bytes of model weights as held in memory."), &["model"])),

@@ -310,8 +310,19 @@ impl Models {
         Ok(self.runtime.spawn(async move {
             let _one = one;
             models.unload_locked(&id, UnloadReason::Request, false).await;
+            // An engine stuck in its step is left behind with the slot failed: the reload
+            // is the way on, so it starts a fresh engine all the same.
+            models.forget_failed(&id);
             models.load_locked(&id).await
         }))
+    }
+
+    /// Drops `id`'s slot when it is failed, so that a load starts afresh.
+    fn forget_failed(&self, id: &str) {
+        let mut slots = lock(&self.slots);
+        if matches!(slots.get(id).map(|s| &s.phase), Some(Phase::Failed { .. })) {
+            slots.remove(id);
+        }
     }
 
     /// [`Models::start_reload`], waiting for the reload's end.

@@ -72,7 +72,8 @@ test("the picker loads a second model and the card shows both loaded; Unload unl
   // the default model is listed as loaded, with its memory
   const item = (id) => page.locator(`[data-testid="model-item"][data-model="${id}"]`);
   await until("the default model in the card", async () => (await item(def.id).getAttribute("class")) === "loaded");
-  assert.match(await item(def.id).locator('[data-testid="model-detail"]').textContent(), /^\d+(\.\d)? (KB|MB|GB) · (idle \d+(\.\d)? (s|min|h)|busy)$/);
+  const size = String.raw`\d+(\.\d)? (B|KB|MB|GB)`;
+  assert.match(await item(def.id).locator('[data-testid="model-detail"]').textContent(), new RegExp(`^${size} weights · KV ${size} of ${size} · (idle \\d+(\\.\\d)? (s|min|h)|busy)$`));
   assert.match(await item(def.id).textContent(), /default/);
   // the picker offers what is runnable and not loaded: the second model, not the default
   await until("the picker's list", async () => (await testid("model-pick").locator("option").allTextContents()).some((t) => t.startsWith(SECOND)));
@@ -85,9 +86,11 @@ test("the picker loads a second model and the card shows both loaded; Unload unl
   const second = (await modelsOf(base)).find((m) => m.id === SECOND);
   assert.equal(second.state, "loaded");
   needs = { default: def.id, estimate: second.estimate_bytes };
-  // the card's figure is the server's
-  const memText = (await item(SECOND).locator('[data-testid="model-detail"]').textContent()).split(" · ")[0];
-  assert.equal(memText, await page.evaluate((b) => fmtBytes(b), second.memory_bytes));
+  // the card's figures are the server's, each named: weights, KV in use of KV granted
+  const [weightsText, kvText] = (await item(SECOND).locator('[data-testid="model-detail"]').textContent()).split(" · ");
+  const fmt = (b) => page.evaluate((x) => fmtBytes(x), b);
+  assert.equal(weightsText, `${await fmt(second.info.weight_bytes)} weights`);
+  assert.equal(kvText, `KV ${await fmt(second.kv_bytes)} of ${await fmt(second.memory_bytes - second.info.weight_bytes)}`);
   assert.equal(await testid("model-error").isVisible(), false);
   assert.match(await testid("models-summary").textContent(), /^2 loaded · /);
   // both serve: a request naming the second model is answered by it

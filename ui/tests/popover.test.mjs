@@ -101,7 +101,7 @@ test("the popover shows the model, device and memory that /metrics reports", asy
   const legend = await testid("proclegend").textContent();
   assert.ok(legend.includes(`Weights ${mb.toFixed(mb >= 100 ? 0 : 1)} MB`), `${legend} (weights ${weights} B)`);
   for (const part of ["KV in use", "Prefix cache", "MLX cache", "Other"]) assert.ok(legend.includes(part), legend);
-  assert.match(await testid("proc-mem").textContent(), /^[\d.]+ [MG]B resident$/);
+  assert.match(await testid("proc-mem").textContent(), /^process [\d.]+ [MG]B resident$/);
   await shot("popover-idle");
 });
 
