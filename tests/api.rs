@@ -442,7 +442,12 @@ async fn calls_cut() -> u64 {
 #[tokio::test]
 async fn required_with_parallel_calls_does_not_start_a_call_max_tokens_would_cut() {
     for stream in [false, true] {
-        let body = weather_tools(json!({"max_tokens": 64, "stream": stream, "stream_options": {"include_usage": true}}));
+        let extra = if stream {
+            json!({"max_tokens": 64, "stream": true, "stream_options": {"include_usage": true}})
+        } else {
+            json!({"max_tokens": 64})
+        };
+        let body = weather_tools(extra);
         let (finish, calls, used) = if stream {
             let resp = client().post(format!("{}/v1/chat/completions", common::server())).json(&body).send().await.unwrap();
             let chunks: Vec<Value> = futures::StreamExt::collect::<Vec<_>>(common::sse(resp))
