@@ -408,3 +408,102 @@ async fn a_full_queue_answers_429_with_retry_after() {
     drop(running);
     drop(held);
 }
+
+/// Two functions, as tests/sdk/openai_agents.py offers them: asked for the weather, the
+/// default model calls get_weather, then, when parallel calls are allowed (OpenAI's default),
+/// a second get_weather call (~37 tokens each).
+fn weather_tools(extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+        "tools": [
+            {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city", "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "get_time", "description": "Get the local time in a timezone", "parameters": {
+                "type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}}, "required": ["timezone"]}}}
+        ],
+        "tool_choice": "required",
+        "temperature": 0
+    });
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body
+}
+
+/// `tool_calls_cut_total` for the default model, from /metrics (0 before any cut).
+async fn calls_cut() -> u64 {
+    let text = client().get(format!("{}/metrics", common::server())).send().await.unwrap().text().await.unwrap();
+    text.lines().find(|l| l.starts_with("mlxbar_tool_calls_cut_total{")).map_or(0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
+}
+
+/// With parallel calls allowed, a call `max_tokens` could not finish is not started: the
+/// answer is the complete call, `finish_reason` "tool_calls", well under `max_tokens` (the
+/// model wanted a second call, which 64 tokens would have cut: "length" and one call).
+#[tokio::test]
+async fn required_with_parallel_calls_does_not_start_a_call_max_tokens_would_cut() {
+    for stream in [false, true] {
+        let extra = if stream {
+            json!({"max_tokens": 64, "stream": true, "stream_options": {"include_usage": true}})
+        } else {
+            json!({"max_tokens": 64})
+        };
+        let body = weather_tools(extra);
+        let (finish, calls, used) = if stream {
+            let resp = client().post(format!("{}/v1/chat/completions", common::server())).json(&body).send().await.unwrap();
+            let chunks: Vec<Value> = futures::StreamExt::collect::<Vec<_>>(common::sse(resp))
+                .await
+                .into_iter()
+                .filter(|e| e.data != "[DONE]")
+                .map(|e| serde_json::from_str(&e.data).unwrap())
+                .collect();
+            let finish = chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str().map(str::to_string)).unwrap();
+            let mut calls: Vec<(String, String)> = vec![];
+            for d in chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten() {
+                let i = d["index"].as_u64().unwrap() as usize;
+                if calls.len() <= i {
+                    calls.push((d["function"]["name"].as_str().unwrap().to_string(), String::new()));
+                }
+                calls[i].1.push_str(d["function"]["arguments"].as_str().unwrap_or(""));
+            }
+            (finish, calls, chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().unwrap())
+        } else {
+            let (status, b) = post("/v1/chat/completions", body).await;
+            assert_eq!(status, 200, "{b}");
+            let calls = b["choices"][0]["message"]["tool_calls"].as_array().unwrap().iter();
+            let calls = calls
+                .map(|c| (c["function"]["name"].as_str().unwrap().to_string(), c["function"]["arguments"].as_str().unwrap().to_string()));
+            (
+                b["choices"][0]["finish_reason"].as_str().unwrap().to_string(),
+                calls.collect(),
+                b["usage"]["completion_tokens"].as_u64().unwrap(),
+            )
+        };
+        assert_eq!(finish, "tool_calls", "stream {stream}: {calls:?}");
+        assert!(used <= 48, "stream {stream}: {used} tokens");
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert_eq!(calls[0].0, "get_weather");
+        let args: Value = serde_json::from_str(&calls[0].1).unwrap();
+        assert_eq!(args["city"], "Paris", "{args}");
+    }
+    // With room for both, both come.
+    let (_, b) = post("/v1/chat/completions", weather_tools(json!({"max_tokens": 200}))).await;
+    assert_eq!(b["choices"][0]["finish_reason"], "tool_calls", "{b}");
+    assert_eq!(b["choices"][0]["message"]["tool_calls"].as_array().unwrap().len(), 2, "{b}");
+}
+
+/// A call `max_tokens` cuts anyway (inside the first one, or inside its opener) is said:
+/// `finish_reason` "length", no call and no text (the cut opener is not content), and
+/// /metrics counts it.
+#[tokio::test]
+async fn a_tool_call_cut_by_max_tokens_is_said_and_counted() {
+    for max_tokens in [2, 20] {
+        let before = calls_cut().await;
+        let (status, b) = post("/v1/chat/completions", weather_tools(json!({"max_tokens": max_tokens}))).await;
+        assert_eq!(status, 200, "{b}");
+        let choice = &b["choices"][0];
+        assert_eq!(choice["finish_reason"], "length", "{b}");
+        assert!(choice["message"].get("tool_calls").is_none_or(|c| c.as_array().unwrap().is_empty()), "{b}");
+        assert_eq!(choice["message"]["content"], "", "max_tokens {max_tokens}: {b}");
+        assert_eq!(calls_cut().await, before + 1, "max_tokens {max_tokens}");
+    }
+}

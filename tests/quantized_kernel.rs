@@ -1,18 +1,29 @@
-//! mlxbar's CPU kernel for affine-quantized weights (engine::cpu_backend::affine_qmm, as
-//! the MLX op the model runs) computes what MLX's own `quantized_matmul` does, on random
-//! shapes: 4 and 8 bits, groups of 32, 64 and 128, 1 to 16 rows, contiguous, strided and
-//! batched `x`; and with the RMS norm, SwiGLU and residual add it fuses, against MLX's
-//! own ops for them.
+//! mlxbar's C++ MLX primitives for the CPU (engine::cpu_backend) against references.
 //!
-//! The one deliberate difference: the kernel quantizes `x` to int8 per block of 32 values
-//! (scale = the block's max |x| / 127), as llama.cpp does, where MLX multiplies float `x`.
-//! Rounding moves each `x` by at most half a step, so an output may differ by at most
-//! `Σ |w_i| · step_i / 2` (the dequantized weights, each block's step), plus float
-//! summation error, bounded here by 1e-5 of `Σ |x_i w_i|`. That bound is checked exactly;
-//! a wrong nibble, group or bias breaks it by orders of magnitude.
+//! The quantized matmul (affine_qmm, as the MLX op the model runs), on random shapes: 4 and
+//! 8 bits, groups of 32, 64 and 128, 1 to 16 rows, contiguous, strided and batched `x`;
+//! and with the RMS norm, SwiGLU and residual add it fuses, against MLX's own ops for them.
+//! Two checks on every random shape:
+//! - the tight one: a float64 reference computed here from the packed weights and from `x`
+//!   quantized to int8 the way the kernel documents (per block of 32 values, scale = the
+//!   block's max |x| / 127 in float32, round half to even; engine/cpu_backend/affine_qmm/
+//!   activations.rs), within 1e-5 of the magnitude of the terms summed: only float32
+//!   summation separates the two. A seeded mutation (one weight's nibble flipped in what the
+//!   kernel is fed) must break it;
+//! - against MLX's own `quantized_matmul`, which multiplies float `x`: the int8 rounding
+//!   moves each `x` by at most half a step, so an output may differ by at most
+//!   `Σ |w_i| · step_i / 2` (the dequantized weights, each block's step), plus float
+//!   summation error, bounded here by 1e-5 of `Σ |x_i w_i|`. That bound is the worst case
+//!   (√k looser than typical), so it only says the kernel is MLX's product.
+//!
+//! Decode attention against a float64 reference, with strided inputs (positions taken as a
+//! column of a larger array). Both ops on shapes past int32's reach: a packed row of 2^26
+//! words (its bit count, 2^31, overflowed an `int` in the primitive) computed for real, and a
+//! decode-attention output row of 2^31 values refused before anything is allocated.
 #![cfg(target_os = "linux")]
 
-use mlx_rs::{ops, random, Device};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, random, Array, Device};
 use mlxbar::engine::cpu_backend::{self, Prologue};
 
 /// Host copies of the inputs, for the bound.
@@ -40,6 +51,88 @@ impl Case {
         }
         (bound + 1e-5 * magnitude + 1e-6) as f32
     }
+}
+
+/// Host copies of MLX's packed weights (`n × k·bits/32` words, low bits first; one scale
+/// and bias per group).
+struct Packed {
+    w: Vec<u32>,
+    scales: Vec<f32>,
+    biases: Vec<f32>,
+    n: usize,
+    k: usize,
+    group_size: usize,
+    bits: u32,
+}
+
+impl Packed {
+    fn of(w: &Array, scales: &Array, biases: &Array, n: usize, k: usize, group_size: usize, bits: u32) -> Packed {
+        mlx_rs::transforms::eval([w, scales, biases]).unwrap();
+        let (w, scales, biases) = (w.as_slice::<u32>().to_vec(), scales.as_slice::<f32>().to_vec(), biases.as_slice::<f32>().to_vec());
+        Packed { w, scales, biases, n, k, group_size, bits }
+    }
+
+    /// Weight `i` of row `j`'s stored value (0..2^bits).
+    fn value(&self, j: usize, i: usize) -> u32 {
+        let per_word = (32 / self.bits) as usize;
+        let word = self.w[j * self.k * self.bits as usize / 32 + i / per_word];
+        (word >> ((i % per_word) as u32 * self.bits)) & ((1 << self.bits) - 1)
+    }
+
+    /// Weight `i` of row `j` dequantized (`scale · value + bias`, in float64), and the
+    /// magnitude of the terms the kernel sums for it (`|scale| · 2^bits + |bias|`).
+    fn weight(&self, j: usize, i: usize) -> (f64, f64) {
+        let g = j * (self.k / self.group_size) + i / self.group_size;
+        let (s, b) = (self.scales[g] as f64, self.biases[g] as f64);
+        (s * self.value(j, i) as f64 + b, s.abs() * (1u32 << self.bits) as f64 + b.abs())
+    }
+
+    fn kernel(&self, x: &Array) -> Vec<f32> {
+        let words = (self.k * self.bits as usize / 32) as i32;
+        let groups = (self.k / self.group_size) as i32;
+        let w = Array::from_slice(&self.w, &[self.n as i32, words]);
+        let scales = Array::from_slice(&self.scales, &[self.n as i32, groups]);
+        let biases = Array::from_slice(&self.biases, &[self.n as i32, groups]);
+        let (gs, bits) = (self.group_size as i32, self.bits as i32);
+        let y = cpu_backend::quantized_matmul(x, &w, &scales, &biases, gs, bits, Prologue::None, None).unwrap();
+        y.eval().unwrap();
+        y.as_slice::<f32>().to_vec()
+    }
+}
+
+/// `x` (rows of `k`, a multiple of 32) as the kernel reads it, written here from
+/// activations.rs's description, not its code: per block of 32 values, scale = the block's
+/// max |x| / 127 in float32, each value round-half-to-even of `x · (1 / scale)` in float32,
+/// read back as `scale · q` (exact in float64).
+fn quantize_x(x: &[f32]) -> Vec<f64> {
+    x.chunks(32)
+        .flat_map(|block| {
+            let scale = block.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            block.iter().map(move |v| (v * inv).round_ties_even() as f64 * scale as f64)
+        })
+        .collect()
+}
+
+/// The outputs (`rows × n`) that miss the float64 product of the int8-quantized `x` and the
+/// dequantized weights by more than 1e-5 of the magnitude of the terms summed.
+fn tight_misses(x: &[f32], rows: usize, p: &Packed, got: &[f32]) -> Vec<String> {
+    let xq = quantize_x(x);
+    let w: Vec<(f64, f64)> = (0..p.n).flat_map(|j| (0..p.k).map(move |i| (j, i))).map(|(j, i)| p.weight(j, i)).collect();
+    let mut misses = Vec::new();
+    for r in 0..rows {
+        let xr = &xq[r * p.k..][..p.k];
+        for j in 0..p.n {
+            let wj = &w[j * p.k..][..p.k];
+            let want: f64 = xr.iter().zip(wj).map(|(x, (w, _))| x * w).sum();
+            let magnitude: f64 = xr.iter().zip(wj).map(|(x, (_, m))| x.abs() * m).sum();
+            let have = got[r * p.n + j] as f64;
+            if (have - want).abs() > 1e-5 * magnitude {
+                misses.push(format!("[{r},{j}] = {have}, float64 reference {want} (magnitude {magnitude})"));
+            }
+        }
+    }
+    misses
 }
 
 fn check(bits: i32, group_size: i32, rows: i32, n: i32, k: i32, layout: &str, seed: u64) {
@@ -78,6 +171,11 @@ fn check(bits: i32, group_size: i32, rows: i32, n: i32, k: i32, layout: &str, se
     let mlx = ops::quantized_matmul(&x, &wq, &scales, &biases, true, group_size, bits).unwrap();
     mlx_rs::transforms::eval([&ours, &mlx]).unwrap();
     assert_eq!(ours.shape(), mlx.shape());
+    let packed = Packed::of(&wq, &scales, &biases, n as usize, k as usize, group_size as usize, bits as u32);
+    let what = format!("{bits}-bit, groups of {group_size}, {rows}x{k} ({layout}) by {n}x{k}");
+    if let Some(miss) = tight_misses(&host, all_rows, &packed, ours.as_slice::<f32>()).first() {
+        panic!("{what}: {miss}");
+    }
     let case = Case { x: host, w: dense.as_slice::<f32>().to_vec(), rows: all_rows, n: n as usize, k: k as usize };
     let (o, m) = (ours.as_slice::<f32>(), mlx.as_slice::<f32>());
     for r in 0..case.rows {
@@ -113,6 +211,144 @@ fn matches_mlx_quantized_matmul_on_random_shapes() {
         }
     }
     assert_eq!(cases, 54);
+}
+
+/// The tight check sees one weight changed: a nibble (4-bit) or the top bit (8-bit) of one
+/// weight flipped in what the kernel is fed, at a seeded place, makes that output column
+/// miss the reference of the true weights, and only that column.
+#[test]
+fn the_tight_check_catches_one_flipped_weight() {
+    Device::set_default(&Device::cpu());
+    let (rows, n, k, gs) = (3usize, 64usize, 256usize, 64usize);
+    let mut seed = 0x0dd5_u64;
+    let mut next = |m: usize| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) as usize % m
+    };
+    let x: Vec<f32> = (0..rows * k).map(|_| next(4001) as f32 / 1000.0 - 2.0).collect();
+    let xa = Array::from_slice(&x, &[rows as i32, k as i32]);
+    for bits in [4u32, 8] {
+        let w = random::normal::<f32>(&[n as i32, k as i32][..], 0.0, 0.05, &random::key(21).unwrap()).unwrap();
+        let (wq, scales, biases) = ops::quantize(&w, gs as i32, bits as i32).unwrap();
+        let mut p = Packed::of(&wq, &scales, &biases, n, k, gs, bits);
+        assert!(tight_misses(&x, rows, &p, &p.kernel(&xa)).is_empty(), "{bits}-bit: the true weights pass");
+        // A weight the first row's x does not round to zero.
+        let (j, i) = loop {
+            let (j, i) = (next(n), next(k));
+            if x[i].abs() > 0.5 {
+                break (j, i);
+            }
+        };
+        let per_word = (32 / bits) as usize;
+        let flip = 1u32 << ((i % per_word) as u32 * bits + bits - 1);
+        let at = j * k * bits as usize / 32 + i / per_word;
+        let truth = p.w[at];
+        p.w[at] ^= flip;
+        let mutated = p.kernel(&xa);
+        p.w[at] = truth;
+        let misses = tight_misses(&x, rows, &p, &mutated);
+        assert!(!misses.is_empty(), "{bits}-bit: weight ({j}, {i}) flipped went unnoticed");
+        assert!(misses.iter().all(|m| m.contains(&format!(",{j}]"))), "{bits}-bit: only column {j} moves: {misses:?}");
+    }
+}
+
+/// A packed weight row of 2^26 words (8-bit, k = 2^28): its width in bits, 2^31, used to be
+/// computed in an `int` in the primitive. Computed for real here (about 1.6 GiB: x 1 GiB,
+/// its int8 copy and the weights 256 MiB each) on values whose sums are exact in float32:
+/// zero scales, so each output is `Σ bias · x̂`, every partial sum a multiple of 2^-21.
+#[test]
+fn a_packed_row_of_2_pow_26_words_multiplies() {
+    Device::set_default(&Device::cpu());
+    let (words, gs) = (1i32 << 26, 128);
+    let k = words * 4;
+    // Each block of 32: 127/128 (its max, so the scale is 2^-7), sixteen 1/128 and zeros:
+    // x̂ = x exactly, 64/128 per group of 128.
+    let mut block = vec![0f32; 32];
+    block[0] = 127.0 / 128.0;
+    block[1] = -127.0 / 128.0;
+    block[2..18].fill(1.0 / 128.0);
+    let pattern = Array::from_slice(&block, &[1, 1, 32]);
+    let x = ops::broadcast_to(&pattern, &[1, k / 32, 32]).unwrap().reshape(&[1, k]).unwrap();
+    let w = ops::zeros::<u32>(&[1, words]).unwrap();
+    let scales = ops::zeros::<f32>(&[1, k / gs]).unwrap();
+    // 2^21 groups, each adding 2^-20 · 0.5.
+    let biases = ops::full::<f32>(&[1, k / gs], Array::from_f32(1.0 / (1u32 << 20) as f32)).unwrap();
+    let y = cpu_backend::quantized_matmul(&x, &w, &scales, &biases, gs, 8, Prologue::None, None).unwrap();
+    y.eval().unwrap();
+    assert_eq!(y.shape(), &[1, 1]);
+    assert_eq!(y.as_slice::<f32>(), &[1.0]);
+}
+
+/// Decode attention reads its inputs as the arrays say, not as their buffers lie: q as a
+/// transposed view and each row's position as a column of a larger array give what the
+/// contiguous inputs give, which is the float64 reference.
+#[test]
+fn decode_attention_reads_strided_inputs() {
+    Device::set_default(&Device::cpu());
+    let (rows, heads, kv_heads, capacity, hd) = (3usize, 4usize, 2usize, 8usize, 16usize);
+    let mut state = 0x5eedu64;
+    let mut values = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    };
+    let q = values(rows * heads * hd);
+    let keys = values(rows * kv_heads * capacity * hd);
+    let vals = values(rows * kv_heads * capacity * hd);
+    let positions = [5i32, 2, 7];
+    let scale = 0.25f32;
+    let dims = |d: &[usize]| d.iter().map(|&v| v as i32).collect::<Vec<_>>();
+    let kv_shape = dims(&[rows, kv_heads, capacity, hd]);
+    let (ka, va) = (Array::from_slice(&keys, &kv_shape), Array::from_slice(&vals, &kv_shape));
+    let q_plain = Array::from_slice(&q, &dims(&[rows, heads, 1, hd]));
+    let p_plain = Array::from_slice(&positions, &[rows as i32]);
+    // q stored heads-major, viewed rows-major; positions as column 0 of [rows, 2] (the
+    // other column holds 0, a valid position that reading the buffer raw would take).
+    let q_heads_major: Vec<f32> = (0..heads * rows * hd).map(|i| q[((i / hd) % rows * heads + i / hd / rows) * hd + i % hd]).collect();
+    let q_view = Array::from_slice(&q_heads_major, &dims(&[heads, rows, 1, hd])).transpose_axes(&[1, 0, 2, 3]).unwrap();
+    let pairs: Vec<i32> = positions.iter().flat_map(|&p| [p, 0]).collect();
+    let p_view = Array::from_slice(&pairs, &[rows as i32, 2]).t().index(0);
+    let plain = cpu_backend::decode_attention(&q_plain, &ka, &va, &p_plain, scale).unwrap();
+    let viewed = cpu_backend::decode_attention(&q_view, &ka, &va, &p_view, scale).unwrap();
+    mlx_rs::transforms::eval([&plain, &viewed]).unwrap();
+    assert_eq!(plain.shape(), &[1, rows as i32, (heads * hd) as i32]);
+    assert_eq!(viewed.as_slice::<f32>(), plain.as_slice::<f32>(), "strided inputs give what contiguous ones do");
+    let group = heads / kv_heads;
+    for row in 0..rows {
+        for head in 0..heads {
+            let qv = &q[(row * heads + head) * hd..][..hd];
+            let base = (row * kv_heads + head / group) * capacity * hd;
+            let len = positions[row] as usize + 1;
+            let scores: Vec<f64> = (0..len)
+                .map(|t| keys[base + t * hd..][..hd].iter().zip(qv).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64)
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for d in 0..hd {
+                let want: f64 = (0..len).map(|t| weights[t] * vals[base + t * hd + d] as f64).sum::<f64>() / total;
+                let have = plain.as_slice::<f32>()[(row * heads + head) * hd + d] as f64;
+                assert!((have - want).abs() <= 1e-5, "row {row} head {head} [{d}]: {have} vs float64 {want}");
+            }
+        }
+    }
+}
+
+/// An output row of heads × head_dim = 2^31 values (q itself 2^31 elements: 8 GiB, but a
+/// broadcast scalar never evaluated) does not fit MLX's int32 dimensions: the op is refused
+/// when it is built, instead of a wrapped, negative width.
+#[test]
+fn decode_attention_refuses_a_row_past_int32() {
+    Device::set_default(&Device::cpu());
+    let zero = Array::from_f32(0.0);
+    let q = ops::broadcast_to(&zero, &[1, 1 << 16, 1, 1 << 15]).unwrap();
+    let kv = ops::broadcast_to(&zero, &[1, 1, 1, 1 << 15]).unwrap();
+    let positions = Array::from_slice(&[0i32], &[1]);
+    let err = cpu_backend::decode_attention(&q, &kv, &kv, &positions, 1.0).unwrap_err();
+    assert!(err.to_string().contains("2147483648 does not fit in int32"), "{err}");
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! The GGUF-built tokenizer and chat template against the HF tokenizer mlx-lm used
-//! (ids recorded in tests/data/reference.json), and incremental decoding with stop strings.
+//! (ids recorded in tests/data/reference.json), against llama.cpp's own tokenizer on the
+//! reference prompts and hostile strings (tests/data/tokenizer_reference.json), and
+//! incremental decoding with stop strings.
 mod common;
 
 use mlxbar::engine::chat_template::ChatMessage;
@@ -27,6 +29,32 @@ fn encodes_like_the_hf_tokenizer_and_round_trips() {
     // digits split one by one (pre-tokenizer "smollm")
     let ids = codec.encode("2026").unwrap();
     assert_eq!(ids.len(), 4);
+}
+
+/// llama.cpp's tokenizer (its C++ BPE and "smollm" pre-tokenizer, through llama-cpp-python
+/// on the same GGUF: scripts/reference/make_tokenizer_reference.py) shares nothing with
+/// mlxbar's, unlike reference.json's samples, made by a converter with mlxbar's recipe. The
+/// same ids on the rendered reference prompts and on emoji, CJK and other scripts, combining
+/// marks, digit runs, control characters, Unicode whitespace and special-token text; and the
+/// ids decode back to the text.
+#[test]
+fn encodes_like_llama_cpp_on_prompts_and_hostile_strings() {
+    let codec = codec();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tokenizer_reference.json");
+    let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let samples = reference["samples"].as_array().unwrap();
+    assert!(samples.len() >= 40, "{} samples", samples.len());
+    let mut wrong = Vec::new();
+    for s in samples {
+        let text = s["text"].as_str().unwrap();
+        let want: Vec<u32> = serde_json::from_value(s["ids"].clone()).unwrap();
+        let ids = codec.encode(text).unwrap();
+        if ids != want {
+            wrong.push(format!("{text:?}: mlxbar {ids:?}, llama.cpp {want:?}"));
+        }
+        assert_eq!(codec.tokenizer.decode(&ids, false).unwrap(), text, "round trip of {text:?}");
+    }
+    assert!(wrong.is_empty(), "{} of {} differ:\n{}", wrong.len(), samples.len(), wrong.join("\n"));
 }
 
 #[test]

@@ -96,7 +96,9 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
             let compiled = tokio::task::spawn_blocking(move || grammars.compile(&c))
                 .await
                 .map_err(|e| ApiError::internal(format!("compiling the grammar: {e}")))?;
-            Some(compiled.map_err(|e| ApiError::bad_request(e.message).param(param).code("unsupported_schema"))?)
+            let state = compiled.map_err(|e| ApiError::bad_request(e.message).param(param).code("unsupported_schema"))?;
+            // Calls: one `max_tokens` would cut is not started.
+            Some(if param == "tools" { state.with_token_budget(max_tokens) } else { state })
         }
     };
     if state.config.admission == crate::config::Admission::Refuse && state.telemetry.pressure_critical() {
@@ -333,15 +335,22 @@ impl Generation {
     }
 
     /// Releases what the tool parser held; a call cut short by `max_tokens` stays unfinished
-    /// (streamed, its start has gone out; [`Generation::collect`] drops it).
+    /// (streamed, its start has gone out; [`Generation::collect`] drops it) and is counted.
     fn flush_tools(&mut self, reason: FinishReason) -> Result<(), ApiError> {
         let Some(stream) = &mut self.tools else { return Ok(()) };
+        if reason == FinishReason::Length {
+            let (deltas, cut) = stream.finish_cut();
+            self.tool_deltas(deltas);
+            if cut {
+                self.recorder.tool_call_cut();
+            }
+            return Ok(());
+        }
         match stream.finish() {
             Ok(deltas) => {
                 self.tool_deltas(deltas);
                 Ok(())
             }
-            Err(_) if reason == FinishReason::Length => Ok(()),
             Err(e) => Err(ApiError::internal(format!("The model's tool call could not be parsed: {e}"))),
         }
     }

@@ -44,6 +44,13 @@ impl InferenceRecorder {
         }
     }
 
+    /// `max_tokens` cut a tool call short (the answer keeps the complete ones).
+    pub fn tool_call_cut(&self) {
+        if self.metrics.per_request {
+            self.metrics.tool_calls_cut_total.with_label_values(&[&self.model]).inc();
+        }
+    }
+
     fn token(&mut self) {
         if !self.metrics.per_request {
             return;

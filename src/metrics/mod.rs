@@ -38,6 +38,7 @@ pub struct Metrics {
     pub prefill_duration_seconds: HistogramVec,
     pub prompt_tokens_total: IntCounterVec,
     pub generation_tokens_total: IntCounterVec,
+    pub tool_calls_cut_total: IntCounterVec,
     pub scheduler_waiting_requests: IntGauge,
     pub scheduler_running_requests: IntGauge,
     pub engine_steps_total: IntCounter,
@@ -140,6 +141,10 @@ impl Metrics {
             prefill_duration_seconds: hist("prefill_duration_seconds", "Prompt processing time.", &["model"]),
             prompt_tokens_total: reg!(IntCounterVec::new(Opts::new("prompt_tokens_total", "Prompt tokens processed."), &["model"])),
             generation_tokens_total: reg!(IntCounterVec::new(Opts::new("generation_tokens_total", "Tokens generated."), &["model"])),
+            tool_calls_cut_total: reg!(IntCounterVec::new(
+                Opts::new("tool_calls_cut_total", "Tool calls max_tokens cut short (the answer keeps the complete calls, finish_reason length)."),
+                &["model"]
+            )),
             scheduler_waiting_requests: reg!(IntGauge::new("scheduler_waiting_requests", "Requests queued, not yet taken by the engine.")),
             scheduler_running_requests: reg!(IntGauge::new("scheduler_running_requests", "Requests being generated.")),
             engine_steps_total: reg!(IntCounter::new("engine_steps_total", "Engine steps run (each steps every running request once).")),

@@ -118,15 +118,34 @@ def sdk_example_function_calling():
 
 
 @check
-def tools_auto_calls_are_valid_or_absent():
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=120)
+def tools_auto_calls_when_asked_to():
+    # With `auto` the default model answers this question in text (tools_auto_answers_in_text);
+    # asked in the call syntax itself, it calls get_weather for Paris (twice: celsius, then
+    # fahrenheit), valid calls only, and stops.
+    ask = [{"role": "user", "content": "<tool_call> What is the weather like in Paris today?"}]
+    r = client.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS, temperature=0, max_tokens=120)
     choice = r.choices[0]
-    if choice.message.tool_calls:
-        valid_calls(choice.message)
-        assert choice.finish_reason == "tool_calls", choice.finish_reason
-    else:
-        assert choice.message.content, choice
-        assert "<tool_call>" not in choice.message.content, choice.message.content
+    assert choice.finish_reason == "tool_calls", choice
+    for call in valid_calls(choice.message, expect_name="get_weather"):
+        assert json.loads(call.function.arguments)["city"] == "Paris", call
+    assert not choice.message.content, choice.message.content
+
+
+@check
+def tools_auto_answers_in_text():
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=40)
+    choice = r.choices[0]
+    assert not choice.message.tool_calls, choice
+    assert choice.message.content and "<tool_call>" not in choice.message.content, choice.message.content
+
+
+@check
+def tools_required_parallel_stops_before_max_tokens_would_cut_a_call():
+    # The model wants a second call; 64 tokens cannot hold it, so it is not started.
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=64)
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+    assert len(valid_calls(r.choices[0].message)) == 1
+    assert r.usage.completion_tokens <= 48, r.usage
 
 
 @check

@@ -108,7 +108,7 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(ConstraintError::new(e));
         }
-        Ok(ConstraintState { matcher, stop_ids: self.stop_ids.clone(), tokenizer_vocab: self.tokenizer_vocab })
+        Ok(ConstraintState { matcher, stop_ids: self.stop_ids.clone(), tokenizer_vocab: self.tokenizer_vocab, budget: None })
     }
 }
 
@@ -131,6 +131,33 @@ pub struct ConstraintState {
     matcher: Matcher,
     stop_ids: Arc<[u32]>,
     tokenizer_vocab: usize,
+    budget: Option<Budget>,
+}
+
+/// See [`ConstraintState::with_token_budget`].
+#[derive(Debug)]
+struct Budget {
+    max_tokens: usize,
+    /// Tokens committed so far.
+    taken: usize,
+    /// Where (in tokens) the grammar could last end.
+    last_end: usize,
+    /// The fewest tokens between two places where it could end, counting only gaps of at
+    /// least 2 (free text may end after any token; a call cannot).
+    shortest: Option<usize>,
+}
+
+impl Budget {
+    /// At a place where the grammar may end: whether it must, the tokens left being fewer
+    /// than the shortest piece so far took.
+    fn must_end(&mut self) -> bool {
+        let gap = self.taken - self.last_end;
+        if gap >= 2 {
+            self.shortest = Some(self.shortest.map_or(gap, |s| s.min(gap)));
+        }
+        self.last_end = self.taken;
+        self.shortest.is_some_and(|s| self.max_tokens.saturating_sub(self.taken) < s)
+    }
 }
 
 impl std::fmt::Debug for ConstraintState {
@@ -140,6 +167,14 @@ impl std::fmt::Debug for ConstraintState {
 }
 
 impl ConstraintState {
+    /// For answers made of repeated pieces (tool calls): where the grammar may end after a
+    /// piece and fewer than the shortest piece's tokens are left of `max_tokens`, it ends,
+    /// instead of starting a piece `max_tokens` would cut.
+    pub fn with_token_budget(mut self, max_tokens: usize) -> Self {
+        self.budget = Some(Budget { max_tokens, taken: 0, last_end: 0, shortest: None });
+        self
+    }
+
     /// Sets every logit the grammar forbids to -inf (the model's stop ids are allowed exactly
     /// when the grammar may end). Returns Err if the grammar is in an error state.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
@@ -156,6 +191,9 @@ impl ConstraintState {
             // The TokEnv's EOS set is the stop ids, so llguidance allows them together; kept
             // explicit in case a grammar names one of them.
             if self.stop_ids.iter().any(|&id| allowed.is_allowed(id)) {
+                if self.budget.as_mut().is_some_and(Budget::must_end) {
+                    allowed.set_all(false);
+                }
                 self.stop_ids.iter().for_each(|&id| allowed.allow_token(id));
             }
             allowed
@@ -182,6 +220,9 @@ impl ConstraintState {
 
     /// Advances by the sampled token (a stop id is accepted when the grammar may end).
     pub fn commit(&mut self, token: u32) -> Result<()> {
+        if let Some(b) = &mut self.budget {
+            b.taken += 1;
+        }
         if self.matcher.is_stopped() && !self.matcher.is_error() {
             if self.stop_ids.contains(&token) {
                 return Ok(());

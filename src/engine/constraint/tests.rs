@@ -262,3 +262,44 @@ fn walks_on_a_tiny_vocabulary_validate_too() {
         assert_valid(&schema, &w.text);
     }
 }
+
+/// With a token budget, a grammar of repeated pieces (as tool calls are) ends once fewer
+/// tokens are left than a piece took: only the stop ids are allowed there, where without the
+/// budget the next piece may start.
+#[test]
+fn a_token_budget_ends_before_a_piece_it_could_not_finish() {
+    let codec = tiny_codec();
+    let g = Grammars::new(&codec, codec.vocab_size()).unwrap();
+    let piece = codec.encode("[one two]").unwrap();
+    let n = piece.len();
+    assert!(n >= 2, "{piece:?}");
+    let grammar = Constraint::Lark("start: piece+\npiece: \"[one two]\"\n".into());
+    let only_stops = |logits: &[f32]| {
+        let allowed: Vec<u32> = (0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
+        allowed == codec.stop_ids.iter().copied().collect::<Vec<_>>()
+    };
+    // Room for 2 pieces and part of a third, or for exactly 3.
+    for (max_tokens, pieces) in [(3 * n - 1, 2), (3 * n, 3)] {
+        let mut budgeted = g.compile(&grammar).unwrap().with_token_budget(max_tokens);
+        let mut free = g.compile(&grammar).unwrap();
+        let mut logits = vec![0f32; g.n_vocab()];
+        let mut taken = 0;
+        loop {
+            logits.fill(0.0);
+            budgeted.mask(&mut logits).unwrap();
+            if only_stops(&logits) {
+                break;
+            }
+            assert!(taken < max_tokens, "the budget of {max_tokens} ran out inside a piece");
+            let token = piece[taken % n];
+            assert!(logits[token as usize].is_finite(), "the piece's token {taken} is allowed");
+            budgeted.commit(token).unwrap();
+            free.commit(token).unwrap();
+            taken += 1;
+        }
+        assert_eq!(taken, pieces * n, "max_tokens {max_tokens}");
+        logits.fill(0.0);
+        free.mask(&mut logits).unwrap();
+        assert!(logits[piece[0] as usize].is_finite() && !only_stops(&logits), "without a budget another piece may start");
+    }
+}

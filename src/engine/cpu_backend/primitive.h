@@ -1,11 +1,16 @@
-//! What mlxbar's CPU primitives share: row-major data of an evaluated float32 array (the
-//! kernels read rows, so a strided view, a transpose, is gathered into a copy first), and
-//! the C entry points' convention (Rust side: cpu_backend/primitive_call.rs).
+//! What mlxbar's CPU primitives share: the row-major data of an evaluated array with the
+//! length of the buffer it sits in (the kernels read rows, so a strided view, a transpose or
+//! a broadcast, is gathered into a copy first; the Rust kernels check the length against the
+//! shapes they read before they make slices), and the C entry points' convention (Rust side:
+//! cpu_backend/primitive_call.rs).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "mlx/array.h"
@@ -13,9 +18,21 @@
 
 namespace mlxbar {
 
-inline const float* dense_data(const mlx::core::array& a, std::vector<float>& copy) {
-  const float* src = a.data<float>();
-  if (a.flags().row_contiguous) return src;
+// Row-major data and how many elements of T the pointer may be read for.
+template <class T>
+struct Dense {
+  const T* ptr;
+  int64_t len;
+};
+
+// Only called inside a primitive's CPU task, once `a` has been computed: its flags, strides
+// and data are then final (an array that is not evaluated yet reports itself contiguous).
+template <class T>
+Dense<T> dense(const mlx::core::array& a, std::vector<T>& copy) {
+  const T* src = a.data<T>();
+  // data_size: the elements of the buffer this array reaches from its data pointer (MLX's
+  // own contiguous kernels read exactly this many).
+  if (a.flags().row_contiguous) return {src, static_cast<int64_t>(a.data_size())};
   copy.resize(a.size());
   const auto& shape = a.shape();
   const auto& strides = a.strides();
@@ -30,7 +47,16 @@ inline const float* dense_data(const mlx::core::array& a, std::vector<float>& co
       idx[d] = 0;
     }
   }
-  return copy.data();
+  return {copy.data(), static_cast<int64_t>(copy.size())};
+}
+
+// A dimension computed from others, checked to fit MLX's int32 shapes (an output shape is
+// made of these; past 2^31 - 1 it would wrap).
+inline int dim(int64_t v, const char* what) {
+  if (v < 0 || v > std::numeric_limits<int>::max()) {
+    throw std::invalid_argument(std::string(what) + ": a dimension of " + std::to_string(v) + " does not fit in int32");
+  }
+  return static_cast<int>(v);
 }
 
 // Runs `build` (which returns the op's array) into `*res`: 0 on success; otherwise 1 and

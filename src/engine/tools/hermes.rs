@@ -158,6 +158,36 @@ mod tests {
         assert!(s.finish().is_err(), "an unfinished call is an error");
     }
 
+    /// Cut by `max_tokens` at every point of two calls: the calls whose arguments are
+    /// complete, no text, and whether a call was cut (inside one, or inside the next opener).
+    #[test]
+    fn a_cut_answer_keeps_its_complete_calls() {
+        // Where each call's arguments end, and where the first call's closing tag does.
+        let a1 = TWO.find("}}\n</tool_call>").unwrap() + 1;
+        let a2 = TWO.rfind("}}\n</tool_call>").unwrap() + 1;
+        let c1 = TWO.find("</tool_call>").unwrap() + "</tool_call>".len();
+        for end in 1..=TWO.len() {
+            let mut s = super::super::ToolCallStream::new(ToolFormat::Hermes);
+            let mut deltas = s.push(&TWO[..end]);
+            let (rest, cut) = s.finish_cut();
+            deltas.extend(rest);
+            let (text, calls) = test_util::collect(&deltas);
+            let at = format!("cut after {:?}", &TWO[..end]);
+            assert_eq!(text, "", "{at}");
+            let whole = calls.iter().filter(|(_, a)| serde_json::from_str::<serde_json::Value>(a).is_ok()).count();
+            assert_eq!(whole, usize::from(end >= a1) + usize::from(end >= a2), "{at}: {calls:?}");
+            // Past the first call's tag and its "\n", "<" starts the next opener.
+            assert_eq!(cut, end < a1 || (end > c1 + 1 && end < a2), "{at}");
+        }
+        // Text followed by the start of an opener: the letters stay text, nothing was cut.
+        let mut s = super::super::ToolCallStream::new(ToolFormat::Hermes);
+        let mut deltas = s.push("Paris is sunny <tool");
+        let (rest, cut) = s.finish_cut();
+        deltas.extend(rest);
+        assert_eq!(test_util::collect(&deltas), ("Paris is sunny <tool".to_string(), vec![]));
+        assert!(!cut);
+    }
+
     #[test]
     fn grammar_allows_only_the_tools_calls() {
         let tools = [weather(), time()];

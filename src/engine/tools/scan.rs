@@ -11,6 +11,8 @@ use super::{ParsedCall, ToolParseError};
 pub(super) enum Seg {
     Text(String),
     Call(PartialCall),
+    /// A call `max_tokens` cut short (only when read with [`End::Cut`]): not a call.
+    Cut,
 }
 
 /// A call as far as it has been read.
@@ -21,6 +23,13 @@ pub(super) struct PartialCall {
     /// Raw text of the arguments value so far (all of it once `args_done`).
     pub args: String,
     pub args_done: bool,
+}
+
+impl PartialCall {
+    /// Its name and arguments are all there.
+    pub fn is_complete(&self) -> bool {
+        self.name.is_some() && self.args_done
+    }
 }
 
 /// Where the next call opens.
@@ -45,10 +54,22 @@ pub(super) trait Syntax: Send + Sync {
     fn scan_calls(&self, text: &str, at: usize, is_final: bool) -> Result<(Vec<PartialCall>, Option<usize>), String>;
 }
 
-/// Reads `text`. Whitespace bordering a call is not text; without `is_final`, trailing
+/// How much of the answer there is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum End {
+    /// More may come: what could still become a call is held back.
+    Growing,
+    /// The whole answer: an unfinished call is an error.
+    Final,
+    /// The whole answer as far as `max_tokens` let it go: an unfinished call at the end, or
+    /// the start of an opener ending an answer of calls, reads as [`Seg::Cut`].
+    Cut,
+}
+
+/// Reads `text`. Whitespace bordering a call is not text; while [`End::Growing`], trailing
 /// whitespace and a possible opener's beginning are held back. The Err comes with the
 /// segments read before the fault.
-pub(super) fn scan(syn: &dyn Syntax, text: &str, is_final: bool) -> (Vec<Seg>, Option<String>) {
+pub(super) fn scan(syn: &dyn Syntax, text: &str, end: End) -> (Vec<Seg>, Option<String>) {
     let mut segs = Vec::new();
     let mut pos = 0;
     let mut after_call = false;
@@ -56,26 +77,42 @@ pub(super) fn scan(syn: &dyn Syntax, text: &str, is_final: bool) -> (Vec<Seg>, O
         match syn.find_opener(text, pos) {
             Opener::Found { start, body } => {
                 push_text(&mut segs, &text[pos..start], after_call, true);
-                match syn.scan_calls(text, body, is_final) {
+                match syn.scan_calls(text, body, end == End::Final) {
                     Err(e) => return (segs, Some(e)),
-                    Ok((calls, end)) => {
+                    Ok((mut calls, resume)) => {
+                        let cut = end == End::Cut && resume.is_none() && !calls.last().is_some_and(PartialCall::is_complete);
+                        if cut {
+                            calls.pop();
+                        }
                         segs.extend(calls.into_iter().map(Seg::Call));
-                        match end {
+                        match resume {
                             Some(e) => {
                                 pos = e;
                                 after_call = true;
                             }
-                            None => return (segs, None),
+                            None => {
+                                if cut {
+                                    segs.push(Seg::Cut);
+                                }
+                                return (segs, None);
+                            }
                         }
                     }
                 }
             }
-            Opener::Partial { start } if !is_final => {
+            Opener::Partial { start } if end == End::Growing => {
                 push_text(&mut segs, &text[pos..start], after_call, true);
                 return (segs, None);
             }
+            // In an answer with text the same letters could be text: they stay text.
+            Opener::Partial { start }
+                if end == End::Cut && text[pos..start].trim().is_empty() && segs.iter().all(|s| matches!(s, Seg::Call(_))) =>
+            {
+                segs.push(Seg::Cut);
+                return (segs, None);
+            }
             Opener::Partial { .. } | Opener::None => {
-                push_text(&mut segs, &text[pos..], after_call, !is_final);
+                push_text(&mut segs, &text[pos..], after_call, end == End::Growing);
                 return (segs, None);
             }
         }
@@ -92,7 +129,7 @@ fn push_text(segs: &mut Vec<Seg>, t: &str, after_call: bool, trim_end: bool) {
 
 /// `parse` for any family: the text outside calls, and the calls with compact arguments.
 pub(super) fn parse(syn: &dyn Syntax, text: &str) -> Result<(String, Vec<ParsedCall>), ToolParseError> {
-    let (segs, err) = scan(syn, text, true);
+    let (segs, err) = scan(syn, text, End::Final);
     if let Some(e) = err {
         return Err(ToolParseError::new(e));
     }
@@ -102,6 +139,7 @@ pub(super) fn parse(syn: &dyn Syntax, text: &str) -> Result<(String, Vec<ParsedC
         match s {
             Seg::Text(t) => out.push_str(&t),
             Seg::Call(c) => calls.push(finish_call(&c)?),
+            Seg::Cut => {}
         }
     }
     Ok((out, calls))

@@ -4,7 +4,7 @@
 //! complete and the arguments' raw JSON text follows in fragments as it arrives. Each push
 //! re-reads the whole answer with the parser's own reading (answers are short) and sends what
 //! that reading adds, so the deltas always add up to what `parse` returns for the whole.
-use super::scan::{self, finish_call, Seg, Syntax};
+use super::scan::{self, finish_call, End, Seg, Syntax};
 use super::{hermes, llama3, mistral, ToolFormat, ToolParseError};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -44,7 +44,7 @@ impl ToolCallStream {
         if self.failed.is_some() {
             return vec![];
         }
-        let (segs, err) = scan::scan(self.syntax, &self.text, false);
+        let (segs, err) = scan::scan(self.syntax, &self.text, End::Growing);
         self.failed = err;
         self.emit(&segs)
     }
@@ -54,7 +54,7 @@ impl ToolCallStream {
         if let Some(e) = &self.failed {
             return Err(ToolParseError::new(e.clone()));
         }
-        let (segs, err) = scan::scan(self.syntax, &self.text, true);
+        let (segs, err) = scan::scan(self.syntax, &self.text, End::Final);
         if let Some(e) = err {
             self.failed = Some(e.clone());
             return Err(ToolParseError::new(e));
@@ -65,6 +65,22 @@ impl ToolCallStream {
             }
         }
         Ok(self.emit(&segs))
+    }
+
+    /// End of generation cut short by `max_tokens`: releases held text. A call it cut (or the
+    /// opener it cut, ending an answer of calls) is not a call: nothing more of it goes out
+    /// (a stream has sent its start; a whole answer leaves it out). Returns the deltas and
+    /// whether a call was cut.
+    pub fn finish_cut(&mut self) -> (Vec<ToolDelta>, bool) {
+        if self.failed.is_some() {
+            return (vec![], false);
+        }
+        let (segs, err) = scan::scan(self.syntax, &self.text, End::Cut);
+        if err.is_some() {
+            return (vec![], false);
+        }
+        let cut = matches!(segs.last(), Some(Seg::Cut));
+        (self.emit(&segs), cut)
     }
 
     fn emit(&mut self, segs: &[Seg]) -> Vec<ToolDelta> {
@@ -98,6 +114,7 @@ impl ToolCallStream {
                     self.set(i, Sent::Call { started, args });
                     index += 1;
                 }
+                Seg::Cut => {}
             }
         }
         out

@@ -28,6 +28,8 @@ use rayon::prelude::*;
 
 use activations::Activations;
 
+use super::primitive_call::{self, count, elems};
+
 /// Which kernel this machine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -189,49 +191,61 @@ pub const PROLOGUE_NONE: i32 = 0;
 pub const PROLOGUE_RMS_NORM: i32 = 1;
 pub const PROLOGUE_SWIGLU: i32 = 2;
 
-/// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays.
-/// `norm` (k values) is read for [`PROLOGUE_RMS_NORM`]; `residual` may be null.
+/// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays, each
+/// pointer with the number of elements its buffer holds; `norm` (k values) is read for
+/// [`PROLOGUE_RMS_NORM`]; `residual` may be null.
 ///
 /// # Safety
-/// The pointers are valid, contiguous arrays of the stated shapes, `out` writable.
+/// Each pointer is valid for reads (`out`: writes) of the stated number of elements, for
+/// the call, and nothing else writes them meanwhile. Shapes are not trusted: every slice is
+/// checked against its buffer's length first ([`primitive_call::input`]).
 #[no_mangle]
 pub unsafe extern "C" fn mlxbar_affine_qmm_run(
     x: *const f32,
+    x_len: i64,
     rows: i64,
     k: i64,
     packed: *const u32,
+    packed_len: i64,
     scales: *const f32,
+    scales_len: i64,
     biases: *const f32,
+    biases_len: i64,
     n: i64,
     group_size: i32,
     bits: i32,
     prologue: i32,
     norm: *const f32,
+    norm_len: i64,
     eps: f32,
     residual: *const f32,
+    residual_len: i64,
     out: *mut f32,
+    out_len: i64,
 ) {
-    let (rows, k, n) = (rows as usize, k as usize, n as usize);
-    let (gs, b) = (group_size as usize, bits as u32);
     let run = || {
+        let (rows, k, n) = (count(rows), count(k), count(n));
+        let (gs, b) = (count(group_size.into()), count(bits.into()));
+        assert!(supports(bits, group_size), "{bits} bits, groups of {group_size}");
         let prologue = match prologue {
-            PROLOGUE_RMS_NORM => Prologue::RmsNorm { weight: std::slice::from_raw_parts(norm, k), eps },
+            PROLOGUE_RMS_NORM => Prologue::RmsNorm { weight: primitive_call::input(norm, norm_len, k, "norm"), eps },
             PROLOGUE_SWIGLU => Prologue::SwiGlu,
             _ => Prologue::None,
         };
-        let residual = (!residual.is_null()).then(|| std::slice::from_raw_parts(residual, rows * n));
+        let residual = (!residual.is_null()).then(|| primitive_call::input(residual, residual_len, elems(&[rows, n]), "residual"));
         let fusion = Fusion { prologue, residual };
+        let groups = elems(&[n, k / gs]);
         let w = Weights {
-            packed: std::slice::from_raw_parts(packed, n * k * b as usize / 32),
-            scales: std::slice::from_raw_parts(scales, n * k / gs),
-            biases: std::slice::from_raw_parts(biases, n * k / gs),
+            packed: primitive_call::input(packed, packed_len, elems(&[n, k, b]) / 32, "w"),
+            scales: primitive_call::input(scales, scales_len, groups, "scales"),
+            biases: primitive_call::input(biases, biases_len, groups, "biases"),
             n,
             k,
             group_size: gs,
-            bits: b,
+            bits: b as u32,
         };
-        let x = std::slice::from_raw_parts(x, rows * prologue.input_columns(k));
-        matmul(kernel(), x, rows, &w, fusion, std::slice::from_raw_parts_mut(out, rows * n));
+        let x = primitive_call::input(x, x_len, elems(&[rows, prologue.input_columns(k)]), "x");
+        matmul(kernel(), x, rows, &w, fusion, primitive_call::output(out, out_len, elems(&[rows, n]), "out"));
     };
     // A panic must not unwind into MLX's C++ scheduler thread.
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {

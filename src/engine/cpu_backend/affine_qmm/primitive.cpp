@@ -19,21 +19,30 @@
 
 namespace mx = mlx::core;
 
+// Each pointer comes with the number of elements it may be read for (see mlxbar::Dense);
+// the Rust side checks them against the shapes before it reads.
 extern "C" void mlxbar_affine_qmm_run(
     const float* x,
+    int64_t x_len,
     int64_t rows,
     int64_t k,
     const uint32_t* packed,
+    int64_t packed_len,
     const float* scales,
+    int64_t scales_len,
     const float* biases,
+    int64_t biases_len,
     int64_t n,
     int32_t group_size,
     int32_t bits,
     int32_t prologue,
     const float* norm,
+    int64_t norm_len,
     float eps,
     const float* residual,
-    float* out);
+    int64_t residual_len,
+    float* out,
+    int64_t out_len);
 
 // As in affine_qmm/mod.rs.
 constexpr int PROLOGUE_NONE = 0;
@@ -59,21 +68,27 @@ class AffineQmm : public mx::UnaryPrimitive {
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
     const auto& w = inputs[1];
-    const int64_t k = w.shape(1) * 32 / bits_;
+    // int64: w.shape(1) * 32 overflows int from 2^26 packed words a row.
+    const int64_t k = static_cast<int64_t>(w.shape(1)) * 32 / bits_;
     const int64_t n = w.shape(0);
-    const int64_t rows = static_cast<int64_t>(out.size()) / n;
-    const mx::array* norm = prologue_ == PROLOGUE_RMS_NORM ? &inputs[4] : nullptr;
-    const mx::array* residual = residual_ ? &inputs.back() : nullptr;
-    enc.dispatch([x = inputs[0], wp = w.data<uint32_t>(), sp = inputs[2].data<float>(),
-                  bp = inputs[3].data<float>(), np = norm ? norm->data<float>() : nullptr,
-                  res = residual ? *residual : mx::array(0.0f), has_res = residual != nullptr,
-                  op = out.data<float>(), rows, k, n, gs = group_size_, bits = bits_,
-                  prologue = prologue_, eps = eps_]() {
+    const int64_t rows = n > 0 ? static_cast<int64_t>(out.size()) / n : 0;
+    enc.dispatch([inputs, out_ptr = out.data<float>(), out_len = static_cast<int64_t>(out.size()), rows, k, n,
+                  gs = group_size_, bits = bits_, prologue = prologue_, eps = eps_, has_res = residual_]() {
       if (rows == 0) return;
-      std::vector<float> xcopy, rcopy;
-      const float* xp = mlxbar::dense_data(x, xcopy);
-      const float* rp = has_res ? mlxbar::dense_data(res, rcopy) : nullptr;
-      mlxbar_affine_qmm_run(xp, rows, k, wp, sp, bp, n, gs, bits, prologue, np, eps, rp, op);
+      // Every input is read as row-major data: gathered here when it is not (a strided or
+      // broadcast view; weights come contiguous, so only x and the residual ever are).
+      std::vector<float> xc, sc, bc, nc, rc;
+      std::vector<uint32_t> wc;
+      const auto x = mlxbar::dense(inputs[0], xc);
+      const auto w = mlxbar::dense(inputs[1], wc);
+      const auto s = mlxbar::dense(inputs[2], sc);
+      const auto b = mlxbar::dense(inputs[3], bc);
+      const mlxbar::Dense<float> none{nullptr, 0};
+      const auto nm = prologue == PROLOGUE_RMS_NORM ? mlxbar::dense(inputs[4], nc) : none;
+      const auto r = has_res ? mlxbar::dense(inputs.back(), rc) : none;
+      mlxbar_affine_qmm_run(
+          x.ptr, x.len, rows, k, w.ptr, w.len, s.ptr, s.len, b.ptr, b.len, n, gs, bits, prologue, nm.ptr, nm.len, eps,
+          r.ptr, r.len, out_ptr, out_len);
     });
   }
 
@@ -117,6 +132,9 @@ mx::array affine_qmm(
     float eps,
     const mx::array* residual,
     mx::Stream s) {
+  if ((bits != 4 && bits != 8) || (group_size != 32 && group_size != 64 && group_size != 128)) {
+    throw std::invalid_argument("affine_qmm: 4 or 8 bits in groups of 32, 64 or 128 only");
+  }
   auto f32 = [](const mx::array* a) { return !a || a->dtype() == mx::float32; };
   if (!f32(&x) || !f32(&scales) || !f32(&biases) || !f32(norm) || !f32(residual) || w.dtype() != mx::uint32) {
     throw std::invalid_argument("affine_qmm: x, scales, biases, norm and residual must be float32 and w uint32");
@@ -130,15 +148,12 @@ mx::array affine_qmm(
       scales.shape(0) != w.shape(0) || scales.shape(1) != k / group_size) {
     throw std::invalid_argument("affine_qmm: shapes of x, w and scales disagree");
   }
-  if (!w.flags().row_contiguous || !scales.flags().row_contiguous || !biases.flags().row_contiguous) {
-    throw std::invalid_argument("affine_qmm: weights must be evaluated and contiguous");
-  }
   auto shape = x.shape();
   shape.back() = w.shape(0);
   std::vector<mx::array> inputs = {x, w, scales, biases};
   if (prologue == PROLOGUE_RMS_NORM) {
-    if (!norm || norm->ndim() != 1 || norm->shape(0) != k || !norm->flags().row_contiguous) {
-      throw std::invalid_argument("affine_qmm: the RMS norm's weight must be an evaluated vector of k values");
+    if (!norm || norm->ndim() != 1 || norm->shape(0) != k) {
+      throw std::invalid_argument("affine_qmm: the RMS norm's weight must be a vector of k values");
     }
     inputs.push_back(*norm);
   } else if (prologue != PROLOGUE_NONE && prologue != PROLOGUE_SWIGLU) {
@@ -159,7 +174,6 @@ mx::array affine_qmm(
 
 }  // namespace
 
-// 0 on success; otherwise 1 and the reason in `err` (see mlxbar::guarded).
 // 0 on success; otherwise 1 and the reason in `err` (see mlxbar::guarded).
 // `norm` and `residual` may be empty handles (ctx null).
 extern "C" int mlxbar_affine_qmm(

@@ -9,6 +9,8 @@ pub mod op;
 
 use rayon::prelude::*;
 
+use super::primitive_call::{self, count, elems};
+
 /// The step's shapes.
 #[derive(Clone, Copy)]
 pub struct Shape {
@@ -55,10 +57,13 @@ pub fn attend(s: Shape, q: &[f32], keys: &[f32], values: &[f32], positions: &[i3
     });
 }
 
-/// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays.
+/// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays, each
+/// pointer with the number of elements its buffer holds.
 ///
 /// # Safety
-/// The pointers are valid, contiguous arrays of the shapes `s` gives; `out` writable.
+/// Each pointer is valid for reads (`out`: writes) of the stated number of elements, for
+/// the call, and nothing else writes them meanwhile. Shapes are not trusted: every slice is
+/// checked against its buffer's length first ([`primitive_call::input`]).
 #[no_mangle]
 pub unsafe extern "C" fn mlxbar_decode_attention_run(
     rows: i64,
@@ -67,30 +72,35 @@ pub unsafe extern "C" fn mlxbar_decode_attention_run(
     capacity: i64,
     head_dim: i64,
     q: *const f32,
+    q_len: i64,
     keys: *const f32,
+    keys_len: i64,
     values: *const f32,
+    values_len: i64,
     positions: *const i32,
+    positions_len: i64,
     scale: f32,
     out: *mut f32,
+    out_len: i64,
 ) {
-    let s = Shape {
-        rows: rows as usize,
-        heads: heads as usize,
-        kv_heads: kv_heads as usize,
-        capacity: capacity as usize,
-        head_dim: head_dim as usize,
-    };
     let run = || {
-        let n = s.rows * s.heads * s.head_dim;
-        let kv = s.rows * s.kv_heads * s.capacity * s.head_dim;
+        let s = Shape {
+            rows: count(rows),
+            heads: count(heads),
+            kv_heads: count(kv_heads),
+            capacity: count(capacity),
+            head_dim: count(head_dim),
+        };
+        let n = elems(&[s.rows, s.heads, s.head_dim]);
+        let kv = elems(&[s.rows, s.kv_heads, s.capacity, s.head_dim]);
         attend(
             s,
-            std::slice::from_raw_parts(q, n),
-            std::slice::from_raw_parts(keys, kv),
-            std::slice::from_raw_parts(values, kv),
-            std::slice::from_raw_parts(positions, s.rows),
+            primitive_call::input(q, q_len, n, "q"),
+            primitive_call::input(keys, keys_len, kv, "keys"),
+            primitive_call::input(values, values_len, kv, "values"),
+            primitive_call::input(positions, positions_len, s.rows, "positions"),
             scale,
-            std::slice::from_raw_parts_mut(out, n),
+            primitive_call::output(out, out_len, n, "out"),
         );
     };
     // A panic must not unwind into MLX's C++ scheduler thread.

@@ -16,6 +16,8 @@
 
 namespace mx = mlx::core;
 
+// Each pointer comes with the number of elements it may be read for (see mlxbar::Dense);
+// the Rust side checks them against the shapes before it reads.
 extern "C" void mlxbar_decode_attention_run(
     int64_t rows,
     int64_t heads,
@@ -23,11 +25,16 @@ extern "C" void mlxbar_decode_attention_run(
     int64_t capacity,
     int64_t head_dim,
     const float* q,
+    int64_t q_len,
     const float* keys,
+    int64_t keys_len,
     const float* values,
+    int64_t values_len,
     const int32_t* positions,
+    int64_t positions_len,
     float scale,
-    float* out);
+    float* out,
+    int64_t out_len);
 
 namespace {
 
@@ -41,14 +48,20 @@ class DecodeAttention : public mx::UnaryPrimitive {
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
     const auto& k = inputs[1];
-    enc.dispatch([q = inputs[0], k = inputs[1], v = inputs[2], pp = inputs[3].data<int32_t>(),
-                  op = out.data<float>(), rows = k.shape(0), heads = inputs[0].shape(1),
-                  kv_heads = k.shape(1), capacity = k.shape(2), head_dim = k.shape(3),
-                  scale = scale_]() {
+    enc.dispatch([inputs, op = out.data<float>(), out_len = static_cast<int64_t>(out.size()),
+                  rows = int64_t{k.shape(0)}, heads = int64_t{inputs[0].shape(1)}, kv_heads = int64_t{k.shape(1)},
+                  capacity = int64_t{k.shape(2)}, head_dim = int64_t{k.shape(3)}, scale = scale_]() {
+      // Row-major data of every input, gathered when it is a strided view (positions too:
+      // a column of a larger array is one).
       std::vector<float> qc, kc, vc;
+      std::vector<int32_t> pc;
+      const auto q = mlxbar::dense(inputs[0], qc);
+      const auto k = mlxbar::dense(inputs[1], kc);
+      const auto v = mlxbar::dense(inputs[2], vc);
+      const auto p = mlxbar::dense(inputs[3], pc);
       mlxbar_decode_attention_run(
-          rows, heads, kv_heads, capacity, head_dim, mlxbar::dense_data(q, qc), mlxbar::dense_data(k, kc),
-          mlxbar::dense_data(v, vc), pp, scale, op);
+          rows, heads, kv_heads, capacity, head_dim, q.ptr, q.len, k.ptr, k.len, v.ptr, v.len, p.ptr, p.len, scale,
+          op, out_len);
     });
   }
 
@@ -65,7 +78,8 @@ class DecodeAttention : public mx::UnaryPrimitive {
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {{1, inputs[0].shape(0), inputs[0].shape(1) * inputs[0].shape(3)}};
+    const auto& q = inputs[0];
+    return {{1, q.shape(0), mlxbar::dim(int64_t{q.shape(1)} * q.shape(3), "decode_attention")}};
   }
 
  private:
@@ -88,8 +102,10 @@ mx::array decode_attention(
       q.shape(1) % keys.shape(1) != 0 || positions.ndim() != 1 || positions.shape(0) != q.shape(0)) {
     throw std::invalid_argument("decode_attention: shapes of q, keys, values and positions disagree");
   }
+  // int64: heads × head_dim is one dimension of the output, refused past int32.
+  const int width = mlxbar::dim(int64_t{q.shape(1)} * q.shape(3), "decode_attention");
   return mx::array(
-      {1, q.shape(0), q.shape(1) * q.shape(3)},
+      {1, q.shape(0), width},
       mx::float32,
       std::make_shared<DecodeAttention>(s, scale),
       {q, keys, values, positions});
