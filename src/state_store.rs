@@ -64,9 +64,8 @@ impl StateStore {
             return;
         }
         let Some(path) = &self.path else { return };
-        let written = serde_json::to_vec_pretty(&*state)
-            .map_err(anyhow::Error::from)
-            .and_then(|bytes| crate::private_fs::write_atomic(path, &bytes));
+        let written =
+            serde_json::to_vec_pretty(&*state).map_err(anyhow::Error::from).and_then(|bytes| crate::private_fs::write_atomic(path, &bytes));
         if let Err(e) = written {
             tracing::warn!("the server's state (snoozes, pins, keep-alives) is not saved: {e:#}");
         }

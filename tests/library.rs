@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::fixtures;
-use serde_json::json;
 use mlxbar::library::{Library, ModelEntry, ModelFormat, ModelSource, Quantization, Sources};
+use serde_json::json;
 
 /// Sources with only what a test names (nothing from this machine's real folders).
 fn sources(root: &Path) -> Sources {
@@ -314,7 +314,9 @@ async fn fifos_named_like_models_never_block_the_server() {
             c.post(format!("{b}/v1/chat/completions")).json(&chat).send().await.unwrap().status().as_u16()
         }));
         let (c, b) = (slow.clone(), base.clone());
-        busy.push(tokio::spawn(async move { c.post(format!("{b}/api/models/refresh")).json(&json!({})).send().await.unwrap().status().as_u16() }));
+        busy.push(tokio::spawn(async move {
+            c.post(format!("{b}/api/models/refresh")).json(&json!({})).send().await.unwrap().status().as_u16()
+        }));
     }
     let until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < until || !busy.iter().all(|b| b.is_finished()) {
@@ -342,7 +344,8 @@ async fn fifos_named_like_models_never_block_the_server() {
     assert_eq!(r.status(), 400);
     let err: serde_json::Value = r.json().await.unwrap();
     assert!(err["error"]["message"].as_str().unwrap().contains("POST /api/models/refresh"), "{err}");
-    let refreshed: serde_json::Value = slow.post(format!("{base}/api/models/refresh")).json(&json!({})).send().await.unwrap().json().await.unwrap();
+    let refreshed: serde_json::Value =
+        slow.post(format!("{base}/api/models/refresh")).json(&json!({})).send().await.unwrap().json().await.unwrap();
     assert!(model(&refreshed, "just-copied").is_some() && model(&refreshed, "y").is_none(), "{refreshed}");
     let r = slow.post(format!("{base}/api/models/refresh")).header("content-type", "text/plain").body("{}").send().await.unwrap();
     assert_eq!(r.status(), 415);

@@ -256,7 +256,8 @@ async fn pins_keep_alives_and_snoozes_survive_a_restart() {
     let data = tempfile::tempdir().unwrap();
     let (server, base) = start_on(data.path()).await;
     let default = get(format!("{base}/api/models")).await["default"].as_str().unwrap().to_string();
-    let r = client().post(format!("{base}/api/models/{default}/load")).json(&json!({"pinned": true, "keep_alive": "1h"})).send().await.unwrap();
+    let r =
+        client().post(format!("{base}/api/models/{default}/load")).json(&json!({"pinned": true, "keep_alive": "1h"})).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let r = client().post(format!("{base}/api/alerts/queue_backlog/snooze")).json(&json!({"seconds": 600})).send().await.unwrap();
     assert_eq!(r.status(), 200);

@@ -124,7 +124,10 @@ mod tests {
         let (title, body) = super::config_error_notice(&err);
         assert!(title.contains("cannot start"), "{title}");
         let first = body.lines().next().unwrap();
-        assert!(first.starts_with(&format!("{}, line 2, column 13: invalid type: string \"eight\", expected usize", path.display())), "{body}");
+        assert!(
+            first.starts_with(&format!("{}, line 2, column 13: invalid type: string \"eight\", expected usize", path.display())),
+            "{body}"
+        );
         assert!(body.ends_with("Fix it and start mlxbar again."), "{body}");
 
         std::fs::write(&path, "prot = 8080\n").unwrap();

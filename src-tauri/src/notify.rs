@@ -24,12 +24,7 @@ pub fn show<R: Runtime>(_app: &AppHandle<R>, title: &str, body: &str) {
 /// The reason goes to stderr as well, by the caller.
 #[cfg(feature = "notifications")]
 pub fn startup_error(title: &str, body: &str) {
-    let shown = notify_rust::Notification::new()
-        .appname("mlxbar")
-        .summary(title)
-        .body(body)
-        .timeout(notify_rust::Timeout::Never)
-        .show();
+    let shown = notify_rust::Notification::new().appname("mlxbar").summary(title).body(body).timeout(notify_rust::Timeout::Never).show();
     if let Err(e) = shown {
         tracing::warn!("notification not shown: {e}");
     }

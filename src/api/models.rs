@@ -63,7 +63,8 @@ pub async fn library(State(state): State<AppState>, Query(q): Query<ListQuery>) 
 /// does not answer), the listing unchanged.
 pub async fn refresh(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
     if !body.iter().all(u8::is_ascii_whitespace) {
-        let _: RefreshBody = serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("Invalid JSON body: {e}; send {{}}")))?;
+        let _: RefreshBody =
+            serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("Invalid JSON body: {e}; send {{}}")))?;
     }
     match state.models.library().refresh_async(REFRESH_WAIT).await {
         Some(_) => Ok(Json(listing(&state))),

@@ -213,13 +213,14 @@ fn folder_has_chat_template(dir: &Path) -> bool {
 pub fn gguf(file: &Path) -> ModelEntry {
     let mut e = blank(name_of(file, true), file, ModelFormat::Gguf);
     e.size_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let header = match open_model_file(file).and_then(|(reader, len)| validate::gguf(reader, len).with_context(|| file.display().to_string())) {
-        Ok(h) => h,
-        Err(err) => {
-            e.refuse(format!("{err:#}"));
-            return e;
-        }
-    };
+    let header =
+        match open_model_file(file).and_then(|(reader, len)| validate::gguf(reader, len).with_context(|| file.display().to_string())) {
+            Ok(h) => h,
+            Err(err) => {
+                e.refuse(format!("{err:#}"));
+                return e;
+            }
+        };
     e.architecture = header.string("general.architecture").map(str::to_string);
     e.parameters = Some(header.tensor_infos.iter().map(|t| t.dims.iter().product::<u64>()).sum());
     e.quantization = gguf_quantization(&header);

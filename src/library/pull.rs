@@ -170,11 +170,8 @@ pub struct Cancelled;
 /// `cancel` ends it within [`CANCEL_POLL`], whatever it waits on.
 pub fn pull(opts: &PullOptions, progress: &dyn Fn(&PullProgress), cancel: &AtomicBool) -> Result<PathBuf> {
     let mut tracker = Tracker::new(&opts.repo, progress);
-    let result = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the download runtime")
-        .and_then(|rt| {
+    let result =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the download runtime").and_then(|rt| {
             rt.block_on(async {
                 // Dropping `run` mid-download is safe: every chunk is written whole before the
                 // next await, so the partial blob holds a prefix of the file.
