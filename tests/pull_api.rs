@@ -73,7 +73,6 @@ async fn the_pull_routes_start_refuse_and_list_pulls() {
     assert_eq!(std::fs::read(snapshot.join("model.safetensors")).unwrap(), pattern(4096, 9));
 
     // A cancel mid-file: the partial blob stays, and the next pull resumes it with Range.
-    hub.hold(true);
     hub.stall_next_get("model.safetensors", 100_000);
     let started: Value = post(json!({"model": BIG})).await.unwrap().json().await.unwrap();
     let id = started["id"].as_str().unwrap().to_string();
@@ -91,7 +90,7 @@ async fn the_pull_routes_start_refuse_and_list_pulls() {
     let resp = client.delete(format!("{base}/api/models/pulls/{id}")).header("origin", "https://evil.example").send().await.unwrap();
     assert_eq!(resp.status(), 403, "a page cannot cancel pulls");
 
-    hub.hold(false);
+    hub.release_stall();
     hub.clear_hits();
     let resp = post(json!({"model": BIG})).await.unwrap();
     assert_eq!(resp.status(), 202);

@@ -39,6 +39,8 @@ struct HubState {
     /// Files listed in a repo's siblings without being served (a 404 on resolve).
     phantom: Mutex<HashMap<String, Vec<String>>>,
     hold: tokio::sync::watch::Sender<bool>,
+    /// Stalled GETs wait while this is true (see `stall_next_get`).
+    stalled: tokio::sync::watch::Sender<bool>,
     /// Repos whose model info is a streamed JSON of this many bytes (never held in memory).
     huge_info: Mutex<HashMap<String, usize>>,
 }
@@ -92,6 +94,7 @@ impl FakeHub {
             stall: Mutex::new(HashMap::new()),
             phantom: Mutex::new(HashMap::new()),
             hold,
+            stalled: tokio::sync::watch::channel(false).0,
             huge_info: Mutex::new(HashMap::new()),
         });
         let app = Router::new()
@@ -130,10 +133,15 @@ impl FakeHub {
         self.state.cut.lock().unwrap().insert(file.to_string(), after);
     }
 
-    /// The next GET of `file` sends `after` bytes at once, then the rest once not held
-    /// (a download that stops mid-file, for a cancel to land in).
+    /// The next GET of `file` sends `after` bytes at once, then the rest after
+    /// [`FakeHub::release_stall`] (a download that stops mid-file, for a cancel to land in).
     pub fn stall_next_get(&self, file: &str, after: usize) {
+        self.state.stalled.send_replace(true);
         self.state.stall.lock().unwrap().insert(file.to_string(), after);
+    }
+
+    pub fn release_stall(&self) {
+        self.state.stalled.send_replace(false);
     }
 
     /// While held, file GETs wait (HEADs and the info API answer).
@@ -295,6 +303,7 @@ async fn serve(
     let mut hold = state.hold.subscribe();
     let stall = state.stall.lock().unwrap().remove(file);
     if let Some(after) = stall {
+        let hold = state.stalled.subscribe();
         let first = Bytes::copy_from_slice(&body[..after.min(body.len())]);
         let rest = Bytes::copy_from_slice(&body[after.min(body.len())..]);
         let stream = futures::stream::unfold(0u8, move |step| {
