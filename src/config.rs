@@ -30,7 +30,8 @@
 //! pinned = ["org/name"]           # models never unloaded for idle time or LRU
 //! [aliases]                       # extra names for models: `"model": "fast"` means this one
 //! fast = "mlx-community/SmolLM2-135M-Instruct-4bit"
-//! data_dir = "/path"              # bench runs and history; default: the user data dir + mlxbar
+//! data_dir = "/path"              # bench runs, history and state.json (snoozes, pins, keep-alives set through the API); default: the user data dir + mlxbar
+//! max_concurrent_pulls = 2        # model pulls (POST /api/models/pull) running at once; more get 429
 //! bench_wait_seconds = 10         # while a bench run holds the engine, requests wait this long, then 503
 //! stall_seconds = 30              # no engine step for this long with work waiting: /health says stalled
 //! load_timeout_seconds = 900      # a model load that takes longer fails (its thread is left behind: restart required)
@@ -93,8 +94,11 @@ pub struct Config {
     pub pinned: Vec<String>,
     /// Extra names for models (name -> id).
     pub aliases: BTreeMap<String, String>,
-    /// Bench runs, history and user plans live below `metrics/` here [default: [`default_data_dir`]].
+    /// Bench runs, history and user plans live below `metrics/` here, and `state.json`
+    /// (what the API set that survives a restart) [default: [`default_data_dir`]].
     pub data_dir: Option<PathBuf>,
+    /// Pulls from Hugging Face running at once; a pull past it gets 429.
+    pub max_concurrent_pulls: usize,
     /// While a bench run holds the engine, generation requests wait up to this long, then 503.
     pub bench_wait_seconds: f64,
     /// With work waiting and no engine step for this long, `/health` says `stalled` (503).
@@ -146,6 +150,7 @@ impl Default for Config {
             pinned: vec![],
             aliases: BTreeMap::new(),
             data_dir: None,
+            max_concurrent_pulls: 2,
             bench_wait_seconds: 10.0,
             stall_seconds: 30.0,
             shutdown_grace_seconds: 10.0,
@@ -289,6 +294,9 @@ impl Config {
         }
         if self.max_loaded_models == 0 || self.max_loaded_models > 64 {
             bail!("max_loaded_models must be between 1 and 64");
+        }
+        if !(1..=16).contains(&self.max_concurrent_pulls) {
+            bail!("max_concurrent_pulls must be between 1 and 16");
         }
         if self.queue_capacity == 0 {
             bail!("queue_capacity must be at least 1");

@@ -13,6 +13,7 @@ pub mod model_store;
 pub mod private_fs;
 pub mod registry;
 pub mod server;
+pub mod state_store;
 pub mod telemetry;
 
 pub use config::Config;

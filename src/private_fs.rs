@@ -1,6 +1,7 @@
 //! Files mlxbar writes are the user's alone: directories 0700, files 0600 (bench runs,
 //! history, reports, the model cache). Writes are atomic: a temp file in the same
-//! directory, synced, then renamed, so a crash never leaves half a file.
+//! directory, synced, then renamed (and the directory synced), so a crash never leaves
+//! half a file.
 use std::io::Write;
 use std::path::Path;
 
@@ -24,7 +25,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     tmp.write_all(bytes).with_context(|| format!("writing {}", path.display()))?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).with_context(|| format!("writing {}", path.display()))?;
+    sync_dir(dir);
     Ok(())
+}
+
+/// Makes a rename in `dir` durable (without it a crash may bring back the old file). Best
+/// effort: some file systems refuse fsync on a directory, and the file itself is whole either way.
+fn sync_dir(dir: &Path) {
+    #[cfg(unix)]
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
 }
 
 /// Creates (or truncates) `path` as a user-only file.

@@ -91,7 +91,7 @@ impl Server {
         let watcher = match library.watch() {
             Ok(w) => Some(w),
             Err(e) => {
-                tracing::warn!("not watching the model folders for changes ({e:#}); GET /api/models?refresh=true rescans");
+                tracing::warn!("not watching the model folders for changes ({e:#}); POST /api/models/refresh rescans");
                 None
             }
         };
@@ -124,6 +124,7 @@ impl Server {
             r.summary = alerts::rules::summary(r.signal, r.threshold, r.window_seconds);
         }
         let alerts = Alerts::new(rules);
+        alerts.persist_in(models.state_store().clone());
         let monitor = alerts::monitor::spawn(alerts.clone(), models.clone(), telemetry.clone(), metrics.clone());
         // The bench talks to this server over loopback (or the bound address if it is not
         // a wildcard).

@@ -1,7 +1,9 @@
 //! The model library against real layouts built from the default model: a hub cache with
 //! mlx-community style 4- and 8-bit folders (blobs + symlinks), LM Studio's GGUF layout,
 //! folders the engine refuses, incomplete downloads, id clashes, the hub-cache env
-//! precedence, the file-system watch, and `mlxbar models` as a process.
+//! precedence, the file-system watch, and `mlxbar models` as a process; and a server whose
+//! models dir holds FIFOs named like model files: it starts, lists, rescans and answers
+//! `/health` within a second throughout (scans never block on them, nor run on its runtime).
 mod common;
 
 use std::ffi::OsString;
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::fixtures;
 use mlxbar::library::{Library, ModelEntry, ModelFormat, ModelSource, Quantization, Sources};
+use serde_json::json;
 
 /// Sources with only what a test names (nothing from this machine's real folders).
 fn sources(root: &Path) -> Sources {
@@ -252,4 +255,102 @@ fn mlxbar_models_lists_the_hub_cache_as_json_and_a_table() {
     assert_eq!(lines.len(), 4, "{table}");
     assert!(lines.iter().any(|l| l.starts_with("llava-tiny") && l.contains("no: vision model")), "{table}");
     assert!(lines.iter().any(|l| l.starts_with("org/tiny ") && l.ends_with("yes")), "{table}");
+}
+
+/// A FIFO at `path`: opening it for reading waits for a writer, for ever.
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; mkfifo only reads it.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+}
+
+/// `common::start_server`, failing after `secs` instead of waiting for ever.
+fn start_server_within(config: mlxbar::Config, secs: u64) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let server = mlxbar::Server::start(config).await.expect("server start");
+            server.wait_ready().await.expect("model load");
+            let _ = tx.send(format!("http://{}", server.local_addr()));
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(secs)).unwrap_or_else(|_| panic!("the server did not start within {secs} s"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifos_named_like_models_never_block_the_server() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("models");
+    fixtures::tiny_supported_folder(&dir.join("fine"));
+    mkfifo(&dir.join("x.gguf"));
+    std::fs::create_dir_all(dir.join("fifo-config")).unwrap();
+    mkfifo(&dir.join("fifo-config/config.json"));
+    fixtures::tiny_supported_folder(&dir.join("half"));
+    std::fs::remove_file(dir.join("half/model.safetensors")).unwrap();
+    mkfifo(&dir.join("half/model.safetensors"));
+    let config = mlxbar::Config { models_dirs: vec![dir.clone()], ..common::test_config() };
+    let base = start_server_within(config, 120);
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap();
+    let slow = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+
+    let library: serde_json::Value = slow.get(format!("{base}/api/models")).send().await.unwrap().json().await.unwrap();
+    let model = |list: &serde_json::Value, id: &str| list["models"].as_array().unwrap().iter().find(|m| m["id"] == id).cloned();
+    assert_eq!(model(&library, "fine").map(|m| m["runnable"].clone()), Some(json!(true)), "{library}");
+    let half = model(&library, "half").expect("a folder with a FIFO for weights is listed, refused");
+    let why = half["unsupported_reason"].as_str().unwrap();
+    assert!(why.contains("not a regular file") && why.contains("model.safetensors"), "{why}");
+    assert!(model(&library, "x").is_none() && model(&library, "fifo-config").is_none(), "FIFOs are not models: {library}");
+
+    // More FIFOs while it runs (the watch rescans), requests naming unknown models (each may
+    // rescan), explicit refreshes: /health answers within a second all along.
+    mkfifo(&dir.join("y.gguf"));
+    let mut busy = Vec::new();
+    for i in 0..4 {
+        let (c, b) = (slow.clone(), base.clone());
+        busy.push(tokio::spawn(async move {
+            let chat = json!({"model": format!("no-such-model-{i}"), "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1});
+            c.post(format!("{b}/v1/chat/completions")).json(&chat).send().await.unwrap().status().as_u16()
+        }));
+        let (c, b) = (slow.clone(), base.clone());
+        busy.push(tokio::spawn(async move {
+            c.post(format!("{b}/api/models/refresh")).json(&json!({})).send().await.unwrap().status().as_u16()
+        }));
+    }
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until || !busy.iter().all(|b| b.is_finished()) {
+        let asked = Instant::now();
+        let health = client.get(format!("{base}/health")).send().await;
+        assert!(health.is_ok_and(|r| r.status() == 200), "/health did not answer within 1 s");
+        assert!(asked.elapsed() < Duration::from_secs(1));
+        assert!(Instant::now() < until + Duration::from_secs(30), "requests still running");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for b in busy {
+        assert!([404, 200].contains(&b.await.unwrap()));
+    }
+
+    // A model copied in is found by the next request naming it (a rescan, off the runtime).
+    fixtures::unknown_arch_folder(&dir.join("just-copied"));
+    let chat = json!({"model": "just-copied", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1});
+    let r = slow.post(format!("{base}/v1/chat/completions")).json(&chat).send().await.unwrap();
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(status, 422, "found, and refused for what it is: {body}");
+
+    // The rescan is a POST (JSON, same-origin rules); the old GET form says where it went.
+    let r = slow.get(format!("{base}/api/models?refresh=true")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let err: serde_json::Value = r.json().await.unwrap();
+    assert!(err["error"]["message"].as_str().unwrap().contains("POST /api/models/refresh"), "{err}");
+    let refreshed: serde_json::Value =
+        slow.post(format!("{base}/api/models/refresh")).json(&json!({})).send().await.unwrap().json().await.unwrap();
+    assert!(model(&refreshed, "just-copied").is_some() && model(&refreshed, "y").is_none(), "{refreshed}");
+    let r = slow.post(format!("{base}/api/models/refresh")).header("content-type", "text/plain").body("{}").send().await.unwrap();
+    assert_eq!(r.status(), 415);
+    let r = slow.post(format!("{base}/api/models/refresh")).header("origin", "https://evil.example").json(&json!({})).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    let r = slow.post(format!("{base}/api/models/refresh")).json(&json!({"deep": true})).send().await.unwrap();
+    assert_eq!(r.status(), 400, "no field silently ignored");
 }

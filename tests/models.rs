@@ -4,7 +4,8 @@
 //! greedy answers as a fresh server, the least recently used one unloaded at
 //! `max_loaded_models`, idle ones after their keep-alive, concurrent requests waiting for
 //! one load, a load refused with the two figures when it does not fit the budget, and
-//! pinning.
+//! pinning; pins, keep-alives and alert snoozes kept across a restart (a corrupt state file
+//! set aside).
 mod common;
 
 use std::path::PathBuf;
@@ -240,4 +241,62 @@ async fn load_and_unload_follow_the_state_changing_rules() {
     assert_eq!(r.status(), 400);
     let r = client().post(format!("{base}/api/models/{FOUR}/explode")).json(&json!({})).send().await.unwrap();
     assert_eq!(r.status(), 404);
+}
+
+/// A server on `data_dir`, ready; with its URL.
+async fn start_on(data_dir: &std::path::Path) -> (mlxbar::Server, String) {
+    let server = mlxbar::Server::start(config(|c| c.data_dir = Some(data_dir.into()))).await.unwrap();
+    server.wait_ready().await.unwrap();
+    let base = server.url();
+    (server, base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_keep_alives_and_snoozes_survive_a_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let (server, base) = start_on(data.path()).await;
+    let default = get(format!("{base}/api/models")).await["default"].as_str().unwrap().to_string();
+    let r =
+        client().post(format!("{base}/api/models/{default}/load")).json(&json!({"pinned": true, "keep_alive": "1h"})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = client().post(format!("{base}/api/alerts/queue_backlog/snooze")).json(&json!({"seconds": 600})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    server.shutdown().await;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(data.path().join("state.json")).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    let (server, base) = start_on(data.path()).await;
+    let me = state_of(&base, &default).await;
+    assert_eq!((me["pinned"].as_bool(), me["keep_alive_seconds"].as_f64()), (Some(true), Some(3600.0)), "{me}");
+    let alerts = get(format!("{base}/api/alerts")).await;
+    let backlog = alerts["data"].as_array().unwrap().iter().find(|a| a["id"] == "queue_backlog").unwrap().clone();
+    assert_eq!(backlog["snoozed"], true, "{backlog}");
+    server.shutdown().await;
+
+    // A pin of a model that is gone is dropped from the file (with a log line).
+    let file = data.path().join("state.json");
+    let mut saved: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    saved["pins"]["gone/model"] = json!(true);
+    std::fs::write(&file, serde_json::to_vec(&saved).unwrap()).unwrap();
+    let (server, base) = start_on(data.path()).await;
+    assert_eq!(state_of(&base, &default).await["pinned"], true);
+    server.shutdown().await;
+    let saved: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert!(saved["pins"].get("gone/model").is_none() && saved["pins"][&default] == true, "{saved}");
+
+    // A corrupt file is set aside; the server starts with nothing restored.
+    std::fs::write(&file, "{\"pins\": {").unwrap();
+    let (server, base) = start_on(data.path()).await;
+    assert_eq!(state_of(&base, &default).await["pinned"], false);
+    server.shutdown().await;
+    let aside: Vec<_> = std::fs::read_dir(data.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("state.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read_to_string(data.path().join(&aside[0])).unwrap(), "{\"pins\": {", "kept as it was");
 }

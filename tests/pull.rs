@@ -2,7 +2,9 @@
 //! small MLX repo lands byte for byte in the standard hub cache layout (blobs, relative
 //! snapshot symlinks, refs/main) with only the files a model needs; a cut download resumes
 //! with Range, within a pull and from an earlier one's partial; a missing file's 404 names
-//! it; a GGUF repo yields the asked file or the list of choices; the server's job list.
+//! it; a GGUF repo yields the asked file or the list of choices; the server's job list, its
+//! cap, cancels by id (at once, a stalled hub included), and the disk space that pulls in
+//! flight reserve.
 #[path = "pull/hub.rs"]
 mod hub;
 
@@ -13,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hub::{commit_of, etag_of, pattern, sha256, FakeHub};
-use mlxbar::library::pull::{pull, PullError, PullOptions, PullProgress, PullState, Pulls};
+use mlxbar::library::pull::{pretend_free_space, pull, PullError, PullOptions, PullProgress, PullState, Pulls, DISK_HEADROOM};
 
 const MLX_REPO: &str = "mlx-test/tiny-4bit";
 
@@ -36,6 +38,7 @@ fn opts(hub: &FakeHub, repo: &str, cache: &Path) -> PullOptions {
         cache_dir: cache.to_path_buf(),
         endpoint: hub.base.clone(),
         token: Some("hf_test_token".to_string()),
+        token_over_http: false,
     }
 }
 
@@ -112,6 +115,8 @@ fn a_model_repo_lands_in_the_hub_cache_layout() {
         assert_eq!(hit.auth.as_deref(), expected, "{hit:?}");
     }
     assert!(!hits.iter().any(|h| h.path.contains("README") || h.path.contains(".gitattributes")), "{hits:?}");
+    // Sent over plain http (to loopback), and the user is told.
+    assert!(last.warnings.iter().any(|w| w.contains("HF_TOKEN is sent over plain http") && w.contains("loopback")), "{last:?}");
 
     // Again: nothing is downloaded twice.
     hub.clear_hits();
@@ -243,30 +248,68 @@ fn server_pulls_run_in_the_background_one_per_repo() {
         }))
     };
 
-    let bad = pulls.start(opts(&hub, "../etc", cache.path())).unwrap_err();
+    let bad = pulls.start(opts(&hub, "../etc", cache.path()), 2).unwrap_err();
     assert!(matches!(bad, PullError::Invalid(_)), "{bad}");
 
-    // Held at the first file: a second pull of the repo is refused; a cancel ends it.
+    // Held at the first file: a second pull of the repo is refused; a cancel ends it at once,
+    // though the hub still holds the download.
     hub.hold(true);
-    let started = pulls.start(opts(&hub, MLX_REPO, cache.path())).unwrap();
+    let started = pulls.start(opts(&hub, MLX_REPO, cache.path()), 2).unwrap();
     assert_eq!(started.state, PullState::Running);
-    let again = pulls.start(opts(&hub, MLX_REPO, cache.path())).unwrap_err();
+    let id = started.id.clone().expect("a server pull has an id");
+    let again = pulls.start(opts(&hub, MLX_REPO, cache.path()), 2).unwrap_err();
     assert!(matches!(again, PullError::Running(_)), "{again}");
-    wait_for(&pulls, MLX_REPO, |p| p.bytes_total.is_some());
-    assert!(pulls.cancel(MLX_REPO));
-    hub.hold(false);
-    let cancelled = wait_for(&pulls, MLX_REPO, |p| p.state != PullState::Running);
+    wait_for(&pulls, MLX_REPO, |p| p.file.is_some());
+    let cancelled = pulls.cancel(&id, Duration::from_secs(10)).unwrap();
     assert_eq!(cancelled.state, PullState::Cancelled, "{cancelled:?}");
+    assert_eq!(cancelled.id.as_deref(), Some(id.as_str()));
+    assert!(pulls.cancel(&id, Duration::from_secs(1)).unwrap_err().to_string().contains("not running"));
+    assert!(pulls.cancel("pull-999", Duration::from_secs(1)).unwrap_err().to_string().contains("no pull"));
+    hub.hold(false);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 
-    pulls.start(opts(&hub, MLX_REPO, cache.path())).unwrap();
+    let restarted = pulls.start(opts(&hub, MLX_REPO, cache.path()), 2).unwrap();
+    assert_ne!(restarted.id, started.id, "each pull its own id");
     let finished = wait_for(&pulls, MLX_REPO, |p| p.state != PullState::Running);
     assert_eq!(finished.state, PullState::Done, "{finished:?}");
     let snapshot = cache.path().join("models--mlx-test--tiny-4bit/snapshots").join(commit_of(MLX_REPO));
     assert_eq!(finished.path.as_deref(), Some(snapshot.as_path()));
     assert_eq!(*done.lock().unwrap(), vec![snapshot], "the library is told once, before the job says done");
     assert_eq!(pulls.list().len(), 1, "one entry per repo");
-    assert!(!pulls.cancel(MLX_REPO), "nothing runs");
+    assert!(pulls.cancel(restarted.id.as_deref().unwrap(), Duration::from_secs(1)).is_err(), "nothing runs");
+}
+
+/// Two pulls that each fit the disk but not together: the second is refused while the first
+/// holds its reservation, and fits once the first is cancelled. And at most `max_running` run.
+#[test]
+fn pulls_in_flight_reserve_their_disk_space_and_are_capped() {
+    mlxbar::engine::faults::arm();
+    let hub = FakeHub::start();
+    let (first, second) = ("mlx-test/reserve-a", "mlx-test/reserve-b");
+    for repo in [first, second] {
+        hub.add(repo, "config.json", b"{}");
+        hub.add(repo, "model.safetensors", &pattern(64 * 1024, 4));
+    }
+    let cache = tempfile::tempdir().unwrap();
+    pretend_free_space(cache.path(), DISK_HEADROOM + 100 * 1024);
+    let pulls = Pulls::new(Arc::new(|_: &Path| {}));
+
+    hub.hold(true);
+    let id = pulls.start(opts(&hub, first, cache.path()), 2).unwrap().id.unwrap();
+    wait_for(&pulls, first, |p| p.file.is_some());
+    let capped = pulls.start(opts(&hub, second, cache.path()), 1).unwrap_err();
+    assert!(matches!(capped, PullError::TooMany { running: 1 }), "{capped}");
+    pulls.start(opts(&hub, second, cache.path()), 2).unwrap();
+    let refused = wait_for(&pulls, second, |p| p.state != PullState::Running);
+    assert_eq!(refused.state, PullState::Failed, "{refused:?}");
+    let why = refused.error.unwrap();
+    assert!(why.contains("not enough disk") && why.contains("pulls in flight still need"), "{why}");
+
+    assert_eq!(pulls.cancel(&id, Duration::from_secs(10)).unwrap().state, PullState::Cancelled);
+    hub.hold(false);
+    pulls.start(opts(&hub, second, cache.path()), 2).unwrap();
+    let done = wait_for(&pulls, second, |p| p.state != PullState::Running);
+    assert_eq!(done.state, PullState::Done, "{done:?}");
 }
 
 /// A hub (or a mirror, or whatever HF_ENDPOINT points at) names the files: `..`, absolute

@@ -40,6 +40,9 @@ pub fn run() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("mlxbar-app: {e:#}");
+            // A menu-bar app has no terminal: say it where the user looks.
+            let (title, body) = config_error_notice(&e);
+            notify::startup_error(&title, &body);
             std::process::exit(2);
         }
     };
@@ -65,6 +68,26 @@ pub fn run() {
     });
 }
 
+/// The notification for a config that does not load: what and where, on a few lines (a
+/// TOML error's drawing of the line is left to stderr; its line and column are kept).
+pub fn config_error_notice(e: &anyhow::Error) -> (String, String) {
+    let text = format!("{e:#}");
+    let lines: Vec<&str> = text.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()).collect();
+    let body = match lines.first().and_then(|l| l.split_once("TOML parse error at ")) {
+        // "parsing /p/config.toml: TOML parse error at line 3, column 8", the drawing, "invalid type: ..."
+        Some((file, at)) => {
+            let reason = lines.iter().skip(1).rev().find(|l| !l.trim_start().starts_with(['|', '^']) && !l.contains(" | "));
+            let file = file.trim_end().trim_end_matches(':').trim_start_matches("parsing ");
+            // An unknown key's message lists every key there is: too long for a notification.
+            let reason = reason.map_or("", |r| r.trim());
+            let reason = reason.split_once(", expected one of").map_or(reason, |(r, _)| r);
+            format!("{file}, {at}: {reason}")
+        }
+        None => lines.join("\n"),
+    };
+    ("mlxbar cannot start: the configuration has an error".to_string(), format!("{body}\nFix it and start mlxbar again."))
+}
+
 /// Under the C/POSIX locale WebKitGTK reports `navigator.language` as "C", which is not a
 /// language tag: `Intl` (and so the popover's chart) throws. Desktop sessions set a real
 /// locale; bare ones (ssh, CI, some launchers) do not, so fall back to en_US there.
@@ -87,4 +110,31 @@ pub fn builder<R: tauri::Runtime>(base: tauri::Builder<R>, slot: Arc<ServerSlot>
     #[cfg(feature = "notifications")]
     let base = base.plugin(tauri_plugin_notification::init());
     base.plugin(tauri_plugin_opener::init()).plugin(tauri_plugin_clipboard_manager::init()).plugin(launch_at_login::plugin()).manage(slot)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_config_error_names_the_file_line_and_reason() {
+        let dir = std::env::temp_dir().join(format!("mlxbar-app-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.toml");
+        std::fs::write(&path, "port = 8080\nmax_batch = \"eight\"\n").unwrap();
+        let err = mlxbar::Config::from_file(&path).unwrap_err();
+        let (title, body) = super::config_error_notice(&err);
+        assert!(title.contains("cannot start"), "{title}");
+        let first = body.lines().next().unwrap();
+        assert!(
+            first.starts_with(&format!("{}, line 2, column 13: invalid type: string \"eight\", expected usize", path.display())),
+            "{body}"
+        );
+        assert!(body.ends_with("Fix it and start mlxbar again."), "{body}");
+
+        std::fs::write(&path, "prot = 8080\n").unwrap();
+        let (_, body) = super::config_error_notice(&mlxbar::Config::from_file(&path).unwrap_err());
+        assert!(body.contains("line 1, column 1: unknown field `prot`") && !body.contains("expected one of"), "{body}");
+        let (_, body) = super::config_error_notice(&anyhow::anyhow!("max_batch must be between 1 and 256"));
+        assert!(body.starts_with("max_batch must be between 1 and 256\n"), "{body}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -19,6 +19,20 @@ pub fn show<R: Runtime>(_app: &AppHandle<R>, title: &str, body: &str) {
     tracing::warn!("{title}: {body}");
 }
 
+/// Says why the app cannot start (a broken config.toml) where a menu-bar app's user looks:
+/// a notification that stays until dismissed, sent before tauri runs (the app then exits).
+/// The reason goes to stderr as well, by the caller.
+#[cfg(feature = "notifications")]
+pub fn startup_error(title: &str, body: &str) {
+    let shown = notify_rust::Notification::new().appname("mlxbar").summary(title).body(body).timeout(notify_rust::Timeout::Never).show();
+    if let Err(e) = shown {
+        tracing::warn!("notification not shown: {e}");
+    }
+}
+
+#[cfg(not(feature = "notifications"))]
+pub fn startup_error(_title: &str, _body: &str) {}
+
 /// Shows every notice from `rx` until the server stops.
 pub fn forward<R: Runtime>(app: AppHandle<R>, mut rx: Receiver<Notice>) {
     tauri::async_runtime::spawn(async move {

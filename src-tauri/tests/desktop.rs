@@ -167,6 +167,7 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
     let mut desk = Desktop::start();
 
     let dir = tempfile_dir();
+    config_errors_are_notified(&desk, &bin, &dir, &artifacts);
     let config = dir.join("config.toml");
     // A second model for the Model submenu: another path to the default GGUF (a hard link:
     // the library counts a symlink to the same file once).
@@ -416,6 +417,33 @@ fn models_from_the_menu(desk: &Desktop, base: &str, artifacts: &Path) {
     desk.tray_menu(&keys);
     wait_for("the second model to unload", Duration::from_secs(20), || (state_of(base, SECOND) == "unloaded").then_some(()));
     assert_eq!(state_of(base, &default), "loaded");
+}
+
+/// A config.toml that does not load: the app says why, with the line, in a notification
+/// (a menu-bar app has no terminal), and exits with 2.
+fn config_errors_are_notified(desk: &Desktop, bin: &Path, dir: &Path, artifacts: &Path) {
+    let broken = dir.join("broken.toml");
+    std::fs::write(&broken, "port = 8080\nmax_batch = \"eight\"\n").unwrap();
+    let mut app = desk
+        .command(bin.to_str().unwrap())
+        .args(["--config", broken.to_str().unwrap()])
+        .env("XDG_RUNTIME_DIR", dir)
+        .env("HOME", dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_for("the app to exit on a broken config", Duration::from_secs(20), || app.try_wait().unwrap());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut app.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("line 2"), "{stderr}");
+    let history = wait_for("the config error's notification in dunst", Duration::from_secs(15), || {
+        desk.output("dunstctl", &["history"]).filter(|h| h.contains("the configuration has an error"))
+    });
+    assert!(history.contains("broken.toml, line 2, column 13") && history.contains("expected usize"), "{history}");
+    desk.screenshot("root", &artifacts.join("config-error-notification.png"));
+    desk.output("dunstctl", &["close-all"]);
 }
 
 fn tempfile_dir() -> PathBuf {

@@ -2,7 +2,7 @@
 //! against the server's telemetry, with `for` durations, hysteresis, cooldowns and snoozes.
 //! Notices go to subscribers (the menu-bar app turns them into native notifications; the
 //! headless server logs them); state shows in `/metrics`, the live snapshot and
-//! `/api/alerts`.
+//! `/api/alerts`. Snoozes survive a restart ([`Alerts::persist_in`]).
 pub mod monitor;
 pub mod prometheus;
 pub mod promtool;
@@ -11,7 +11,7 @@ pub mod scenarios;
 pub mod signals;
 pub mod state;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -21,6 +21,8 @@ pub use rules::{Rule, RuleOverride, Severity, Signal};
 use signals::{History, Reading};
 use state::RuleState;
 pub use state::{NoticeKind, Phase};
+
+use crate::state_store::StateStore;
 
 /// A notification to show: an alert started firing or resolved.
 #[derive(Debug, Clone, Serialize)]
@@ -61,6 +63,8 @@ pub struct Alerts {
     rules: Vec<Rule>,
     inner: Mutex<Inner>,
     notices: broadcast::Sender<Notice>,
+    /// Where snoozes are saved, once [`Alerts::persist_in`] set it.
+    store: OnceLock<Arc<StateStore>>,
 }
 
 struct Inner {
@@ -72,7 +76,31 @@ impl Alerts {
     pub fn new(rules: Vec<Rule>) -> Arc<Alerts> {
         let now = Instant::now();
         let states = rules.iter().map(|_| RuleState::new(now)).collect();
-        Arc::new(Alerts { rules, inner: Mutex::new(Inner { states, history: History::default() }), notices: broadcast::channel(64).0 })
+        Arc::new(Alerts {
+            rules,
+            inner: Mutex::new(Inner { states, history: History::default() }),
+            notices: broadcast::channel(64).0,
+            store: OnceLock::new(),
+        })
+    }
+
+    /// Restores the snoozes `store` holds (still running ones, of rules that exist; the
+    /// rest are dropped from it) and saves every snooze from now on.
+    pub fn persist_in(&self, store: Arc<StateStore>) {
+        let (now, unix) = (Instant::now(), unix_now());
+        let saved = store.get().snoozes;
+        {
+            let mut inner = self.inner.lock().unwrap();
+            for (id, &until) in &saved {
+                match self.rules.iter().position(|r| r.id == *id) {
+                    Some(i) if until > unix => inner.states[i].snooze(now, Duration::from_secs(until - unix).min(MAX_SNOOZE)),
+                    Some(_) => {}
+                    None => tracing::info!("dropping the saved snooze of alert {id}: no such alert any more"),
+                }
+            }
+        }
+        store.update(|p| p.snoozes.retain(|id, until| *until > unix && self.rules.iter().any(|r| r.id == *id)));
+        let _ = self.store.set(store);
     }
 
     pub fn rules(&self) -> &[Rule] {
@@ -127,8 +155,24 @@ impl Alerts {
             Some(d) => st.snooze(now, d.min(MAX_SNOOZE)),
             None => st.unsnooze(),
         }
-        Some(view(&self.rules[i], st, now))
+        let shown = view(&self.rules[i], st, now);
+        drop(inner);
+        if let Some(store) = self.store.get() {
+            let unix = unix_now();
+            store.update(|p| {
+                p.snoozes.retain(|_, until| *until > unix);
+                match shown.snoozed_until_unix {
+                    Some(until) => p.snoozes.insert(id.to_string(), until),
+                    None => p.snoozes.remove(id),
+                };
+            });
+        }
+        Some(shown)
     }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn notice(rule: &Rule, kind: NoticeKind, value: Option<f64>) -> Notice {
@@ -189,5 +233,29 @@ mod tests {
         assert!(v.snoozed_until_unix.unwrap() > SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 590);
         assert!(alerts.snooze("nope", None).is_none());
         assert!(!alerts.snooze("queue_backlog", None).unwrap().snoozed);
+    }
+
+    #[test]
+    fn snoozes_are_saved_and_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let alerts = Alerts::new(rules::defaults());
+        alerts.persist_in(StateStore::open(dir.path()));
+        let until = alerts.snooze("queue_backlog", Some(Duration::from_secs(600))).unwrap().snoozed_until_unix.unwrap();
+        alerts.snooze("engine_stalled", Some(Duration::from_secs(60)));
+        alerts.snooze("engine_stalled", None);
+
+        let store = StateStore::open(dir.path());
+        store.update(|p| {
+            p.snoozes.insert("gone_rule".into(), until);
+            p.snoozes.insert("swap_growing".into(), 1);
+        });
+        let restarted = Alerts::new(rules::defaults());
+        restarted.persist_in(store.clone());
+        let view = restarted.view();
+        let q = view.iter().find(|a| a.id == "queue_backlog").unwrap();
+        assert!(q.snoozed, "{q:?}");
+        assert!(q.snoozed_until_unix.unwrap().abs_diff(until) <= 1);
+        assert!(view.iter().filter(|a| a.id != "queue_backlog").all(|a| !a.snoozed), "lifted, expired and unknown ones are not");
+        assert_eq!(store.get().snoozes.keys().collect::<Vec<_>>(), ["queue_backlog"], "the rest are dropped from the file");
     }
 }

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{middleware, Extension, Router};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
@@ -68,6 +68,7 @@ pub fn router(state: AppState) -> Router {
         .merge(generation)
         .route("/v1/models", get(models::list_models))
         .route("/api/models", get(models::library))
+        .route("/api/models/refresh", post(models::refresh))
         .route("/api/models/{*rest}", post(models::action))
         .route("/health", get(health::health))
         .route("/metrics", get(metrics::prometheus))
@@ -85,6 +86,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/engine/reload", post(engine::reload))
         .route("/api/models/pull", post(pull::start))
         .route("/api/models/pulls", get(pull::list))
+        .route("/api/models/pulls/{id}", delete(pull::cancel))
         .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/models, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");

@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use super::entry::{ModelEntry, ModelSource};
-use super::inspect;
+use super::inspector::Inspector;
+use super::{files, inspect};
 
 /// `models--org--name` -> `org/name` (`models--gpt2` -> `gpt2`); None for datasets,
 /// spaces and anything else.
@@ -20,7 +21,7 @@ pub fn repo_id(dir_name: &str) -> Option<String> {
 }
 
 /// Every model repo under `root`, sorted by directory name.
-pub fn scan(root: &Path, source: ModelSource) -> Vec<ModelEntry> {
+pub fn scan(root: &Path, source: ModelSource, inspector: &Inspector) -> Vec<ModelEntry> {
     let mut repos: Vec<PathBuf> = std::fs::read_dir(root)
         .into_iter()
         .flatten()
@@ -28,13 +29,13 @@ pub fn scan(root: &Path, source: ModelSource) -> Vec<ModelEntry> {
         .filter(|p| p.is_dir() && p.file_name().and_then(|n| n.to_str()).and_then(repo_id).is_some())
         .collect();
     repos.sort();
-    repos.iter().flat_map(|r| scan_repo(r, source)).collect()
+    repos.iter().flat_map(|r| scan_repo(r, source, inspector)).collect()
 }
 
 /// The snapshot `refs/main` names, else the newest one; with its commit.
 pub fn snapshot(repo: &Path) -> Option<(String, PathBuf)> {
     let snapshots = repo.join("snapshots");
-    if let Ok(rev) = std::fs::read_to_string(repo.join("refs").join("main")) {
+    if let Ok(rev) = files::read_text(&repo.join("refs").join("main")) {
         let rev = rev.trim().to_string();
         let dir = snapshots.join(&rev);
         if !rev.is_empty() && dir.is_dir() {
@@ -51,7 +52,7 @@ pub fn snapshot(repo: &Path) -> Option<(String, PathBuf)> {
 }
 
 /// One repo's entries: its snapshot as a folder, or each .gguf in it.
-pub fn scan_repo(repo: &Path, source: ModelSource) -> Vec<ModelEntry> {
+pub fn scan_repo(repo: &Path, source: ModelSource, inspector: &Inspector) -> Vec<ModelEntry> {
     let Some(id) = repo.file_name().and_then(|n| n.to_str()).and_then(repo_id) else { return vec![] };
     let downloading = has_incomplete_blob(repo);
     let Some((rev, snap)) = snapshot(repo) else {
@@ -67,7 +68,7 @@ pub fn scan_repo(repo: &Path, source: ModelSource) -> Vec<ModelEntry> {
     };
     let mut entries = Vec::new();
     if snap.join("config.json").exists() {
-        let mut e = inspect::folder(&snap);
+        let mut e = inspector.folder(&snap);
         if let Some(why) = incomplete(&snap, downloading) {
             e.runnable = false;
             e.unsupported_reason = Some(why);
@@ -84,7 +85,7 @@ pub fn scan_repo(repo: &Path, source: ModelSource) -> Vec<ModelEntry> {
         ggufs.sort();
         let several = ggufs.len() > 1;
         for g in ggufs {
-            let mut e = inspect::gguf(&g);
+            let mut e = inspector.gguf(&g);
             if !g.exists() {
                 (e.runnable, e.unsupported_reason) = (false, Some("incomplete download (the .gguf blob is missing)".into()));
             }
@@ -176,9 +177,9 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let repo = root.path().join("models--org--m");
         std::fs::create_dir_all(repo.join("blobs")).unwrap();
-        assert!(scan(root.path(), ModelSource::HubCache).is_empty(), "an empty repo dir is nothing");
+        assert!(scan(root.path(), ModelSource::HubCache, &Inspector::default()).is_empty(), "an empty repo dir is nothing");
         std::fs::write(repo.join("blobs/abc.incomplete"), "x").unwrap();
-        let e = scan(root.path(), ModelSource::HubCache).pop().unwrap();
+        let e = scan(root.path(), ModelSource::HubCache, &Inspector::default()).pop().unwrap();
         assert_eq!((e.id.as_str(), e.format, e.runnable), ("org/m", ModelFormat::Mlx, false));
         assert!(e.unsupported_reason.unwrap().starts_with("incomplete download"));
     }

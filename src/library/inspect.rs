@@ -5,14 +5,21 @@
 //! "Runnable" is decided by the engine's own parsers (`Arch::parse`, `from_hf_config`,
 //! `config_from_header`, the header checks in `validate`), so the library never offers a
 //! model the loader would refuse for a reason visible in its files.
+//!
+//! Every file is opened through [`files`], so a FIFO or socket named like a model file is
+//! refused rather than waited on.
 use std::collections::BTreeMap;
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use crate::engine::model::config::{from_hf_config, Arch, ModelConfig};
 use crate::engine::model::gguf::config_from_header;
 use crate::engine::model::validate::{self, GgufSummary};
 
 use super::entry::{ModelEntry, ModelFormat, ModelSource, Quantization, Shape};
+use super::files;
 
 /// A `.gguf` file or a folder with a `config.json`; None for anything else.
 pub fn inspect(path: &Path) -> Option<ModelEntry> {
@@ -60,8 +67,9 @@ pub fn folder(dir: &Path) -> ModelEntry {
     e.size_bytes = weights.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
     e.chat_template = folder_has_chat_template(dir);
 
-    match std::fs::read_to_string(dir.join("config.json")) {
-        Err(_) => e.refuse("no config.json"),
+    match files::read_text(&dir.join("config.json")) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => e.refuse("no config.json"),
+        Err(err) => e.refuse(format!("config.json: {err}")),
         Ok(text) => read_config(&mut e, &text),
     }
     if weights.is_empty() {
@@ -71,7 +79,7 @@ pub fn folder(dir: &Path) -> ModelEntry {
         e.refuse(format!("missing weight shard {missing} (listed in model.safetensors.index.json)"));
     }
     for f in &weights {
-        if let Err(err) = validate::safetensors_file(f) {
+        if let Err(err) = check_safetensors(f) {
             e.refuse(format!("{err:#}"));
         }
     }
@@ -79,6 +87,18 @@ pub fn folder(dir: &Path) -> ModelEntry {
         e.refuse("no tokenizer.json");
     }
     e
+}
+
+/// `validate::safetensors_file`, opened without blocking.
+fn check_safetensors(file: &Path) -> anyhow::Result<validate::SafetensorsSummary> {
+    let (reader, len) = open_model_file(file)?;
+    validate::safetensors(reader, len).with_context(|| file.display().to_string())
+}
+
+fn open_model_file(file: &Path) -> anyhow::Result<(BufReader<std::fs::File>, u64)> {
+    let f = files::open_regular(file).with_context(|| format!("cannot open model file {}", file.display()))?;
+    let len = f.metadata().with_context(|| format!("cannot stat {}", file.display()))?.len();
+    Ok((BufReader::with_capacity(1 << 16, f), len))
 }
 
 fn read_config(e: &mut ModelEntry, text: &str) {
@@ -164,7 +184,7 @@ pub fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
 
 /// Shards `model.safetensors.index.json` names that are not in `dir`.
 pub fn missing_shards(dir: &Path) -> Vec<String> {
-    let Ok(text) = std::fs::read_to_string(dir.join("model.safetensors.index.json")) else { return vec![] };
+    let Ok(text) = files::read_text(&dir.join("model.safetensors.index.json")) else { return vec![] };
     let Ok(index) = serde_json::from_str::<serde_json::Value>(&text) else { return vec![] };
     let mut shards: Vec<String> = index
         .get("weight_map")
@@ -182,7 +202,7 @@ pub fn missing_shards(dir: &Path) -> Vec<String> {
 /// What the loader's tokenizer reads: `chat_template` in tokenizer_config.json, else
 /// chat_template.jinja.
 fn folder_has_chat_template(dir: &Path) -> bool {
-    let in_config = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+    let in_config = files::read_text(&dir.join("tokenizer_config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .is_some_and(|tc| tc.get("chat_template").is_some_and(|t| t.is_string() || t.is_array()));
@@ -193,13 +213,14 @@ fn folder_has_chat_template(dir: &Path) -> bool {
 pub fn gguf(file: &Path) -> ModelEntry {
     let mut e = blank(name_of(file, true), file, ModelFormat::Gguf);
     e.size_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let header = match validate::gguf_file(file) {
-        Ok(h) => h,
-        Err(err) => {
-            e.refuse(format!("{err:#}"));
-            return e;
-        }
-    };
+    let header =
+        match open_model_file(file).and_then(|(reader, len)| validate::gguf(reader, len).with_context(|| file.display().to_string())) {
+            Ok(h) => h,
+            Err(err) => {
+                e.refuse(format!("{err:#}"));
+                return e;
+            }
+        };
     e.architecture = header.string("general.architecture").map(str::to_string);
     e.parameters = Some(header.tensor_infos.iter().map(|t| t.dims.iter().product::<u64>()).sum());
     e.quantization = gguf_quantization(&header);

@@ -2,7 +2,11 @@
 //! (`models--org--name/{blobs/<etag>, snapshots/<commit>/<file> -> ../../blobs/<etag>, refs/<revision>}`),
 //! so huggingface_hub, mlx-lm and mlxbar's library all see the same files. Only what a model
 //! needs is fetched (see `select`), partial blobs (`<etag>.incomplete`) resume with `Range`,
-//! the free disk is checked before the first byte, and everything is written user-only.
+//! the free disk is checked (and reserved, see `disk`) before the first byte, everything is
+//! written user-only, and a cancel takes effect at once (a stalled hub included), leaving
+//! the partial blob to resume. `HF_TOKEN` never goes in clear over the network: over plain
+//! http it is sent only to a loopback host (a local mirror), unless
+//! `MLXBAR_HF_TOKEN_OVER_HTTP=1` says to (both with a warning in the pull's progress).
 //!
 //! Why reqwest against the hub's documented file API rather than the `hf-hub` crate (1.0.0,
 //! read for this): its downloader recreates the `.incomplete` blob on every attempt
@@ -29,8 +33,10 @@ use anyhow::{Context, Result};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+#[cfg(feature = "test-hooks")]
+pub use disk::pretend_free_space;
 pub use disk::{check_space, free_space, DISK_HEADROOM};
-pub use jobs::{PullError, Pulls};
+pub use jobs::{CancelError, PullError, Pulls};
 pub use layout::{hub_cache_dir, repo_dir};
 pub use select::{check_file_name, check_repo_id, check_revision, select_files};
 
@@ -49,6 +55,8 @@ pub struct PullOptions {
     pub endpoint: String,
     /// `HF_TOKEN` (or the token file `huggingface-cli login` writes), sent as a Bearer token.
     pub token: Option<String>,
+    /// `MLXBAR_HF_TOKEN_OVER_HTTP=1`: send the token to a plain-http endpoint beyond loopback.
+    pub token_over_http: bool,
 }
 
 impl std::fmt::Debug for PullOptions {
@@ -61,11 +69,15 @@ impl std::fmt::Debug for PullOptions {
             .field("cache_dir", &self.cache_dir)
             .field("endpoint", &self.endpoint)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("token_over_http", &self.token_over_http)
             .finish()
     }
 }
 
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
+/// The opt-in to sending `HF_TOKEN` over plain http beyond loopback.
+pub const TOKEN_OVER_HTTP: &str = "MLXBAR_HF_TOKEN_OVER_HTTP";
 
 impl PullOptions {
     pub fn from_env(repo: &str) -> PullOptions {
@@ -76,6 +88,7 @@ impl PullOptions {
             cache_dir: layout::hub_cache_dir(),
             endpoint: endpoint_from_env(),
             token: token_from_env(),
+            token_over_http: non_empty_env(TOKEN_OVER_HTTP).is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true")),
         }
     }
 }
@@ -109,6 +122,9 @@ pub enum PullState {
 /// Where a pull is: the CLI's bar, `GET /api/models/pulls` and the live stream show this.
 #[derive(Serialize, JsonSchema, Clone, Debug)]
 pub struct PullProgress {
+    /// The server's name for this pull (`DELETE /api/models/pulls/{id}` cancels it); None
+    /// for a pull of the CLI.
+    pub id: Option<String>,
     pub repo: String,
     /// The file being fetched now.
     pub file: Option<String>,
@@ -122,11 +138,14 @@ pub struct PullProgress {
     pub error: Option<String>,
     /// The snapshot directory, when done.
     pub path: Option<PathBuf>,
+    /// What the user should know (HF_TOKEN and plain http).
+    pub warnings: Vec<String>,
 }
 
 impl PullProgress {
     pub fn new(repo: &str) -> PullProgress {
         PullProgress {
+            id: None,
             repo: repo.to_string(),
             file: None,
             bytes_done: 0,
@@ -136,6 +155,7 @@ impl PullProgress {
             state: PullState::Running,
             error: None,
             path: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -146,14 +166,21 @@ impl PullProgress {
 pub struct Cancelled;
 
 /// Downloads `opts.repo` into `opts.cache_dir`; blocking (it runs its own small runtime, so
-/// call it from a thread or `spawn_blocking`). Returns the snapshot directory.
+/// call it from a thread or `spawn_blocking`). Returns the snapshot directory. Setting
+/// `cancel` ends it within [`CANCEL_POLL`], whatever it waits on.
 pub fn pull(opts: &PullOptions, progress: &dyn Fn(&PullProgress), cancel: &AtomicBool) -> Result<PathBuf> {
     let mut tracker = Tracker::new(&opts.repo, progress);
-    let result = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the download runtime")
-        .and_then(|rt| rt.block_on(run(opts, &mut tracker, cancel)));
+    let result =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the download runtime").and_then(|rt| {
+            rt.block_on(async {
+                // Dropping `run` mid-download is safe: every chunk is written whole before the
+                // next await, so the partial blob holds a prefix of the file.
+                tokio::select! {
+                    result = run(opts, &mut tracker) => result,
+                    () = cancelled(cancel) => Err(Cancelled.into()),
+                }
+            })
+        });
     match &result {
         Ok(path) => {
             tracker.p.state = PullState::Done;
@@ -170,6 +197,15 @@ pub fn pull(opts: &PullOptions, progress: &dyn Fn(&PullProgress), cancel: &Atomi
     result
 }
 
+/// How often a pull looks at its cancel flag.
+pub const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+async fn cancelled(cancel: &AtomicBool) {
+    while !cancel.load(std::sync::atomic::Ordering::Relaxed) {
+        tokio::time::sleep(CANCEL_POLL).await;
+    }
+}
+
 /// One file the hub will serve: its blob name and size.
 #[derive(Clone, Debug)]
 struct Remote {
@@ -178,14 +214,19 @@ struct Remote {
     size: u64,
 }
 
-async fn run(opts: &PullOptions, tracker: &mut Tracker<'_>, cancel: &AtomicBool) -> Result<PathBuf> {
+async fn run(opts: &PullOptions, tracker: &mut Tracker<'_>) -> Result<PathBuf> {
     select::check_repo_id(&opts.repo)?;
     let revision = opts.revision.as_deref().map(str::trim).filter(|r| !r.is_empty()).unwrap_or("main");
     select::check_revision(revision)?;
     if let Some(file) = &opts.gguf_file {
         select::check_file_name(file)?;
     }
-    let hub = download::Hub::new(&opts.endpoint, opts.token.clone())?;
+    let (hub, warning) = download::Hub::new(&opts.endpoint, opts.token.clone(), opts.token_over_http)?;
+    if let Some(warning) = warning {
+        tracing::warn!("pull of {}: {warning}", opts.repo);
+        tracker.p.warnings.push(warning);
+        tracker.emit(true);
+    }
     let info = hub.model_info(&opts.repo, revision).await?;
     let files = select::select_files(&info.files, opts.gguf_file.as_deref()).map_err(|e| anyhow::anyhow!("{}: {e}", opts.repo))?;
 
@@ -194,9 +235,6 @@ async fn run(opts: &PullOptions, tracker: &mut Tracker<'_>, cancel: &AtomicBool)
     let mut remotes = Vec::with_capacity(files.len());
     let mut commit = info.sha.clone();
     for file in &files {
-        if cancel.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Cancelled.into());
-        }
         let head = hub.head(&opts.repo, &commit_hint, revision, file).await?;
         commit = commit.or(head.commit);
         remotes.push(Remote { file: file.clone(), etag: head.etag, size: head.size });
@@ -211,10 +249,9 @@ async fn run(opts: &PullOptions, tracker: &mut Tracker<'_>, cancel: &AtomicBool)
     tracker.p.files_total = remotes.len();
     tracker.p.bytes_done = on_disk;
     tracker.emit(true);
-    if let Some(free) = disk::free_space(&opts.cache_dir) {
-        disk::check_space(total.saturating_sub(on_disk), free)
-            .map_err(|e| anyhow::anyhow!("{}: {e} (in {})", opts.repo, opts.cache_dir.display()))?;
-    }
+    let needed = total.saturating_sub(on_disk);
+    let reservation =
+        disk::reserve(&opts.cache_dir, needed).map_err(|e| anyhow::anyhow!("{}: {e} (in {})", opts.repo, opts.cache_dir.display()))?;
 
     crate::private_fs::create_dir_all(&repo_dir.join("blobs"))?;
     for remote in &remotes {
@@ -227,9 +264,10 @@ async fn run(opts: &PullOptions, tracker: &mut Tracker<'_>, cancel: &AtomicBool)
             let before = tracker.p.bytes_done - already;
             let mut on_bytes = |have: u64| {
                 tracker.p.bytes_done = before + have;
+                reservation.set_remaining(total.saturating_sub(tracker.p.bytes_done));
                 tracker.emit(false);
             };
-            download::fetch_blob(&hub, url, &blob, remote, revision, &opts.repo, &mut on_bytes, cancel).await?;
+            download::fetch_blob(&hub, url, &blob, remote, revision, &opts.repo, &mut on_bytes).await?;
         }
         layout::link(&repo_dir, &commit, &remote.file, &remote.etag)?;
         tracker.p.files_done += 1;

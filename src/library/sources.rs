@@ -6,7 +6,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::entry::{ModelEntry, ModelSource};
-use super::{hub_cache, inspect};
+use super::inspector::Inspector;
+use super::{files, hub_cache, inspect};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Sources {
@@ -84,24 +85,24 @@ fn hub_cache_dir_from(var: &dyn Fn(&str) -> Option<OsString>, home: &Path) -> Pa
 
 /// Every model the sources hold, each once (by canonical path), with unique ids: the
 /// first source keeps the plain id; later ones get `@source`, then a path hash.
-pub fn scan(sources: &Sources) -> Vec<ModelEntry> {
+pub fn scan(sources: &Sources, inspector: &Inspector) -> Vec<ModelEntry> {
     let mut found = Vec::new();
     for p in &sources.paths {
-        match inspect::inspect(p) {
+        match inspector.inspect(p) {
             Some(e) => found.push(e),
-            None if p.is_dir() => found.extend(scan_tree(p, ModelSource::Path)),
+            None if p.is_dir() => found.extend(scan_tree(p, ModelSource::Path, inspector)),
             None => tracing::warn!("--model {}: neither a .gguf file nor a model folder", p.display()),
         }
     }
-    found.extend(scan_tree(&sources.mlxbar_models, ModelSource::Mlxbar));
+    found.extend(scan_tree(&sources.mlxbar_models, ModelSource::Mlxbar, inspector));
     for d in &sources.models_dirs {
-        found.extend(scan_tree(d, ModelSource::ModelsDir));
+        found.extend(scan_tree(d, ModelSource::ModelsDir, inspector));
     }
     for d in &sources.hub_caches {
-        found.extend(hub_cache::scan(d, ModelSource::HubCache));
+        found.extend(hub_cache::scan(d, ModelSource::HubCache, inspector));
     }
     for d in &sources.lmstudio {
-        found.extend(scan_tree(d, ModelSource::LmStudio));
+        found.extend(scan_tree(d, ModelSource::LmStudio, inspector));
     }
     unique(found)
 }
@@ -133,18 +134,19 @@ fn path_hash(p: &Path) -> u32 {
 }
 
 /// A directory walked for model folders (a `config.json` ends the descent), .gguf files
-/// and hub-cache repos, to [`MAX_DEPTH`]; hidden entries skipped.
-pub fn scan_tree(root: &Path, source: ModelSource) -> Vec<ModelEntry> {
+/// and hub-cache repos, to [`MAX_DEPTH`]; hidden entries, and what is neither a directory
+/// nor a regular file (a FIFO, a socket), skipped.
+pub fn scan_tree(root: &Path, source: ModelSource, inspector: &Inspector) -> Vec<ModelEntry> {
     let mut out = Vec::new();
-    walk(root, source, 0, &mut out);
+    walk(root, source, 0, &mut out, inspector);
     for e in &mut out {
         e.source = source;
     }
     out
 }
 
-fn walk(dir: &Path, source: ModelSource, depth: usize, out: &mut Vec<ModelEntry>) {
-    if let Some(e) = inspect::inspect(dir) {
+fn walk(dir: &Path, source: ModelSource, depth: usize, out: &mut Vec<ModelEntry>, inspector: &Inspector) {
+    if let Some(e) = inspector.inspect(dir) {
         return out.push(e);
     }
     if depth >= MAX_DEPTH {
@@ -161,11 +163,11 @@ fn walk(dir: &Path, source: ModelSource, depth: usize, out: &mut Vec<ModelEntry>
     for c in children {
         let name = c.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         if c.is_dir() && hub_cache::repo_id(name).is_some() {
-            out.extend(hub_cache::scan_repo(&c, source));
+            out.extend(hub_cache::scan_repo(&c, source, inspector));
         } else if c.is_dir() {
-            walk(&c, source, depth + 1, out);
-        } else if inspect::is_gguf(&c) && !hub_cache::is_projector(&c) {
-            out.push(inspect::gguf(&c));
+            walk(&c, source, depth + 1, out, inspector);
+        } else if inspect::is_gguf(&c) && !hub_cache::is_projector(&c) && !files::is_special(&c) {
+            out.push(inspector.gguf(&c));
         }
     }
 }

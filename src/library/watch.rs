@@ -1,7 +1,9 @@
 //! Keeps the library current: a `notify` watch on every source (recursive where it
 //! exists, on the nearest existing parent where it does not yet), events debounced into
 //! one rescan. A source that appears later (LM Studio installed, the first hub download)
-//! gets its own watch on the next rescan.
+//! gets its own watch on the next rescan. The rescan is asked for, not waited on: this
+//! thread never blocks on a folder that does not answer. Writes into a download's
+//! `.incomplete` blob are not changes (a pull writes thousands of chunks).
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
@@ -10,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use notify::event::{AccessKind, AccessMode};
+use notify::event::{AccessKind, AccessMode, ModifyKind};
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 
 use super::Library;
@@ -60,7 +62,7 @@ impl Watcher {
             let Some(lib) = lib.upgrade() else { return };
             // Watch what appeared first, then scan: nothing falls between the two.
             sync_watches(&mut inner, &roots, &mut watched);
-            lib.refresh();
+            lib.request_refresh();
         })?;
         Ok(Watcher { tx, thread: Some(thread) })
     }
@@ -103,15 +105,23 @@ fn sync_watches(inner: &mut RecommendedWatcher, roots: &[PathBuf], watched: &mut
 }
 
 /// A change that can change the library: not a read (scanning opens files), not lock
-/// files, and on or toward a source (an ancestor watch sees its siblings too).
+/// files, not bytes landing in a download's `.incomplete` blob (its creation, removal
+/// and rename into place are changes), and on or toward a source (an ancestor watch sees
+/// its siblings too).
 fn relevant(ev: &notify::Result<Event>, roots: &[PathBuf]) -> bool {
     let Ok(ev) = ev else { return true };
-    if let EventKind::Access(kind) = ev.kind {
-        if kind != AccessKind::Close(AccessMode::Write) {
-            return false;
-        }
-    }
-    ev.paths.iter().any(|p| !is_lock(p) && roots.iter().any(|r| p.starts_with(r) || r.starts_with(p)))
+    let write = match ev.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => return false,
+        EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any | ModifyKind::Metadata(_)) => true,
+        _ => false,
+    };
+    ev.paths.iter().any(|p| !is_lock(p) && !(write && is_partial(p)) && roots.iter().any(|r| p.starts_with(r) || r.starts_with(p)))
+}
+
+/// A blob still downloading (`blobs/<etag>.incomplete`).
+fn is_partial(p: &Path) -> bool {
+    p.extension().is_some_and(|x| x == "incomplete")
 }
 
 /// huggingface_hub's `.locks/` beside the repos.
@@ -122,7 +132,7 @@ fn is_lock(p: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notify::event::{CreateKind, ModifyKind};
+    use notify::event::{CreateKind, DataChange, RenameMode};
 
     #[test]
     fn reads_and_unrelated_paths_are_not_changes() {
@@ -134,5 +144,20 @@ mod tests {
         assert!(!relevant(&ev(EventKind::Access(AccessKind::Open(AccessMode::Any)), "/hub/models--a--b/x"), &roots));
         assert!(relevant(&ev(EventKind::Access(AccessKind::Close(AccessMode::Write)), "/hub/models--a--b/x"), &roots));
         assert!(!relevant(&ev(EventKind::Create(CreateKind::File), "/hub/.locks/models--a--b/x.lock"), &roots));
+        // A download's chunks are not changes; its start and its end are.
+        let partial = "/hub/models--a--b/blobs/abc.incomplete";
+        for write in [
+            EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            EventKind::Modify(ModifyKind::Any),
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+        ] {
+            assert!(!relevant(&ev(write, partial), &roots), "{write:?}");
+        }
+        assert!(relevant(&ev(EventKind::Create(CreateKind::File), partial), &roots));
+        assert!(relevant(&ev(EventKind::Modify(ModifyKind::Data(DataChange::Any)), "/hub/models--a--b/blobs/abc"), &roots));
+        let renamed = Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::Both)))
+            .add_path(PathBuf::from(partial))
+            .add_path(PathBuf::from("/hub/models--a--b/blobs/abc"));
+        assert!(relevant(&Ok(renamed), &roots), "the blob moved into place");
     }
 }

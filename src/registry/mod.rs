@@ -6,7 +6,8 @@
 //! budget may unload idle models to make room, or refuse with the two figures); loading, the
 //! request waits for it. Loads and unloads take one lock, so an unload always completes (and
 //! MLX's cache is cleared) before a load starts, and two loads never run at once. A reaper
-//! unloads models idle past their keep-alive.
+//! unloads models idle past their keep-alive. Pins and keep-alives set through the API are
+//! saved in the data dir's state file and restored on start ([`crate::state_store`]).
 pub mod budget;
 pub mod keep_alive;
 mod lease;
@@ -28,6 +29,7 @@ use crate::engine::stats::MaskSeconds;
 use crate::engine::{AdmissionGate, DeviceKind, DeviceLock, Engine, EngineOptions, LoadState, StatsView};
 use crate::library::{Library, ModelEntry};
 use crate::metrics::Metrics;
+use crate::state_store::StateStore;
 use crate::telemetry::Telemetry;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -52,6 +54,9 @@ pub enum ModelError {
     #[error("{0}")]
     Busy(String),
 }
+
+/// How long a request naming an unknown model waits for the rescan that may find it.
+pub const UNKNOWN_NAME_SCAN_WAIT: Duration = Duration::from_secs(5);
 
 /// What a [`Models`] is built from besides the config.
 pub struct Parts {
@@ -79,6 +84,10 @@ pub struct Models {
     default: ModelEntry,
     slots: Mutex<BTreeMap<String, Slot>>,
     pinned: Mutex<BTreeSet<String>>,
+    /// Keep-alives set through the API, by id: each model's own instead of the config's.
+    keep_alive: Mutex<BTreeMap<String, KeepAlive>>,
+    /// Where pins and keep-alives set through the API are saved.
+    state: Arc<StateStore>,
     /// The last refused load's reason, by id, until a load succeeds.
     refused: Mutex<BTreeMap<String, String>>,
     /// Held by every load and unload; each of them is bounded (`load_timeout_seconds`,
@@ -100,7 +109,7 @@ pub struct Models {
     stopping: AtomicBool,
     runtime: tokio::runtime::Handle,
     /// When an unknown name last made the library rescan.
-    rescanned: Mutex<Instant>,
+    rescanned: Mutex<Option<Instant>>,
     /// Numbers slots, so a lease on an engine since replaced is told apart.
     generations: std::sync::atomic::AtomicU64,
     /// The default model's first load has not ended yet (`/health`: loading).
@@ -113,9 +122,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Models {
-    /// Sets MLX's limits and starts the reaper; loads nothing yet (see [`Models::load`]).
-    /// Call from within a tokio runtime.
+    /// Sets MLX's limits, restores the saved pins and keep-alives (of models that still
+    /// exist) and starts the reaper; loads nothing yet (see [`Models::load`]). Call from
+    /// within a tokio runtime.
     pub fn new(config: Arc<Config>, parts: Parts) -> Arc<Models> {
+        let state = StateStore::open(&config.data_dir());
+        let (pinned, keep_alive) = restore(&state, &config, &parts);
         let total =
             parts.telemetry.latest().memory.as_ref().map(|m| m.total).or_else(|| crate::telemetry::memory::read().ok().map(|m| m.total));
         let budget = Budget::install(&config, total.unwrap_or(0), Some(&parts.default));
@@ -126,7 +138,9 @@ impl Models {
             library: parts.library,
             default: parts.default,
             slots: Mutex::default(),
-            pinned: Mutex::new(config.pinned.iter().cloned().collect()),
+            pinned: Mutex::new(pinned),
+            keep_alive: Mutex::new(keep_alive),
+            state,
             refused: Mutex::default(),
             lifecycle: Arc::new(tokio::sync::Mutex::new(())),
             abandoned: Mutex::default(),
@@ -140,7 +154,7 @@ impl Models {
             retired: Mutex::default(),
             stopping: AtomicBool::new(false),
             runtime: tokio::runtime::Handle::current(),
-            rescanned: Mutex::new(Instant::now()),
+            rescanned: Mutex::new(None),
             generations: Default::default(),
             default_pending: AtomicBool::new(true),
             device_lock: Default::default(),
@@ -166,8 +180,18 @@ impl Models {
         &self.budget
     }
 
+    /// What survives a restart (the alerts save their snoozes here too).
+    pub fn state_store(&self) -> &Arc<StateStore> {
+        &self.state
+    }
+
+    /// `id`'s keep-alive when a request names none: the one set through the API, else the config's.
+    fn keep_alive_of(&self, id: &str) -> KeepAlive {
+        lock(&self.keep_alive).get(id).copied().unwrap_or(self.config.keep_alive)
+    }
+
     /// The id a request's `model` names: absent or "default" is the default model, then
-    /// the config's aliases, then library ids.
+    /// the config's aliases, then library ids (as last scanned: see [`Models::find`]).
     pub fn resolve(&self, requested: Option<&str>) -> Result<String, ModelError> {
         let name = match requested.map(str::trim) {
             None | Some("") | Some("default") => return Ok(self.default.id.clone()),
@@ -177,23 +201,33 @@ impl Models {
         if name == self.default.id || lock(&self.slots).contains_key(name) || self.library.get(name).is_some() {
             return Ok(name.to_string());
         }
-        // A model that appeared since the last scan (the watcher may lag); at most one
-        // rescan a second, however many unknown names arrive.
-        let stale = {
+        Err(ModelError::NotFound(name.to_string()))
+    }
+
+    /// [`Models::resolve`], and for a name not found, a rescan first: a model copied into
+    /// a models folder a moment ago is found even if the watcher has not caught up. The
+    /// scan runs on the library's thread (never on this runtime), shared by every request
+    /// that asks meanwhile; at most one is asked for a second (later unknown names wait for
+    /// the one running), and none is waited on longer than [`UNKNOWN_NAME_SCAN_WAIT`].
+    pub async fn find(&self, requested: Option<&str>) -> Result<String, ModelError> {
+        match self.resolve(requested) {
+            Err(ModelError::NotFound(_)) => {}
+            found => return found,
+        }
+        let due = {
             let mut last = lock(&self.rescanned);
-            let stale = last.elapsed() >= Duration::from_secs(1);
-            if stale {
-                *last = Instant::now();
+            let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+            if due {
+                *last = Some(Instant::now());
             }
-            stale
+            due
         };
-        if stale {
-            self.library.refresh();
+        if due {
+            self.library.refresh_async(UNKNOWN_NAME_SCAN_WAIT).await;
+        } else {
+            self.library.settled(UNKNOWN_NAME_SCAN_WAIT).await;
         }
-        match self.library.get(name) {
-            Some(_) => Ok(name.to_string()),
-            None => Err(ModelError::NotFound(name.to_string())),
-        }
+        self.resolve(requested)
     }
 
     fn entry(&self, id: &str) -> Result<ModelEntry, ModelError> {
@@ -205,7 +239,7 @@ impl Models {
 
     /// A lease on the model `requested` names, loading it first if need be.
     pub async fn acquire(self: &Arc<Self>, requested: Option<&str>, keep_alive: Option<KeepAlive>) -> Result<Lease, ModelError> {
-        let id = self.resolve(requested)?;
+        let id = self.find(requested).await?;
         loop {
             if let Some(lease) = self.try_lease(&id, keep_alive)? {
                 return Ok(lease);
@@ -254,8 +288,8 @@ impl Models {
             let Some(slot) = slots.get_mut(id).filter(|s| s.generation == generation) else { return };
             slot.active = slot.active.saturating_sub(1);
             slot.touch();
-            // As Ollama does: each request's keep-alive, else the configured one.
-            slot.keep_alive = keep_alive.unwrap_or(self.config.keep_alive);
+            // As Ollama does: each request's keep-alive, else the model's (API) or the configured one.
+            slot.keep_alive = keep_alive.unwrap_or_else(|| self.keep_alive_of(id));
             slot.active == 0 && slot.keep_alive.is_zero()
         };
         if unload_now {
@@ -271,7 +305,7 @@ impl Models {
     /// Loads `id` (an id or alias) unless it is loaded; waits while another load runs.
     /// A failed model is loaded afresh.
     pub async fn load(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
-        let id = self.resolve(Some(requested))?;
+        let id = self.find(Some(requested)).await?;
         let models = self.clone();
         self.detached(async move { models.load_now(id).await }).await
     }
@@ -343,7 +377,7 @@ impl Models {
         self.device_lock.abandon();
         lock(&self.abandoned).push((id.to_string(), engine, reason.clone()));
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        lock(&self.slots).insert(id.into(), Slot::new(Phase::Failed { reason }, self.config.keep_alive, generation));
+        lock(&self.slots).insert(id.into(), Slot::new(Phase::Failed { reason }, self.keep_alive_of(id), generation));
         if id == self.default.id {
             self.default_pending.store(false, Ordering::Relaxed);
         }
@@ -430,7 +464,7 @@ impl Models {
             Err(e) => return Err(self.failed(id, format!("starting the engine: {e:#}"))),
         };
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        lock(&self.slots).insert(id.into(), Slot::new(Phase::Loading(engine.clone()), self.config.keep_alive, generation));
+        lock(&self.slots).insert(id.into(), Slot::new(Phase::Loading(engine.clone()), self.keep_alive_of(id), generation));
         self.changed.notify_waiters();
         let started = Instant::now();
         let timeout = Duration::from_secs_f64(self.config.load_timeout_seconds);
@@ -474,7 +508,7 @@ impl Models {
 
     fn failed(&self, id: &str, reason: String) -> ModelError {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        lock(&self.slots).insert(id.into(), Slot::new(Phase::Failed { reason: reason.clone() }, self.config.keep_alive, generation));
+        lock(&self.slots).insert(id.into(), Slot::new(Phase::Failed { reason: reason.clone() }, self.keep_alive_of(id), generation));
         if id == self.default.id {
             self.default_pending.store(false, Ordering::Relaxed);
         }
@@ -589,29 +623,37 @@ impl Models {
         lock(&self.slots).get(id).map_or(0, |s| s.active)
     }
 
-    /// Pins `id` (kept loaded through idle time and LRU) or unpins it.
+    /// Pins `id` (kept loaded through idle time and LRU) or unpins it; saved.
     pub fn set_pinned(&self, requested: &str, pinned: bool) -> Result<(), ModelError> {
         let id = self.resolve(Some(requested))?;
-        let mut set = lock(&self.pinned);
-        if pinned {
-            set.insert(id);
-        } else {
-            set.remove(&id);
+        {
+            let mut set = lock(&self.pinned);
+            if pinned {
+                set.insert(id.clone());
+            } else {
+                set.remove(&id);
+            }
         }
+        self.state.update(|p| {
+            p.pins.insert(id, pinned);
+        });
         self.changed.notify_waiters();
         Ok(())
     }
 
-    /// Sets how long `id` stays loaded once idle (until a request says otherwise).
+    /// Sets how long the loaded `id` stays loaded once idle: its keep-alive from now on
+    /// (saved) when a request names none.
     pub fn set_keep_alive(&self, requested: &str, keep_alive: KeepAlive) -> Result<(), ModelError> {
         let id = self.resolve(Some(requested))?;
         match lock(&self.slots).get_mut(&id) {
-            Some(slot) => {
-                slot.keep_alive = keep_alive;
-                Ok(())
-            }
-            None => Err(ModelError::NotLoaded(id)),
+            Some(slot) => slot.keep_alive = keep_alive,
+            None => return Err(ModelError::NotLoaded(id)),
         }
+        lock(&self.keep_alive).insert(id.clone(), keep_alive);
+        self.state.update(|p| {
+            p.keep_alive.insert(id, keep_alive);
+        });
+        Ok(())
     }
 
     /// Every 1 s: unloads models idle past their keep-alive (pinned ones stay).
@@ -791,6 +833,7 @@ impl Models {
             .then(|| self.budget.need(&entry, self.config.weight_format.resolve(on_gpu, entry.quantization_pair()), on_gpu).least());
         // Lock order everywhere: pinned, refused, then slots.
         let pinned = lock(&self.pinned).contains(&id);
+        let keep_alive = self.keep_alive_of(&id);
         let refused = lock(&self.refused).get(&id).cloned();
         let slots = lock(&self.slots);
         let slot = slots.get(&id);
@@ -811,7 +854,7 @@ impl Models {
             estimate_bytes: need,
             idle_seconds: slot.filter(|s| loaded && s.idle()).map(|s| s.last_used.elapsed().as_secs_f64()),
             last_used_unix: slot.map(|s| s.last_used_unix),
-            keep_alive_seconds: match slot.map_or(self.config.keep_alive, |s| s.keep_alive) {
+            keep_alive_seconds: match slot.map_or(keep_alive, |s| s.keep_alive) {
                 KeepAlive::For(d) => Some(d.as_secs_f64()),
                 KeepAlive::Forever => None,
             },
@@ -840,6 +883,36 @@ impl Models {
         });
         self.changed.notify_waiters();
     }
+}
+
+/// The pins (the config's, then the saved ones over them) and the saved keep-alives, of
+/// models that exist; the saved ones of models gone are dropped from the file, with a log line.
+fn restore(state: &StateStore, config: &Config, parts: &Parts) -> (BTreeSet<String>, BTreeMap<String, KeepAlive>) {
+    let exists = |id: &str| id == parts.default.id || parts.library.get(id).is_some();
+    let saved = state.get();
+    let mut pinned: BTreeSet<String> = config.pinned.iter().cloned().collect();
+    for (id, &pin) in &saved.pins {
+        if !exists(id) {
+            tracing::info!("dropping the saved pin of {id}: no such model any more");
+        } else if pin {
+            pinned.insert(id.clone());
+        } else {
+            pinned.remove(id);
+        }
+    }
+    let mut keep_alive = BTreeMap::new();
+    for (id, &k) in &saved.keep_alive {
+        if exists(id) {
+            keep_alive.insert(id.clone(), k);
+        } else {
+            tracing::info!("dropping the saved keep-alive of {id}: no such model any more");
+        }
+    }
+    state.update(|p| {
+        p.pins.retain(|id, _| exists(id));
+        p.keep_alive.retain(|id, _| exists(id));
+    });
+    (pinned, keep_alive)
 }
 
 fn add_counts(into: &mut Vec<u64>, more: &[u64]) {

@@ -41,8 +41,16 @@ pub fn start_server(config: Config) -> String {
 /// summation order differs). The default format (4-bit packed, int8 activations, as
 /// llama.cpp's) moves logits by up to ~1, so near-ties can go the other way; its numerics
 /// are tested in reference.rs and quantized_kernel.rs, its memory in scale.rs.
+/// Each gets a data dir of its own: the state a server saves (pins, snoozes) never reaches
+/// another test's server or the user's own.
 pub fn test_config() -> Config {
-    Config { port: 0, model: Some(model_path()), weight_format: mlxbar::engine::WeightFormat::Float32, ..Config::default() }
+    Config {
+        port: 0,
+        model: Some(model_path()),
+        weight_format: mlxbar::engine::WeightFormat::Float32,
+        data_dir: Some(tempfile::tempdir().expect("a temp data dir").keep()),
+        ..Config::default()
+    }
 }
 
 /// The shared server (queue of 64).

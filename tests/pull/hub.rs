@@ -5,7 +5,7 @@
 //! Weights (`.safetensors`, `.gguf`) behave like LFS files: a 302 carrying X-Linked-Etag
 //! (their sha256) and X-Linked-Size, to a "CDN" on another host name (`localhost`), as
 //! the real hub does. Every request is logged; a file's next GET can be cut after N bytes,
-//! and GETs can be held until released.
+//! or stalled after N bytes until released, and GETs can be held until released.
 #![allow(dead_code)]
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -34,9 +34,13 @@ struct HubState {
     log: Mutex<Vec<Hit>>,
     /// file name -> cut its next GET after this many bytes.
     cut: Mutex<HashMap<String, usize>>,
+    /// file name -> its next GET sends this many bytes, then waits while held.
+    stall: Mutex<HashMap<String, usize>>,
     /// Files listed in a repo's siblings without being served (a 404 on resolve).
     phantom: Mutex<HashMap<String, Vec<String>>>,
     hold: tokio::sync::watch::Sender<bool>,
+    /// Stalled GETs wait while this is true (see `stall_next_get`).
+    stalled: tokio::sync::watch::Sender<bool>,
     /// Repos whose model info is a streamed JSON of this many bytes (never held in memory).
     huge_info: Mutex<HashMap<String, usize>>,
 }
@@ -87,8 +91,10 @@ impl FakeHub {
             cdn: format!("http://localhost:{port}"),
             log: Mutex::new(Vec::new()),
             cut: Mutex::new(HashMap::new()),
+            stall: Mutex::new(HashMap::new()),
             phantom: Mutex::new(HashMap::new()),
             hold,
+            stalled: tokio::sync::watch::channel(false).0,
             huge_info: Mutex::new(HashMap::new()),
         });
         let app = Router::new()
@@ -125,6 +131,17 @@ impl FakeHub {
 
     pub fn cut_next_get(&self, file: &str, after: usize) {
         self.state.cut.lock().unwrap().insert(file.to_string(), after);
+    }
+
+    /// The next GET of `file` sends `after` bytes at once, then the rest after
+    /// [`FakeHub::release_stall`] (a download that stops mid-file, for a cancel to land in).
+    pub fn stall_next_get(&self, file: &str, after: usize) {
+        self.state.stalled.send_replace(true);
+        self.state.stall.lock().unwrap().insert(file.to_string(), after);
+    }
+
+    pub fn release_stall(&self) {
+        self.state.stalled.send_replace(false);
     }
 
     /// While held, file GETs wait (HEADs and the info API answer).
@@ -284,6 +301,26 @@ async fn serve(
         return (status, out).into_response();
     }
     let mut hold = state.hold.subscribe();
+    let stall = state.stall.lock().unwrap().remove(file);
+    if let Some(after) = stall {
+        let hold = state.stalled.subscribe();
+        let first = Bytes::copy_from_slice(&body[..after.min(body.len())]);
+        let rest = Bytes::copy_from_slice(&body[after.min(body.len())..]);
+        let stream = futures::stream::unfold(0u8, move |step| {
+            let (first, rest, mut hold) = (first.clone(), rest.clone(), hold.clone());
+            async move {
+                match step {
+                    0 => Some((Ok::<_, std::io::Error>(first), 1)),
+                    1 => {
+                        let _ = hold.wait_for(|held| !*held).await;
+                        Some((Ok(rest), 2))
+                    }
+                    _ => None,
+                }
+            }
+        });
+        return (status, out, Body::from_stream(stream)).into_response();
+    }
     let _ = hold.wait_for(|held| !*held).await;
     let cut = state.cut.lock().unwrap().remove(file);
     let body = match cut {

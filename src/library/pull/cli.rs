@@ -1,8 +1,8 @@
 //! `mlxbar pull org/name [--revision R] [--file X.gguf]`: a pull with a progress bar on a
 //! terminal; prints the snapshot directory. Ctrl-C leaves the partial file, and running the
-//! same command again resumes it.
+//! same command again resumes it. Warnings (HF_TOKEN over plain http) go to stderr.
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use anyhow::Result;
 
@@ -32,7 +32,12 @@ pub fn run(args: PullArgs) -> Result<PathBuf> {
             .expect("a valid template")
             .progress_chars("=> "),
     );
+    let warned = AtomicUsize::new(0);
     let show = |p: &PullProgress| {
+        for w in p.warnings.iter().skip(warned.load(Ordering::Relaxed)) {
+            bar.suspend(|| eprintln!("warning: {w}"));
+        }
+        warned.store(p.warnings.len(), Ordering::Relaxed);
         if let Some(total) = p.bytes_total {
             bar.set_length(total);
         }

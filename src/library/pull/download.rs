@@ -2,10 +2,10 @@
 //! resumed with `Range` (after a dropped connection, within a pull or by the next one),
 //! checked against the size (and the sha256 when the ETag is one, as for LFS files), then
 //! renamed into place. Only the hub's own host gets the token: reqwest drops
-//! `Authorization` when a redirect leaves for another host (the hub's CDN).
+//! `Authorization` when a redirect leaves for another host (the hub's CDN); and over plain
+//! http only a loopback host does, unless the user opted in ([`token_policy`]).
 use std::io::{Read, Seek, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -14,7 +14,7 @@ use reqwest::{StatusCode, Url};
 use sha2::{Digest, Sha256};
 
 use super::layout::partial_path;
-use super::{Cancelled, Remote};
+use super::{Remote, TOKEN_OVER_HTTP};
 
 /// Tries per file without progress before giving up (a try that moved bytes resets it).
 const ATTEMPTS: u32 = 5;
@@ -50,10 +50,32 @@ struct Sibling {
     rfilename: String,
 }
 
+/// Whether the token may go to `endpoint`, and what to tell the user: over https, yes;
+/// over plain http to a loopback host (a local mirror), yes, with a warning; beyond
+/// loopback only with `over_http` (the opt-in), else it is not sent (a warning says so).
+pub fn token_policy(endpoint: &Url, token: Option<String>, over_http: bool) -> (Option<String>, Option<String>) {
+    let token = token.filter(|t| !t.is_empty());
+    if token.is_none() || endpoint.scheme() != "http" {
+        return (token, None);
+    }
+    let host = endpoint.host_str().unwrap_or_default().to_string();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = bare.parse::<std::net::IpAddr>().map_or(bare.eq_ignore_ascii_case("localhost"), |ip| ip.is_loopback());
+    if loopback {
+        (token, Some(format!("HF_TOKEN is sent over plain http to {host}, a loopback address (it does not leave this machine)")))
+    } else if over_http {
+        (token, Some(format!("HF_TOKEN is sent over plain http to {host} ({TOKEN_OVER_HTTP}=1): anyone on the way can read it")))
+    } else {
+        (None, Some(format!("HF_TOKEN is not sent: HF_ENDPOINT {endpoint} is plain http, where anyone on the way could read it; use https, or set {TOKEN_OVER_HTTP}=1 to send it anyway")))
+    }
+}
+
 impl Hub {
-    pub fn new(endpoint: &str, token: Option<String>) -> Result<Hub> {
+    /// The hub at `endpoint`, and a warning about the token if there is one to give.
+    pub fn new(endpoint: &str, token: Option<String>, token_over_http: bool) -> Result<(Hub, Option<String>)> {
         let endpoint = Url::parse(endpoint.trim_end_matches('/')).with_context(|| format!("HF_ENDPOINT '{endpoint}' is not a URL"))?;
         anyhow::ensure!(matches!(endpoint.scheme(), "http" | "https"), "HF_ENDPOINT '{endpoint}' is not http(s)");
+        let (token, warning) = token_policy(&endpoint, token, token_over_http);
         let builder = || {
             reqwest::Client::builder()
                 .user_agent(concat!("mlxbar/", env!("CARGO_PKG_VERSION")))
@@ -73,7 +95,7 @@ impl Hub {
                 }
             }))
             .build()?;
-        Ok(Hub { endpoint, token: token.filter(|t| !t.is_empty()), client: builder().build()?, head_client })
+        Ok((Hub { endpoint, token, client: builder().build()?, head_client }, warning))
     }
 
     fn url(&self, segments: &[&str]) -> Result<Url> {
@@ -207,7 +229,6 @@ pub async fn fetch_blob(
     shown_revision: &str,
     repo: &str,
     on_bytes: &mut dyn FnMut(u64),
-    cancel: &AtomicBool,
 ) -> Result<()> {
     let partial = partial_path(blob);
     let mut file = open_partial(&partial)?;
@@ -287,10 +308,6 @@ pub async fn fetch_blob(
         on_bytes(have);
         let before = have;
         loop {
-            if cancel.load(Ordering::Relaxed) {
-                file.flush()?;
-                return Err(Cancelled.into());
-            }
             match resp.chunk().await {
                 Ok(Some(chunk)) => {
                     if have + chunk.len() as u64 > remote.size {
@@ -399,11 +416,32 @@ mod tests {
 
     #[test]
     fn urls_encode_what_would_change_their_meaning() {
-        let hub = Hub::new("http://127.0.0.1:9/mirror/", None).unwrap();
+        let hub = Hub::new("http://127.0.0.1:9/mirror/", None, false).unwrap().0;
         assert_eq!(
             hub.resolve_url("org/name", "refs/pr/1", "q/a b.gguf").unwrap().as_str(),
             "http://127.0.0.1:9/mirror/org/name/resolve/refs%2Fpr%2F1/q/a%20b.gguf"
         );
-        assert!(Hub::new("ftp://x", None).is_err());
+        assert!(Hub::new("ftp://x", None, false).is_err());
+    }
+
+    #[test]
+    fn the_token_goes_in_clear_only_to_loopback_or_when_asked() {
+        let policy = |url: &str, over_http: bool| token_policy(&Url::parse(url).unwrap(), Some("hf_x".into()), over_http);
+        assert_eq!(policy("https://huggingface.co", false), (Some("hf_x".into()), None));
+        let (sent, warning) = policy("http://mirror.example:8080", false);
+        assert_eq!(sent, None, "not sent in clear beyond loopback");
+        let warning = warning.unwrap();
+        assert!(warning.contains("not sent") && warning.contains(TOKEN_OVER_HTTP), "{warning}");
+        let (sent, warning) = policy("http://mirror.example:8080", true);
+        assert_eq!(sent.as_deref(), Some("hf_x"), "the opt-in sends it");
+        assert!(warning.unwrap().contains("anyone on the way can read it"));
+        for local in ["http://127.0.0.1:9", "http://[::1]:9", "http://localhost:9"] {
+            let (sent, warning) = policy(local, false);
+            assert_eq!(sent.as_deref(), Some("hf_x"), "{local}");
+            assert!(warning.unwrap().contains("loopback"), "{local}");
+        }
+        assert_eq!(token_policy(&Url::parse("http://mirror.example").unwrap(), None, false), (None, None), "no token, nothing to say");
+        let (hub, warning) = Hub::new("http://mirror.example", Some("hf_x".into()), false).unwrap();
+        assert!(hub.token.is_none() && warning.is_some());
     }
 }
