@@ -116,7 +116,7 @@ fn relevant(ev: &notify::Result<Event>, roots: &[PathBuf]) -> bool {
         EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any | ModifyKind::Metadata(_)) => true,
         _ => false,
     };
-    ev.paths.iter().any(|p| !is_lock(p) && !(write && is_partial(p)) && roots.iter().any(|r| p.starts_with(r) || r.starts_with(p)))
+    ev.paths.iter().any(|p| !(is_lock(p) || write && is_partial(p)) && roots.iter().any(|r| p.starts_with(r) || r.starts_with(p)))
 }
 
 /// A blob still downloading (`blobs/<etag>.incomplete`).
