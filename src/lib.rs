@@ -14,6 +14,7 @@ pub mod private_fs;
 pub mod registry;
 pub mod server;
 pub mod telemetry;
+pub mod transport;
 
 pub use config::Config;
 pub use server::Server;
