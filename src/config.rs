@@ -37,6 +37,11 @@
 //! load_timeout_seconds = 900      # a model load that takes longer fails (its thread is left behind: restart required)
 //! engine_stop_seconds = 30        # an unload, reload or shutdown waits this long for the engine's step; past it the engine is failed (restart required)
 //! shutdown_grace_seconds = 10     # on SIGTERM / Quit, in-flight requests get this long to finish
+//! max_connections = 96            # sockets served at once; past it one that only waits on its client gives way, else 503
+//! header_read_timeout_seconds = 10 # a request's head (and a keep-alive connection's next one) must arrive within this
+//! body_read_timeout_seconds = 30  # a request's whole body must arrive within this (408)
+//! max_stream_subscribers = 16     # open GET /api/metrics/stream streams; past it 503
+//! prepare_threads = 1             # requests' prompts rendered and tokenized, and grammars compiled, at once; default: half the cores, 1-4
 //!
 //! [alerts.queue_backlog]          # override a built-in alert rule (see src/alerts/rules.rs)
 //! threshold = 4
@@ -115,6 +120,20 @@ pub struct Config {
     pub grafana_url: Option<String>,
     /// Alert rule overrides by rule id, applied over the built-in defaults.
     pub alerts: BTreeMap<String, RuleOverride>,
+    // Transport limits and bounded request preparation (src/transport/, src/inference/prepare.rs).
+    /// Sockets served at once. Past it, the connection waiting longest on its client closes
+    /// for the newcomer; if every one is busy the newcomer gets 503. Keeps descriptors
+    /// bounded (macOS allows a program 256 by default).
+    pub max_connections: usize,
+    /// A request's head must arrive within this (also how long a keep-alive connection may idle).
+    pub header_read_timeout_seconds: f64,
+    /// A request's whole body must arrive within this from its head; otherwise 408.
+    pub body_read_timeout_seconds: f64,
+    /// Live snapshot streams (`GET /api/metrics/stream`) open at once; past it 503.
+    pub max_stream_subscribers: usize,
+    /// Requests prepared at once (chat template, tokenizing, grammar compilation) on
+    /// blocking threads; None: half the cores, 1-4.
+    pub prepare_threads: Option<usize>,
 }
 
 impl Default for Config {
@@ -159,6 +178,14 @@ impl Default for Config {
             // Far above one step (a 512-token prefill chunk of a 70B model takes seconds).
             engine_stop_seconds: 30.0,
             alerts: BTreeMap::new(),
+            // With the listener, refusals in flight, model files and the rest, well under
+            // macOS's default 256 descriptors.
+            max_connections: 96,
+            header_read_timeout_seconds: 10.0,
+            // A 4 MiB body needs ~1 Mbit/s to arrive in time.
+            body_read_timeout_seconds: 30.0,
+            max_stream_subscribers: 16,
+            prepare_threads: None,
         }
     }
 }
@@ -316,6 +343,21 @@ impl Config {
         if !(self.engine_stop_seconds > 0.0 && self.engine_stop_seconds <= 3600.0) {
             bail!("engine_stop_seconds must be in (0, 3600]");
         }
+        if !(1..=16384).contains(&self.max_connections) {
+            bail!("max_connections must be between 1 and 16384");
+        }
+        if !(self.header_read_timeout_seconds > 0.0 && self.header_read_timeout_seconds <= 60.0) {
+            bail!("header_read_timeout_seconds must be in (0, 60]");
+        }
+        if !(self.body_read_timeout_seconds > 0.0 && self.body_read_timeout_seconds <= 3600.0) {
+            bail!("body_read_timeout_seconds must be in (0, 3600]");
+        }
+        if !(1..=1024).contains(&self.max_stream_subscribers) {
+            bail!("max_stream_subscribers must be between 1 and 1024");
+        }
+        if self.prepare_threads.is_some_and(|n| !(1..=64).contains(&n)) {
+            bail!("prepare_threads must be between 1 and 64");
+        }
         Ok(())
     }
 
@@ -325,6 +367,11 @@ impl Config {
 
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::new(self.host, self.port)
+    }
+
+    /// `prepare_threads`, or half the cores (1-4): the engine and the async workers keep the rest.
+    pub fn prepare_threads(&self) -> usize {
+        self.prepare_threads.unwrap_or_else(|| (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).clamp(1, 4))
     }
 }
 
@@ -370,6 +417,33 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("DNS-rebinding"));
         c.api_key = Some("secret".into());
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn transport_limits_default_and_bounds() {
+        let c = Config::default();
+        assert!(c.header_read_timeout_seconds <= 10.0, "a request head gets 10 s at most by default");
+        assert!(c.max_connections + crate::transport::REFUSING <= 128, "descriptors stay well under macOS's 256");
+        assert!(c.max_stream_subscribers < c.max_connections);
+        assert!((1..=4).contains(&c.prepare_threads()));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "max_connections = 8\nheader_read_timeout_seconds = 2.5\nbody_read_timeout_seconds = 5\nmax_stream_subscribers = 2\nprepare_threads = 3\n").unwrap();
+        let c = Config::load(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap();
+        assert_eq!((c.max_connections, c.header_read_timeout_seconds, c.body_read_timeout_seconds), (8, 2.5, 5.0));
+        assert_eq!((c.max_stream_subscribers, c.prepare_threads()), (2, 3));
+        for bad in [
+            "max_connections = 0",
+            "header_read_timeout_seconds = 0",
+            "header_read_timeout_seconds = 61",
+            "body_read_timeout_seconds = -1",
+            "max_stream_subscribers = 0",
+            "prepare_threads = 0",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            let err = Config::load(&ServeArgs { config: Some(path.clone()), ..Default::default() }).unwrap_err();
+            assert!(err.to_string().contains(bad.split(' ').next().unwrap()), "{bad}: {err}");
+        }
     }
 
     #[test]

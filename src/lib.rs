@@ -15,6 +15,7 @@ pub mod registry;
 pub mod server;
 pub mod state_store;
 pub mod telemetry;
+pub mod transport;
 
 pub use config::Config;
 pub use server::Server;

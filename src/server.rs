@@ -21,6 +21,7 @@ use crate::model_store;
 use crate::registry::{Models, Parts};
 use crate::telemetry::memory::PressureLevel;
 use crate::telemetry::Telemetry;
+use crate::transport;
 
 /// What the menu-bar icon shows at a glance.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -74,6 +75,13 @@ impl Server {
             Some(p) => p.clone(),
             None => tokio::task::spawn_blocking(model_store::ensure_default_model).await??,
         };
+        match transport::nofile::raise() {
+            Some(open_files) if (open_files as usize) < config.max_connections + transport::REFUSING + 64 => tracing::warn!(
+                "the open-files limit is {open_files}: max_connections = {} leaves little room for model files; lower it or raise the limit",
+                config.max_connections
+            ),
+            _ => {}
+        }
         let listener = match tokio::net::TcpListener::bind(config.addr()).await {
             Ok(l) => l,
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Err(PortInUse { host: config.host, port: config.port }.into()),
@@ -138,6 +146,8 @@ impl Server {
         let paused = Arc::new(AtomicBool::new(false));
         let draining = Arc::new(AtomicBool::new(false));
         let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
+        let live = api::live::Feed::new(config.max_stream_subscribers);
+        let prepare = crate::inference::prepare::Prepare::new(config.prepare_threads());
         let state = AppState {
             models: models.clone(),
             config,
@@ -155,19 +165,17 @@ impl Server {
             paused: paused.clone(),
             draining,
             stopping: stopping_rx,
+            live,
+            prepare,
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         };
         let app = api::router(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app).with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
-            if let Err(e) = served.await {
-                tracing::error!("server error: {e}");
-            }
-        });
+        let limits = transport::Limits::from_config(&state.config);
+        let task = tokio::spawn(transport::serve(listener, app, limits, state.metrics.clone(), async {
+            let _ = stopped.await;
+        }));
         Ok(Server { addr, state, models, telemetry, alerts, paused, monitor, _watcher: watcher, stopping, stop: Some(stop), task })
     }
 
@@ -230,7 +238,8 @@ impl Server {
 
     /// Drains, then stops: new generation requests get 503 `shutting_down` while the
     /// in-flight ones finish (up to `shutdown_grace_seconds`); then a bench run is
-    /// cancelled, the engine stops (what still runs ends with a 503) and the socket closes.
+    /// cancelled, the engine stops (what still runs ends with a 503), live streams end and
+    /// the socket closes (connections still answering get [`transport::DRAIN`]).
     pub async fn shutdown(mut self) {
         self.state.draining.store(true, Ordering::Relaxed);
         let grace = std::time::Duration::from_secs_f64(self.state.config.shutdown_grace_seconds);
@@ -270,6 +279,7 @@ fn default_entry(library: &Library, path: &std::path::Path) -> ModelEntry {
         context_length: None,
         chat_template: false,
         shape: None,
+        weight_parts: vec![],
         runnable: false,
         unsupported_reason: Some(format!("{} could not be read as a model", path.display())),
     })

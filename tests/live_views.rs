@@ -129,3 +129,47 @@ async fn snapshot_and_stream_follow_a_request() {
     assert!(r["completion_tokens"].as_u64().unwrap() >= 1 && r["prompt_tokens"].is_null());
     assert_eq!(cancelled["timings"]["requests"], 2, "only completed requests make the distributions");
 }
+
+#[tokio::test]
+async fn streams_share_one_rendering_and_are_capped() {
+    let base = common::start_server(mlxbar::Config { max_stream_subscribers: 3, ..common::test_config() });
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let open = || client.get(format!("{base}/api/metrics/stream")).send();
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let resp = open().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut events = common::sse(resp);
+        next_snapshot(&mut events).await;
+        streams.push(events);
+    }
+    // A fourth subscriber is refused in the API's error shape.
+    let refused = open().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(refused.json::<Value>().await.unwrap()["error"]["code"], "too_many_streams");
+
+    // A change is rendered once: every subscriber gets the very same event (the snapshot
+    // carries its own time and uptime, so separate renderings would differ).
+    let alerts: Value = client.get(format!("{base}/api/alerts")).send().await.unwrap().json().await.unwrap();
+    let id = alerts["data"][0]["id"].as_str().unwrap().to_string();
+    let r = client.post(format!("{base}/api/alerts/{id}/snooze")).json(&json!({"seconds": 600})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut seen = Vec::new();
+    for events in streams.iter_mut() {
+        loop {
+            let event = events.next().await.expect("the snapshot stream ended");
+            let snapshot: Value = if event.event == "snapshot" { serde_json::from_str(&event.data).unwrap() } else { continue };
+            let snoozed = snapshot["alerts"].as_array().unwrap().iter().any(|a| a["id"] == id.as_str() && a["snoozed"] == true);
+            if snoozed {
+                seen.push(event.data);
+                break;
+            }
+        }
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:#?}");
+
+    // A subscriber that leaves frees its place.
+    streams.pop();
+    common::until("a free stream place", 30, async || (open().await.ok()?.status() == 200).then_some(())).await;
+}

@@ -80,8 +80,17 @@ async fn a_quiet_server_gives_the_buffer_cache_back_and_shows_what_it_holds() {
     assert_eq!(metric_sum(&base, "mlxbar_model_weight_bytes", &[&label]).await, weights as f64);
     assert_eq!(metric_sum(&base, "mlxbar_model_prefix_cache_bytes", &[&label]).await, prefix as f64);
     assert_eq!(metric_sum(&base, "mlxbar_model_kv_bytes", &[&label]).await, 0.0);
+    // MLX's cache limit: two engine steps' transient buffers, the larger of a 512-token
+    // prefill chunk (per token 6 hidden-wide and 3 MLP-wide activations, and the attention
+    // scores of every head against the chunk) and a decode step of the whole batch (the
+    // same per row plus float32 logits); at most 1/16 of memory.
     let cache_limit = metric_sum(&base, "mlxbar_mlx_memory_bytes", &[r#"kind="cache_limit""#]).await;
-    assert!((32.0 * 1048576.0..=512.0 * 1048576.0).contains(&cache_limit), "MLX's cache limit is sized from the model: {cache_limit}");
+    let n = |k: &str| shape[k].as_u64().unwrap();
+    let per_token = 6 * n("hidden_size") + 3 * n("intermediate_size");
+    let prefill = 512 * (per_token + n("num_heads") * 512) * dtype;
+    let decode = snap["scheduler"]["max_batch"].as_u64().unwrap() * (per_token * dtype + 4 * n("vocab_size"));
+    let want = (2 * prefill.max(decode)).clamp(32 << 20, 512 << 20).min(total / 16);
+    assert_eq!(cache_limit, want as f64, "MLX's cache limit is sized from the model");
     assert_eq!(snap["memory"]["mlx"]["cache_limit"].as_f64().unwrap(), cache_limit);
     assert!(snap["memory"]["mlx"]["idle_clears"].as_f64().unwrap() >= after_load + 1.0);
     // Unloads have not happened: their reason is exported at 0 all the same.

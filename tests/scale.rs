@@ -68,6 +68,13 @@ fn load_in_child() {
     );
     assert_eq!(info.weight_format, WeightFormat::Native);
     assert_eq!(info.layers, 22);
+    // The registry's estimate of these weights (from the folder's safetensors shapes) is
+    // what the engine holds, within 3%.
+    let entry = mlxbar::library::inspect::inspect(&dir).unwrap();
+    let estimate = mlxbar::registry::budget::weights_as_held(&entry, WeightFormat::Native, false) as f64;
+    let held = info.weight_bytes as f64;
+    println!("weights estimated {:.0} MiB, held {:.0} MiB ({:+.2}%)", mib(estimate), mib(held), 100.0 * (estimate / held - 1.0));
+    assert!((estimate - held).abs() <= 0.03 * held, "estimated {estimate} B, held {held} B");
     let limit = stored as f64 * RSS_FACTOR + RSS_SLACK_MIB * 1024.0 * 1024.0;
     assert!(grown <= limit, "RSS grew {:.0} MiB loading a {:.0} MiB folder (limit {:.0} MiB)", mib(grown), mib(stored as f64), mib(limit));
 

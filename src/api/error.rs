@@ -122,6 +122,48 @@ impl ApiError {
         e
     }
 
+    /// Every connection slot is busy with work (`max_connections`).
+    pub fn too_many_connections() -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "The server is serving as many connections as it allows (max_connections); retry shortly.",
+        )
+        .code("too_many_connections");
+        e.retry_after_secs = Some(1);
+        e
+    }
+
+    /// As many live streams as `max_stream_subscribers` are open.
+    pub fn too_many_streams(max: usize) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            format!("{max} live streams are open already (max_stream_subscribers); close one or poll /api/metrics/snapshot"),
+        )
+        .code("too_many_streams");
+        e.retry_after_secs = Some(5);
+        e
+    }
+
+    /// The request body did not arrive in time (`body_read_timeout_seconds`).
+    pub fn request_timeout(secs: f64) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, "invalid_request_error", format!("The request body did not arrive within {secs} s"))
+            .code("request_timeout")
+    }
+
+    /// Preparing requests (templates, tokenizing, grammars) is backed up past its deadline.
+    pub fn preparation_busy(retry_after_secs: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            format!("The server is busy preparing other requests (prepare_threads); retry in about {retry_after_secs} s."),
+        )
+        .code("server_busy");
+        e.retry_after_secs = Some(retry_after_secs);
+        e
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "Missing or incorrect API key: send 'Authorization: Bearer <key>'")
             .code("invalid_api_key")

@@ -1,5 +1,6 @@
 //! A JSON body extractor whose failures are OpenAI-shaped errors: 413 past the body limit,
-//! 400 for malformed JSON or wrong fields (axum's own says 422 in plain text).
+//! 400 for malformed JSON or wrong fields (axum's own says 422 in plain text), 408 for a body
+//! that did not arrive in time.
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use serde::de::DeserializeOwned;
@@ -21,6 +22,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OpenAiJson<T> {
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::payload_too_large(limit)
+            } else if let Some(after) = crate::transport::body::timed_out(&e) {
+                ApiError::request_timeout(after.as_secs_f64())
             } else {
                 ApiError::bad_request(format!("Could not read the request body: {e}"))
             }

@@ -1,16 +1,20 @@
 //! Live views for the popover and other dashboards: `GET /api/metrics/snapshot` (JSON)
 //! and `GET /api/metrics/stream` (SSE: a `snapshot` event on connect, then one whenever
-//! something changed, at most twice a second, and a heartbeat comment while idle). The
-//! snapshot's shape is [`Snapshot`](super::snapshot::Snapshot).
+//! something changed, at most twice a second, and a heartbeat comment while idle; one
+//! [`Feed`] renders each change once for every subscriber). The snapshot's shape is
+//! [`Snapshot`](super::snapshot::Snapshot).
 use std::convert::Infallible;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use super::error::ApiError;
 use super::snapshot::{Bench, Links, Memory, Requests, Scheduler, Snapshot, Totals};
 use super::AppState;
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::Json;
 use futures::{Stream, StreamExt};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// Minimum gap between two stream events.
 const MIN_INTERVAL: Duration = Duration::from_millis(500);
@@ -116,37 +120,88 @@ fn fingerprint(state: &AppState) -> Fingerprint {
     )
 }
 
-pub async fn stream(State(state): State<AppState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    // `retry` tells EventSource to reconnect after 1.5 s when the server goes away.
-    let first = Event::default().event("snapshot").retry(RETRY).data(event_data(&state));
-    let state_stopping = state.stopping.clone();
-    let seen = Some(fingerprint(&state));
-    let now = tokio::time::Instant::now();
-    // A check at most every MIN_INTERVAL, kept across events: two snapshots are never
-    // closer than that.
-    let s = futures::stream::unfold(
-        (state, seen, now + MIN_INTERVAL, Instant::now()),
-        |(state, mut seen, mut next_check, mut last_any)| async move {
-            loop {
-                tokio::time::sleep_until(next_check).await;
-                next_check = tokio::time::Instant::now() + MIN_INTERVAL;
-                let fp = fingerprint(&state);
-                if seen.as_ref() != Some(&fp) {
-                    seen = Some(fp);
-                    last_any = Instant::now();
-                    let ev = Event::default().event("snapshot").data(event_data(&state));
-                    return Some((Ok(ev), (state, seen, next_check, last_any)));
-                }
-                if last_any.elapsed() >= HEARTBEAT {
-                    last_any = Instant::now();
-                    return Some((Ok(Event::default().comment("heartbeat")), (state, seen, next_check, last_any)));
+/// The live stream's one producer: while anyone listens, it looks every [`MIN_INTERVAL`]
+/// whether something changed and, if so, renders one snapshot that every subscriber sends
+/// (N dashboards cost one snapshot per change, not N every half second). At most
+/// `max_stream_subscribers` listen at once.
+pub struct Feed {
+    /// The latest change's event data; subscribers wait on it.
+    tx: watch::Sender<Arc<str>>,
+    subscribers: Arc<Semaphore>,
+    max: usize,
+    /// Whether the ticker task runs (it ends when the last subscriber leaves).
+    ticking: Mutex<bool>,
+}
+
+impl Feed {
+    pub fn new(max_subscribers: usize) -> Arc<Feed> {
+        Arc::new(Feed {
+            tx: watch::Sender::new(Arc::from("")),
+            subscribers: Arc::new(Semaphore::new(max_subscribers)),
+            max: max_subscribers,
+            ticking: Mutex::new(false),
+        })
+    }
+
+    /// A place among the subscribers (503 past the cap) and the changes to come.
+    fn subscribe(self: &Arc<Self>, state: &AppState) -> Result<(OwnedSemaphorePermit, watch::Receiver<Arc<str>>), ApiError> {
+        let permit = self.subscribers.clone().try_acquire_owned().map_err(|_| ApiError::too_many_streams(self.max))?;
+        let rx = self.tx.subscribe();
+        let mut ticking = self.ticking.lock().unwrap_or_else(|p| p.into_inner());
+        if !*ticking {
+            *ticking = true;
+            tokio::spawn(self.clone().tick(state.clone()));
+        }
+        Ok((permit, rx))
+    }
+
+    async fn tick(self: Arc<Self>, state: AppState) {
+        let mut seen = fingerprint(&state);
+        let mut stopping = state.stopping.clone();
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + MIN_INTERVAL, MIN_INTERVAL);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stopping.wait_for(|s| *s) => {}
+            }
+            {
+                // Decided under the lock a new subscriber takes: it either sees the ticker
+                // running or starts another.
+                let mut ticking = self.ticking.lock().unwrap_or_else(|p| p.into_inner());
+                if self.tx.receiver_count() == 0 || *state.stopping.borrow() {
+                    *ticking = false;
+                    return;
                 }
             }
-        },
-    );
-    let mut stopping = state_stopping;
+            let fp = fingerprint(&state);
+            if fp != seen {
+                seen = fp;
+                self.tx.send_replace(Arc::from(event_data(&state)));
+            }
+        }
+    }
+}
+
+pub async fn stream(State(state): State<AppState>) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let (permit, rx) = state.live.subscribe(&state)?;
+    // `retry` tells EventSource to reconnect after 1.5 s when the server goes away.
+    let first = Event::default().event("snapshot").retry(RETRY).data(event_data(&state));
+    // Each change the feed renders, or a heartbeat after HEARTBEAT without one; the
+    // subscriber's place is held until its stream is dropped.
+    let changes = futures::stream::unfold((rx, permit), |(mut rx, permit)| async move {
+        match tokio::time::timeout(HEARTBEAT, rx.changed()).await {
+            Ok(Ok(())) => {
+                let data = rx.borrow_and_update().clone();
+                Some((Ok(Event::default().event("snapshot").data(&*data)), (rx, permit)))
+            }
+            Ok(Err(_)) => None,
+            Err(_) => Some((Ok(Event::default().comment("heartbeat")), (rx, permit))),
+        }
+    });
+    let mut stopping = state.stopping.clone();
     let stopped = async move {
         let _ = stopping.wait_for(|s| *s).await;
     };
-    Sse::new(futures::stream::once(async move { Ok(first) }).chain(s).take_until(stopped))
+    Ok(Sse::new(futures::stream::once(async move { Ok(first) }).chain(changes).take_until(stopped)))
 }

@@ -51,6 +51,10 @@ pub struct AppState {
     pub draining: Arc<AtomicBool>,
     /// Turns true when the server shuts down: long-lived streams end so shutdown can finish.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// The live snapshot stream's one producer and its subscriber cap.
+    pub live: Arc<live::Feed>,
+    /// Bounded threads for preparing requests (schemas, templates, tokenizing, grammars).
+    pub prepare: Arc<crate::inference::prepare::Prepare>,
     pub started: Instant,
     pub started_unix: u64,
 }

@@ -6,6 +6,7 @@
 //! decided here once: defaults, validation, the prompt (chat template, tools), the grammar
 //! (response format, forced tool calls) and the tool-call parsing of the answer.
 pub mod output;
+pub mod prepare;
 pub mod prompt;
 pub mod request;
 pub mod run;

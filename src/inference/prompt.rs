@@ -6,8 +6,42 @@ use crate::engine::chat_template::ChatMessage;
 use crate::engine::tools::ToolSpec;
 use crate::engine::TextCodec;
 
-pub fn prompt_ids(codec: &TextCodec, input: Input, tools: &[ToolSpec], format: Option<&OutputFormat>) -> Result<Vec<u32>, ApiError> {
-    let encode = |text: &str| codec.encode(text).map_err(|e| ApiError::internal(format!("{e:#}")));
+/// How long a prompt's text may be before tokenizing it: `context` tokens of at most
+/// `max_token_bytes` each, twice over (a normalizer may shorten text). Anything longer
+/// cannot fit, whatever its tokens, and is refused without spending a second or more of a
+/// preparation thread on a few MiB.
+#[derive(Debug, Clone, Copy)]
+pub struct TextLimit {
+    pub context: usize,
+    pub max_token_bytes: usize,
+}
+
+impl TextLimit {
+    pub fn bytes(&self) -> usize {
+        self.context.saturating_mul(self.max_token_bytes).saturating_mul(2)
+    }
+}
+
+pub fn prompt_ids(
+    codec: &TextCodec,
+    input: Input,
+    tools: &[ToolSpec],
+    format: Option<&OutputFormat>,
+    limit: TextLimit,
+) -> Result<Vec<u32>, ApiError> {
+    let encode = |text: &str| {
+        if text.len() > limit.bytes() {
+            return Err(ApiError::bad_request(format!(
+                "This model's maximum context length is {} tokens. However, your prompt is {} bytes, more than {} tokens can hold. Please reduce the length of the prompt.",
+                limit.context,
+                text.len(),
+                limit.context
+            ))
+            .param("messages")
+            .code("context_length_exceeded"));
+        }
+        codec.encode(text).map_err(|e| ApiError::internal(format!("{e:#}")))
+    };
     match input {
         Input::Chat(messages) => {
             if messages.is_empty() {

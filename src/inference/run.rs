@@ -1,5 +1,6 @@
-//! Runs an [`InferenceRequest`]: checks it against the loaded model and the server's limits,
-//! builds the prompt and the grammar, queues it, and turns the engine's token events into
+//! Runs an [`InferenceRequest`]: checks it against the server's limits (its schemas before
+//! any model loads), then against the model, builds the prompt and the grammar (on bounded
+//! preparation threads, [`super::prepare`]), queues it, and turns the engine's token events into
 //! [`Output`]s (tool calls parsed out of the text by the model family's parser).
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -8,13 +9,15 @@ use std::sync::Arc;
 use rand::Rng;
 
 use super::output::{Answer, Finish, Output, TextLogprobs};
-use super::prompt::prompt_ids;
+use super::prompt::{prompt_ids, TextLimit};
 use super::request::{InferenceRequest, OutputFormat, ToolSet};
 use crate::api::error::ApiError;
 use crate::api::AppState;
+use crate::engine::constraint::schema::{self, MAX_SCHEMA_BYTES};
+use crate::engine::constraint::validate_schema;
 use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::tools::{ToolCall, ToolCallStream, ToolDelta, ToolMode};
-use crate::engine::{Constraint, Event, Events, FinishReason, Grammars, Loaded, SamplingParams, SubmitError};
+use crate::engine::{Constraint, Event, Events, FinishReason, Grammars, SamplingParams, SubmitError};
 use crate::metrics::inference::InferenceRecorder;
 use crate::registry::{Lease, ModelError};
 
@@ -67,6 +70,13 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
             .param("response_format"));
         }
     }
+    // Schemas (size, keywords, llguidance's limits) on a preparation thread: they go there
+    // and come back.
+    let (mut format, mut tools) = (req.format.take(), req.tools.take());
+    if matches!(format, Some(OutputFormat::JsonSchema(_))) || tools.is_some() {
+        (format, tools) = state.prepare.run(move || check_schemas(format.as_ref(), tools.as_ref()).map(|()| (format, tools))).await??;
+    }
+    let has_tools = tools.is_some();
     let lease = state.models.acquire(req.model.as_deref(), req.keep_alive).await.map_err(|e| match e {
         ModelError::NotFound(_) | ModelError::NotRunnable { .. } => ApiError::from(e).param("model"),
         other => ApiError::from(other),
@@ -74,33 +84,41 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
     let engine = lease.engine().clone();
     let loaded = engine.loaded().ok_or_else(|| ApiError::from(SubmitError::Loading))?;
     let sampling = sampling(state, &req, loaded.grammars.n_vocab())?;
-    let specs = req.tools.as_ref().map(|t| t.specs.as_slice()).unwrap_or_default();
-    let prompt = prompt_ids(&loaded.codec, req.input, specs, req.format.as_ref())?;
-    let max_tokens = check_length(&loaded, &prompt, req.max_tokens)?;
-    let format = loaded.info.tool_format;
-    let constraint = match (&req.format, &req.tools) {
-        (Some(OutputFormat::JsonObject), _) => Some((Constraint::JsonObject, "response_format")),
-        (Some(OutputFormat::JsonSchema(schema)), _) => Some((Constraint::JsonSchema(schema.clone()), "response_format")),
-        (None, Some(tools)) => {
-            // A named function is called once, as OpenAI does.
-            let parallel = tools.parallel && !matches!(tools.mode, ToolMode::Named(_));
-            Some((Constraint::Lark(format.parser().grammar(&tools.specs, &tools.mode, parallel, &loaded.codec.tokenizer)), "tools"))
-        }
-        (None, None) => None,
-    };
-    let constraint = match constraint {
-        None => None,
-        Some((c, param)) => {
-            // Compiling a large schema takes milliseconds: off the async threads.
-            let grammars = loaded.grammars.clone();
-            let compiled = tokio::task::spawn_blocking(move || grammars.compile(&c))
-                .await
-                .map_err(|e| ApiError::internal(format!("compiling the grammar: {e}")))?;
-            let state = compiled.map_err(|e| ApiError::bad_request(e.message).param(param).code("unsupported_schema"))?;
-            // Calls: one `max_tokens` would cut is not started.
-            Some(if param == "tools" { state.with_token_budget(max_tokens) } else { state })
-        }
-    };
+    let format_of_calls = loaded.info.tool_format;
+    let (codec, grammars, context) = (loaded.codec.clone(), loaded.grammars.clone(), loaded.info.context_length);
+    let limit = TextLimit { context, max_token_bytes: grammars.max_token_bytes() };
+    let (input, requested) = (req.input, req.max_tokens);
+    // The template, the tokenizer and the grammar: the request's heavy lifting before the
+    // engine, bounded like the schema check.
+    let (prompt, max_tokens, constraint) = state
+        .prepare
+        .run(move || -> Result<_, ApiError> {
+            let specs = tools.as_ref().map(|t| t.specs.as_slice()).unwrap_or_default();
+            let prompt = prompt_ids(&codec, input, specs, format.as_ref(), limit)?;
+            let max_tokens = check_length(context, &prompt, requested)?;
+            let constraint = match (format, &tools) {
+                (Some(OutputFormat::JsonObject), _) => Some((Constraint::JsonObject, "response_format")),
+                (Some(OutputFormat::JsonSchema(schema)), _) => Some((Constraint::JsonSchema(schema), "response_format")),
+                (None, Some(tools)) => {
+                    // A named function is called once, as OpenAI does.
+                    let parallel = tools.parallel && !matches!(tools.mode, ToolMode::Named(_));
+                    let grammar = format_of_calls.parser().grammar(&tools.specs, &tools.mode, parallel, &codec.tokenizer);
+                    Some((Constraint::Lark(grammar), "tools"))
+                }
+                (None, None) => None,
+            };
+            let constraint = match constraint {
+                None => None,
+                Some((c, param)) => {
+                    let state =
+                        grammars.compile(&c).map_err(|e| ApiError::bad_request(e.message).param(param).code("unsupported_schema"))?;
+                    // Calls: one `max_tokens` would cut is not started.
+                    Some(if param == "tools" { state.with_token_budget(max_tokens) } else { state })
+                }
+            };
+            Ok((prompt, max_tokens, constraint))
+        })
+        .await??;
     if state.config.admission == crate::config::Admission::Refuse && state.telemetry.pressure_critical() {
         state.metrics.admission_refused_total.with_label_values(&["memory_pressure"]).inc();
         return Err(ApiError::memory_pressure());
@@ -110,7 +128,7 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
     engine_req.logprobs = req.logprobs;
     // Call markers that are special tokens (`[TOOL_CALLS]`, `<|python_tag|>`) must reach the
     // tool parser as text.
-    engine_req.special_tokens_as_text = req.tools.is_some();
+    engine_req.special_tokens_as_text = has_tools;
     engine.submit(engine_req)?;
     Ok(Generation {
         _lease: lease,
@@ -118,12 +136,42 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
         model: loaded.info.id,
         rx,
         grammars: loaded.grammars,
-        tools: req.tools.map(|_| ToolCallStream::new(format)),
+        tools: has_tools.then(|| ToolCallStream::new(format_of_calls)),
         calls: 0,
         logprobs: vec![],
         queue: VecDeque::new(),
         ended: false,
     })
+}
+
+/// The request's schemas checked without a model ([`crate::engine::constraint::validate_schema`]):
+/// at most [`MAX_SCHEMA_BYTES`] together, supported keywords, within llguidance's limits.
+fn check_schemas(format: Option<&OutputFormat>, tools: Option<&ToolSet>) -> Result<(), ApiError> {
+    let refuse = |message: String, param: &'static str| Err(ApiError::bad_request(message).param(param).code("unsupported_schema"));
+    if let Some(OutputFormat::JsonSchema(schema)) = format {
+        if schema::serialized_len(schema, MAX_SCHEMA_BYTES).is_none() {
+            return refuse(format!("response_format's JSON Schema is larger than {MAX_SCHEMA_BYTES} bytes"), "response_format");
+        }
+        if let Err(e) = validate_schema(schema) {
+            return refuse(e.message, "response_format");
+        }
+    }
+    let Some(tools) = tools else { return Ok(()) };
+    let mut left = MAX_SCHEMA_BYTES;
+    for (i, t) in tools.specs.iter().enumerate() {
+        let Some(len) = schema::serialized_len(&t.parameters, left) else {
+            return refuse(
+                format!("the tools' parameter schemas together are larger than {MAX_SCHEMA_BYTES} bytes (at tools[{i}])"),
+                "tools",
+            );
+        };
+        left -= len;
+        // Calls are decoded against the parameters: a keyword the grammar cannot honour is refused.
+        if let Err(e) = validate_schema(&t.parameters) {
+            return refuse(format!("tools[{i}].function.parameters: {}", e.message), "tools");
+        }
+    }
+    Ok(())
 }
 
 fn sampling(state: &AppState, req: &InferenceRequest, vocab: usize) -> Result<SamplingParams, ApiError> {
@@ -198,12 +246,6 @@ fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
         if !t.parameters.is_object() {
             return bad(format!("tools[{i}].function.parameters must be a JSON Schema object"));
         }
-        // Calls are decoded against the parameters: a keyword the grammar cannot honour is refused.
-        if let Err(e) = crate::engine::constraint::schema::check(&t.parameters) {
-            return Err(ApiError::bad_request(format!("tools[{i}].function.parameters: {}", e.message))
-                .param("tools")
-                .code("unsupported_schema"));
-        }
     }
     if let ToolMode::Named(name) = &tools.mode {
         if !names.contains(name.as_str()) {
@@ -215,15 +257,14 @@ fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The completion's token budget: as asked, or what the context leaves.
-fn check_length(loaded: &Loaded, prompt: &[u32], requested: Option<usize>) -> Result<usize, ApiError> {
+/// The completion's token budget: as asked, or what the model's `context` leaves.
+fn check_length(context: usize, prompt: &[u32], requested: Option<usize>) -> Result<usize, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::bad_request("The prompt is empty").param("prompt"));
     }
     if requested == Some(0) {
         return Err(ApiError::bad_request("max_tokens must be at least 1").param("max_tokens"));
     }
-    let context = loaded.info.context_length;
     let prompt_len = prompt.len();
     let max_tokens = requested.unwrap_or(context.saturating_sub(prompt_len));
     if prompt_len + max_tokens > context || prompt_len >= context {

@@ -59,6 +59,14 @@ pub struct Quantization {
     pub group_size: u32,
 }
 
+/// Weights stored one way: `elements` values affine-quantized as `quantization`, or float
+/// (`None`; on the CPU every float weight is held as float32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightPart {
+    pub quantization: Option<Quantization>,
+    pub elements: u64,
+}
+
 /// The transformer's dimensions, for the memory estimate.
 #[derive(Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
@@ -93,6 +101,11 @@ pub struct ModelEntry {
     pub context_length: Option<usize>,
     pub chat_template: bool,
     pub shape: Option<Shape>,
+    /// The weights by how the loader will get them, one part per width: a GGUF's Q8_0
+    /// embedding beside its Q4_1 layers, an MLX folder's per-module overrides, float norms.
+    /// The memory estimate counts each at its own width; empty when the files were not read.
+    #[serde(skip)]
+    pub weight_parts: Vec<WeightPart>,
     pub runnable: bool,
     /// Why it cannot run, when `runnable` is false.
     pub unsupported_reason: Option<String>,
@@ -113,6 +126,16 @@ impl ModelEntry {
     /// The weights dequantized to float32 (what the CPU device holds).
     pub fn float32_weight_bytes(&self) -> Option<u64> {
         self.parameters.map(|p| p * 4)
+    }
+
+    /// [`ModelEntry::weight_parts`], or when the files were not read, every parameter at the
+    /// one reported quantization.
+    pub fn parts(&self) -> Vec<WeightPart> {
+        match (self.weight_parts.is_empty(), self.parameters) {
+            (false, _) => self.weight_parts.clone(),
+            (true, Some(elements)) => vec![WeightPart { quantization: self.quantization, elements }],
+            (true, None) => vec![],
+        }
     }
 
     /// Not runnable, with the reason.
@@ -152,6 +175,7 @@ mod tests {
                 intermediate_size: 1536,
                 tie_word_embeddings: true,
             }),
+            weight_parts: vec![],
             runnable: true,
             unsupported_reason: None,
         };

@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::engine::model::config::{from_hf_config, Arch, ModelConfig};
+use crate::engine::model::config::{from_hf_config, Arch, ModelConfig, QuantizationConfig};
 use crate::engine::model::gguf::config_from_header;
 use crate::engine::model::validate::{self, GgufSummary};
 
-use super::entry::{ModelEntry, ModelFormat, ModelSource, Quantization, Shape};
+use super::entry::{ModelEntry, ModelFormat, ModelSource, Quantization, Shape, WeightPart};
 use super::files;
 
 /// A `.gguf` file or a folder with a `config.json`; None for anything else.
@@ -50,6 +50,7 @@ fn blank(id: String, path: &Path, format: ModelFormat) -> ModelEntry {
         context_length: None,
         chat_template: false,
         shape: None,
+        weight_parts: vec![],
         runnable: true,
         unsupported_reason: None,
     }
@@ -67,22 +68,31 @@ pub fn folder(dir: &Path) -> ModelEntry {
     e.size_bytes = weights.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
     e.chat_template = folder_has_chat_template(dir);
 
-    match files::read_text(&dir.join("config.json")) {
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => e.refuse("no config.json"),
-        Err(err) => e.refuse(format!("config.json: {err}")),
+    let quant = match files::read_text(&dir.join("config.json")) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            e.refuse("no config.json");
+            None
+        }
+        Err(err) => {
+            e.refuse(format!("config.json: {err}"));
+            None
+        }
         Ok(text) => read_config(&mut e, &text),
-    }
+    };
     if weights.is_empty() {
         e.refuse("no *.safetensors weights");
     }
     for missing in missing_shards(dir) {
         e.refuse(format!("missing weight shard {missing} (listed in model.safetensors.index.json)"));
     }
+    let mut shapes = BTreeMap::new();
     for f in &weights {
-        if let Err(err) = check_safetensors(f) {
-            e.refuse(format!("{err:#}"));
+        match check_safetensors(f) {
+            Ok(summary) => shapes.extend(summary.shapes),
+            Err(err) => e.refuse(format!("{err:#}")),
         }
     }
+    e.weight_parts = folder_parts(&shapes, quant.as_ref());
     if !dir.join("tokenizer.json").is_file() {
         e.refuse("no tokenizer.json");
     }
@@ -101,28 +111,72 @@ fn open_model_file(file: &Path) -> anyhow::Result<(BufReader<std::fs::File>, u64
     Ok((BufReader::with_capacity(1 << 16, f), len))
 }
 
-fn read_config(e: &mut ModelEntry, text: &str) {
+/// Fills `e` from config.json; returns its quantization (with per-module overrides).
+fn read_config(e: &mut ModelEntry, text: &str) -> Option<QuantizationConfig> {
     let json: serde_json::Value = match serde_json::from_str(text) {
         Ok(v) => v,
-        Err(err) => return e.refuse(format!("config.json: {err}")),
+        Err(err) => {
+            e.refuse(format!("config.json: {err}"));
+            return None;
+        }
     };
     e.architecture = json.get("model_type").and_then(|v| v.as_str()).map(str::to_string);
     // A vision model's config may name a supported text tower; refuse it for what it is.
     if let Some(why) = vision_parts(&json) {
-        return e.refuse(why);
+        e.refuse(why);
+        return None;
     }
-    let Some(arch) = e.architecture.clone() else { return e.refuse("config.json has no model_type") };
+    let Some(arch) = e.architecture.clone() else {
+        e.refuse("config.json has no model_type");
+        return None;
+    };
     if let Err(err) = Arch::parse(&arch) {
-        return e.refuse(err.to_string());
+        e.refuse(err.to_string());
+        return None;
     }
     match from_hf_config(text) {
         Ok((cfg, quant)) => {
             fill_from_config(e, &cfg);
             e.parameters = Some(parameter_count(&cfg));
-            e.quantization = quant.map(|q| Quantization { bits: q.bits as u32, group_size: q.group_size as u32 });
+            e.quantization = quant.as_ref().map(|q| Quantization { bits: q.bits as u32, group_size: q.group_size as u32 });
+            quant
         }
-        Err(err) => e.refuse(format!("{err:#}")),
+        Err(err) => {
+            e.refuse(format!("{err:#}"));
+            None
+        }
     }
+}
+
+/// An MLX folder's weights by width, from its safetensors shapes: a module with `.scales`
+/// holds `scales × group_size` values at its (group_size, bits) from config.json, as the
+/// loader reads it; every other tensor is float.
+fn folder_parts(shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&QuantizationConfig>) -> Vec<WeightPart> {
+    let count = |shape: &Vec<u64>| shape.iter().product::<u64>();
+    let mut by_width: BTreeMap<Option<(u32, u32)>, u64> = BTreeMap::new();
+    for (name, shape) in shapes {
+        let scales = |module: &str| shapes.get(&format!("{module}.scales"));
+        if let Some(module) = name.strip_suffix(".scales").or(name.strip_suffix(".biases")) {
+            if scales(module).is_some() {
+                continue;
+            }
+        }
+        let quantized = name.strip_suffix(".weight").and_then(|m| Some((scales(m)?, quant?.for_module(m))));
+        match quantized {
+            Some((scales, (group, bits))) => {
+                *by_width.entry(Some((bits as u32, group as u32))).or_default() += count(scales) * group as u64;
+            }
+            None => *by_width.entry(None).or_default() += count(shape),
+        }
+    }
+    parts(by_width)
+}
+
+fn parts(by_width: BTreeMap<Option<(u32, u32)>, u64>) -> Vec<WeightPart> {
+    by_width
+        .into_iter()
+        .map(|(q, elements)| WeightPart { quantization: q.map(|(bits, group_size)| Quantization { bits, group_size }), elements })
+        .collect()
 }
 
 /// Why a config.json describes a vision (image + text) model, if it does.
@@ -224,6 +278,7 @@ pub fn gguf(file: &Path) -> ModelEntry {
     e.architecture = header.string("general.architecture").map(str::to_string);
     e.parameters = Some(header.tensor_infos.iter().map(|t| t.dims.iter().product::<u64>()).sum());
     e.quantization = gguf_quantization(&header);
+    e.weight_parts = gguf_parts(&header);
     e.chat_template = header.string("tokenizer.chat_template").is_some();
     if let Some(arch) = &e.architecture {
         e.context_length = header.number(&format!("{arch}.context_length")).map(|v| v as usize);
@@ -259,6 +314,17 @@ fn gguf_quantization(h: &GgufSummary) -> Option<Quantization> {
     }
     let (name, _) = elements.into_iter().max_by_key(|&(name, n)| (n, std::cmp::Reverse(name)))?;
     ggml_bits(name).map(|(bits, group_size)| Quantization { bits, group_size })
+}
+
+/// A GGUF's tensors by width as MLX reads them: Q4_0, Q4_1 and Q8_0 as affine-quantized
+/// triplets (group 32), every other type as float (MLX casts other quantizations to float16).
+fn gguf_parts(h: &GgufSummary) -> Vec<WeightPart> {
+    let mut by_width: BTreeMap<Option<(u32, u32)>, u64> = BTreeMap::new();
+    for t in &h.tensor_infos {
+        let width = matches!(t.ggml_type.name, "Q4_0" | "Q4_1" | "Q8_0").then(|| ggml_bits(t.ggml_type.name)).flatten();
+        *by_width.entry(width).or_default() += t.dims.iter().product::<u64>();
+    }
+    parts(by_width)
 }
 
 /// (bits, group size) of a GGML quantized type: the scale block (K-quants: the sub-block

@@ -29,6 +29,10 @@ pub struct Metrics {
     pub http_requests_total: IntCounterVec,
     pub http_request_duration_seconds: HistogramVec,
     pub http_requests_in_flight: IntGaugeVec,
+    /// Sockets being served (src/transport/).
+    pub http_connections: IntGauge,
+    /// Connections the server closed to stay within `max_connections`, by reason.
+    pub http_connections_shed_total: IntCounterVec,
     // inference
     pub requests_total: IntCounterVec,
     pub request_duration_seconds: HistogramVec,
@@ -133,6 +137,8 @@ impl Metrics {
             http_requests_total: reg!(IntCounterVec::new(Opts::new("http_requests_total", "HTTP requests answered, by route template and status (the /metrics scrape is not counted)."), &["method", "route", "status"])),
             http_request_duration_seconds: hist("http_request_duration_seconds", "Time to the HTTP response head (a stream's first bytes), by route template.", &["method", "route"]),
             http_requests_in_flight: reg!(IntGaugeVec::new(Opts::new("http_requests_in_flight", "HTTP requests being handled now."), &["method", "route"])),
+            http_connections: reg!(IntGauge::new("http_connections", "HTTP connections open now (at most max_connections).")),
+            http_connections_shed_total: reg!(IntCounterVec::new(Opts::new("http_connections_shed_total", "Connections closed to stay within max_connections: evicted (it waited longest on its client; a newcomer took its place) or refused (503: every connection was busy)."), &["reason"])),
             requests_total: reg!(IntCounterVec::new(Opts::new("requests_total", "Inference requests finished, by endpoint (chat|completions), stream (true|false) and result (stop|length|cancelled|error)."), &["model", "endpoint", "stream", "result"])),
             request_duration_seconds: hist("request_duration_seconds", "End-to-end inference time: queued to last token.", &["model"]),
             time_to_first_token_seconds: hist("time_to_first_token_seconds", "Queued to first generated token (includes queue wait and prefill).", &["model"]),

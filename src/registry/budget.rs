@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crate::config::Config;
 use crate::engine::WeightFormat;
+use crate::library::entry::WeightPart;
 use crate::library::{ModelEntry, Shape};
 
 /// A model loads with at least this much KV (one short conversation); more as room allows.
@@ -253,20 +254,7 @@ impl Budget {
     /// What `entry` needs in `format` (resolved) on the device: weights as they will be
     /// held, KV at the device's dtype.
     pub fn need(&self, entry: &ModelEntry, format: WeightFormat, on_gpu: bool) -> Need {
-        let float32 = entry.float32_weight_bytes().unwrap_or(entry.size_bytes.saturating_mul(4));
-        let weights = match format {
-            WeightFormat::Float32 | WeightFormat::Auto => float32,
-            // Quantized weights stay packed; on the CPU their float parts (and any dense
-            // float16 weight) become float32.
-            WeightFormat::Native if on_gpu => entry.size_bytes,
-            // The CPU kernel's weights: packed values plus a float32 scale and bias a group.
-            WeightFormat::Native => match (entry.quantization, entry.parameters) {
-                (Some(q), Some(params)) if crate::engine::cpu_backend::quantized_kernel(q.bits as i32, q.group_size as i32).is_some() => {
-                    params * q.bits as u64 / 8 + params * 8 / q.group_size.max(1) as u64
-                }
-                _ => float32,
-            },
-        };
+        let weights = weights_as_held(entry, format, on_gpu);
         let dtype_bytes = if on_gpu { 2 } else { 4 };
         let per_token = entry.kv_bytes_per_token(dtype_bytes).unwrap_or(0) as u64;
         let context = entry.context_length.unwrap_or(4096).max(1);
@@ -318,6 +306,34 @@ impl Budget {
         }
         let spare = room(kept, freed) - need.weights;
         Ok(Plan { unload, kv_bytes: spare.clamp(need.kv_min, need.kv_preferred.max(need.kv_min)) })
+    }
+}
+
+/// The bytes `entry`'s weights take once loaded in `format` (resolved) on the device.
+pub fn weights_as_held(entry: &ModelEntry, format: WeightFormat, on_gpu: bool) -> u64 {
+    let float32 = entry.float32_weight_bytes().unwrap_or(entry.size_bytes.saturating_mul(4));
+    match format {
+        WeightFormat::Float32 | WeightFormat::Auto => float32,
+        // Quantized weights stay packed; on the CPU their float parts (and any dense
+        // float16 weight) become float32.
+        WeightFormat::Native if on_gpu => entry.size_bytes,
+        // Each part at its own width (a Q8_0 embedding beside Q4_1 layers): what the CPU
+        // kernel runs stays packed, everything else becomes float32.
+        WeightFormat::Native => match entry.parts() {
+            parts if parts.is_empty() => float32,
+            parts => parts.iter().map(cpu_bytes).sum(),
+        },
+    }
+}
+
+/// What the CPU device holds of `part`: packed values plus a float32 scale and bias a group
+/// where its kernel runs them, else float32.
+fn cpu_bytes(part: &WeightPart) -> u64 {
+    match part.quantization {
+        Some(q) if crate::engine::cpu_backend::quantized_kernel(q.bits as i32, q.group_size as i32).is_some() => {
+            part.elements * q.bits as u64 / 8 + part.elements * 8 / q.group_size.max(1) as u64
+        }
+        _ => part.elements * 4,
     }
 }
 
@@ -486,6 +502,7 @@ mod tests {
             context_length: None,
             chat_template: false,
             shape,
+            weight_parts: vec![],
             runnable: true,
             unsupported_reason: None,
         }
@@ -506,6 +523,29 @@ mod tests {
         assert_eq!(b.need(&e, WeightFormat::Float32, false).weights, params * 4);
         e.quantization = Some(crate::library::Quantization { bits: 3, group_size: 64 });
         assert_eq!(b.need(&e, WeightFormat::Native, false).weights, params * 4);
+    }
+
+    /// The default model's GGUF: Q4_1 layers (0.75 bytes a value packed), a Q8_0 embedding
+    /// that is also the head (1.25), float32 norms: 115 MB, where counting every parameter
+    /// at the file's one reported width (4 bits) said 101 MB. A part the kernel cannot run
+    /// (3 bits) is float32.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn each_part_is_estimated_at_its_own_width() {
+        let b = budget(18 * GB, 2);
+        let part = |width: Option<(u32, u32)>, elements| WeightPart {
+            quantization: width.map(|(bits, group_size)| crate::library::Quantization { bits, group_size }),
+            elements,
+        };
+        let mut e = entry(Some(SMOL_SHAPE));
+        e.parameters = Some(134_515_008);
+        e.quantization = Some(crate::library::Quantization { bits: 4, group_size: 32 });
+        e.weight_parts = vec![part(None, 35_136), part(Some((4, 32)), 106_168_320), part(Some((8, 32)), 28_311_552)];
+        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 106_168_320 * 3 / 4 + 28_311_552 * 5 / 4 + 35_136 * 4);
+        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 115_156_224);
+        assert_eq!(b.need(&e, WeightFormat::Float32, false).weights, 134_515_008 * 4);
+        e.weight_parts[2] = part(Some((3, 32)), 28_311_552);
+        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 106_168_320 * 3 / 4 + 28_311_552 * 4 + 35_136 * 4);
     }
 
     #[test]

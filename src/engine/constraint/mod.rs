@@ -112,6 +112,34 @@ impl Grammars {
     }
 }
 
+/// Checks a JSON Schema without a model, so a bad one is refused before a model loads (or
+/// another is evicted for it): its keywords ([`schema::check`]) and that llguidance builds
+/// its grammar within our [`limits`], against a byte vocabulary (what depends on the
+/// model's tokens is checked when the request's grammar is compiled). The caller bounds
+/// its size first ([`schema::MAX_SCHEMA_BYTES`]).
+pub fn validate_schema(s: &serde_json::Value) -> Result<(), ConstraintError> {
+    static BYTES: std::sync::OnceLock<ParserFactory> = std::sync::OnceLock::new();
+    let factory = BYTES.get_or_init(|| {
+        let mut f = ParserFactory::new_simple(&toktrie::ApproximateTokEnv::single_byte_env()).expect("a byte vocabulary's parser factory");
+        f.quiet();
+        *f.limits_mut() = limits();
+        f
+    });
+    let grammar = TopLevelGrammar::from_json_schema(schema::prepare(s)?);
+    let parser = factory.create_parser(grammar).map_err(|e| ConstraintError::new(format!("invalid JSON Schema: {e}")))?;
+    let mut matcher = Matcher::new(Ok(parser));
+    // The first mask too: some limits (items in an Earley row: a few thousand properties
+    // side by side) only trip there, and would otherwise fail on the engine thread.
+    let failed = match matcher.get_error() {
+        Some(e) => Some(e),
+        None => matcher.compute_mask().err().map(|e| e.to_string()),
+    };
+    match failed {
+        Some(e) => Err(ConstraintError::new(format!("the JSON Schema is beyond the grammar engine's limits: {e}"))),
+        None => Ok(()),
+    }
+}
+
 /// llguidance's defaults, except that errors do not carry the parser state and grammar (they
 /// become API error messages).
 fn limits() -> ParserLimits {

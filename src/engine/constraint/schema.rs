@@ -64,6 +64,31 @@ pub const ANNOTATIONS: &[&str] = &[
     "discriminator",
 ];
 
+/// Longest JSON Schema a request may carry (serialized, all of a request's tools together):
+/// compiling it costs time on a preparation thread, and llguidance's own limits
+/// ([`super::limits`]) bound the grammar it becomes.
+pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
+
+/// `schema`'s length as compact JSON, or None once it passes `cap` (counted without
+/// building the text).
+pub fn serialized_len(schema: &Value, cap: usize) -> Option<usize> {
+    struct Count(usize, usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            if self.0 > self.1 {
+                return Err(std::io::Error::other("over the cap"));
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0, cap);
+    serde_json::to_writer(&mut count, schema).ok().map(|_| count.0)
+}
+
 /// Our layout for JSON output (llguidance's `x-guidance` options): no free whitespace (the
 /// default lets a model pad with newlines forever), a separator may be followed by one space
 /// (models tend to write `"a": 1, "b": 2`), so the output stays short and bounded.

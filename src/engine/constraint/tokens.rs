@@ -45,6 +45,11 @@ fn no_prefix_space(pre: &mut Value) {
 }
 
 impl super::Grammars {
+    /// The longest token's bytes: a text of `n` bytes is at least `n / max_token_bytes` tokens.
+    pub fn max_token_bytes(&self) -> usize {
+        self.factory.tok_env().tok_trie().max_token_len().max(1)
+    }
+
     /// A token's exact bytes (a special token's text without toktrie's 0xFF marker), for
     /// `logprobs`; empty for ids past the vocabulary.
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {

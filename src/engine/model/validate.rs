@@ -100,6 +100,8 @@ pub struct SafetensorsSummary {
     pub tensors: usize,
     /// Bytes of the data section that tensors use.
     pub data_bytes: u64,
+    /// Each tensor's shape, by name (the library's memory estimate reads them).
+    pub shapes: BTreeMap<String, Vec<u64>>,
 }
 
 /// Checks the GGUF file at `path`; errors name the file.
@@ -469,6 +471,7 @@ pub fn safetensors<R: Read>(reader: R, len: u64) -> Result<SafetensorsSummary> {
     let data_start = 8 + n;
     let data_len = len - data_start;
     let mut ranges = Vec::with_capacity(header.len());
+    let mut shapes = BTreeMap::new();
     for (name, entry) in header {
         if name == "__metadata__" {
             // MLX writes null when there is none.
@@ -498,6 +501,7 @@ pub fn safetensors<R: Read>(reader: R, len: u64) -> Result<SafetensorsSummary> {
             let (s, e) = (data_start.saturating_add(begin), data_start.saturating_add(end));
             bail!("safetensors truncated: tensor {name} needs bytes {s}..{e} but the file has {len}");
         }
+        shapes.insert(name.clone(), e.shape);
         ranges.push((begin, end, name));
     }
     ranges.sort();
@@ -506,7 +510,7 @@ pub fn safetensors<R: Read>(reader: R, len: u64) -> Result<SafetensorsSummary> {
             bail!("tensors {} and {} overlap", pair[0].2, pair[1].2);
         }
     }
-    Ok(SafetensorsSummary { header_bytes: n, tensors: ranges.len(), data_bytes: ranges.iter().map(|r| r.1 - r.0).sum() })
+    Ok(SafetensorsSummary { header_bytes: n, tensors: ranges.len(), data_bytes: ranges.iter().map(|r| r.1 - r.0).sum(), shapes })
 }
 
 #[cfg(test)]
