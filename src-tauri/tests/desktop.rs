@@ -424,6 +424,8 @@ fn models_from_the_menu(desk: &Desktop, base: &str, artifacts: &Path) {
 fn config_errors_are_notified(desk: &Desktop, bin: &Path, dir: &Path, artifacts: &Path) {
     let broken = dir.join("broken.toml");
     std::fs::write(&broken, "port = 8080\nmax_batch = \"eight\"\n").unwrap();
+    // Nothing else on screen: the one displayed next is the app's.
+    desk.output("dunstctl", &["close-all"]);
     let mut app = desk
         .command(bin.to_str().unwrap())
         .args(["--config", broken.to_str().unwrap()])
@@ -438,12 +440,16 @@ fn config_errors_are_notified(desk: &Desktop, bin: &Path, dir: &Path, artifacts:
     std::io::Read::read_to_string(&mut app.stderr.take().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("line 2"), "{stderr}");
-    let history = wait_for("the config error's notification in dunst", Duration::from_secs(15), || {
+    // It stays until dismissed (dunst keeps it out of its history while it is shown).
+    wait_for("the config error's notification on screen", Duration::from_secs(15), || {
+        desk.output("dunstctl", &["count", "displayed"]).filter(|n| n.trim() != "0")
+    });
+    desk.screenshot("root", &artifacts.join("config-error-notification.png"));
+    desk.output("dunstctl", &["close-all"]);
+    let history = wait_for("the config error's notification in dunst's history", Duration::from_secs(15), || {
         desk.output("dunstctl", &["history"]).filter(|h| h.contains("the configuration has an error"))
     });
     assert!(history.contains("broken.toml, line 2, column 13") && history.contains("expected usize"), "{history}");
-    desk.screenshot("root", &artifacts.join("config-error-notification.png"));
-    desk.output("dunstctl", &["close-all"]);
 }
 
 fn tempfile_dir() -> PathBuf {

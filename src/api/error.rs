@@ -227,6 +227,11 @@ impl From<crate::engine::EngineError> for ApiError {
             ShuttingDown => ApiError::shutting_down(),
             Stuck => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", format!("The engine stopped answering: {}", e.message))
                 .code("engine_stuck"),
+            Grammar => ApiError::bad_request(format!(
+                "The output grammar reached the grammar engine's limits while generating ({}); a schema with fewer optional properties side by side (or required ones) stays within them",
+                e.message.trim_start_matches(crate::engine::constraint::RUNTIME_ERROR).trim()
+            ))
+            .code("unsupported_schema"),
         }
     }
 }

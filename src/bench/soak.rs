@@ -67,6 +67,10 @@ pub struct SoakArgs {
     /// from its post-warm-up minimum to the end
     #[arg(long, default_value_t = 200.0)]
     pub max_growth_mb: f64,
+    /// Fail if RSS less the caches rises faster than this (MB per hour, least squares after
+    /// the warm-up): a leak a short run keeps under the growth bound still shows as a slope
+    #[arg(long, default_value_t = 100.0)]
+    pub max_slope_mb_per_hour: f64,
     /// A .gguf or MLX folder for the in-process server (default: the default model)
     #[arg(long)]
     pub model: Option<String>,
@@ -237,7 +241,7 @@ pub fn verdict(
     drain: &Result<(), String>,
     queue: (u64, Option<u64>),
     resident: Option<&MemStats>,
-    max_growth_mb: f64,
+    (max_growth_mb, max_slope_mb_per_hour): (f64, f64),
 ) -> Vec<String> {
     let mut why = vec![];
     let lost = tally.lost + tally.unaccounted();
@@ -263,10 +267,14 @@ pub fn verdict(
     }
     match resident {
         None => why.push("no RSS samples".into()),
-        Some(m) if m.growth_mb > max_growth_mb => {
-            why.push(format!("RSS less the caches grew {:.0} MB after the warm-up (bound {max_growth_mb:.0} MB)", m.growth_mb))
+        Some(m) => {
+            if m.growth_mb > max_growth_mb {
+                why.push(format!("RSS less the caches grew {:.0} MB after the warm-up (bound {max_growth_mb:.0} MB)", m.growth_mb));
+            }
+            if let Some(slope) = m.slope_mb_per_hour.filter(|s| *s > max_slope_mb_per_hour) {
+                why.push(format!("RSS less the caches rose {slope:.0} MB/h after the warm-up (bound {max_slope_mb_per_hour:.0} MB/h)"));
+            }
         }
-        Some(_) => {}
     }
     why
 }
@@ -653,8 +661,8 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     let info = runner::describe(&client, &target).await;
     let total = Duration::from_secs_f64(args.minutes * 60.0);
     let command = format!(
-        "mlxbar bench soak --minutes {} --streams {} --seed {} --burst-every {} --burst-size {} --max-growth-mb {}",
-        args.minutes, args.streams, args.seed, args.burst_every, args.burst_size, args.max_growth_mb
+        "mlxbar bench soak --minutes {} --streams {} --seed {} --burst-every {} --burst-size {} --max-growth-mb {} --max-slope-mb-per-hour {}",
+        args.minutes, args.streams, args.seed, args.burst_every, args.burst_size, args.max_growth_mb, args.max_slope_mb_per_hour
     );
     eprintln!("{command}\nserver: {server}");
     let ctx = Arc::new(Ctx { client, target, tally: Mutex::default(), in_flight: 0.into(), stop: CancellationToken::new() });
@@ -710,7 +718,14 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     let (mlx_active, mlx_cache, prefix_cache) = (series(&|s| s.mlx_active), series(&|s| s.mlx_cache), series(&|s| s.prefix_cache));
     let max_waiting = samples.iter().filter_map(|s| s.waiting).fold(0.0, f64::max) as u64;
     let queue_capacity = args.target.is_none().then_some(args.queue_capacity as u64);
-    let failures = verdict(&tally, scrapes_failed, &drained, (max_waiting, queue_capacity), rss_less_caches.as_ref(), args.max_growth_mb);
+    let failures = verdict(
+        &tally,
+        scrapes_failed,
+        &drained,
+        (max_waiting, queue_capacity),
+        rss_less_caches.as_ref(),
+        (args.max_growth_mb, args.max_slope_mb_per_hour),
+    );
     let seconds = start.elapsed().as_secs_f64();
     let report = SoakReport {
         command,
@@ -795,24 +810,31 @@ mod tests {
     #[test]
     fn verdict_fails_on_loss_failure_scrapes_drain_queue_and_growth() {
         const Q: (u64, Option<u64>) = (16, Some(16));
+        const B: (f64, f64) = (200.0, 100.0);
         let ok_mem = MemStats { start_mb: 100.0, end_mb: 300.0, max_mb: 310.0, growth_mb: 20.0, slope_mb_per_hour: Some(1.0) };
         let good = Tally { sent: 3, completed: 2, rejected_429: 1, ..Tally::default() };
-        assert!(verdict(&good, 0, &Ok(()), Q, Some(&ok_mem), 200.0).is_empty());
+        assert!(verdict(&good, 0, &Ok(()), Q, Some(&ok_mem), B).is_empty());
 
         let lost = Tally { sent: 4, lost: 1, ..good.clone() };
-        assert!(verdict(&lost, 0, &Ok(()), Q, Some(&ok_mem), 200.0)[0].contains("1 request(s) lost"));
+        assert!(verdict(&lost, 0, &Ok(()), Q, Some(&ok_mem), B)[0].contains("1 request(s) lost"));
         let unaccounted = Tally { sent: 4, ..good.clone() };
-        assert!(verdict(&unaccounted, 0, &Ok(()), Q, Some(&ok_mem), 200.0)[0].contains("lost"));
+        assert!(verdict(&unaccounted, 0, &Ok(()), Q, Some(&ok_mem), B)[0].contains("lost"));
         let failed = Tally { sent: 4, failed: 1, ..good.clone() };
-        assert!(verdict(&failed, 0, &Ok(()), Q, Some(&ok_mem), 200.0)[0].contains("failed"));
-        assert!(verdict(&good, 2, &Ok(()), Q, Some(&ok_mem), 200.0)[0].contains("scrape"));
-        assert!(verdict(&good, 0, &Err("running 1".into()), Q, Some(&ok_mem), 200.0)[0].contains("drain"));
+        assert!(verdict(&failed, 0, &Ok(()), Q, Some(&ok_mem), B)[0].contains("failed"));
+        assert!(verdict(&good, 2, &Ok(()), Q, Some(&ok_mem), B)[0].contains("scrape"));
+        assert!(verdict(&good, 0, &Err("running 1".into()), Q, Some(&ok_mem), B)[0].contains("drain"));
         let grown = MemStats { growth_mb: 250.0, ..ok_mem.clone() };
-        assert!(verdict(&good, 0, &Ok(()), Q, Some(&grown), 200.0)[0].contains("grew 250 MB"));
-        assert!(!verdict(&good, 0, &Ok(()), Q, None, 200.0).is_empty());
-        assert!(verdict(&good, 0, &Ok(()), (17, Some(16)), Some(&ok_mem), 200.0)[0].contains("past the queue capacity of 16"));
-        assert!(verdict(&good, 0, &Ok(()), (99, None), Some(&ok_mem), 200.0).is_empty());
-        assert!(!verdict(&Tally { sent: 1, rejected_429: 1, ..Tally::default() }, 0, &Ok(()), Q, Some(&ok_mem), 200.0).is_empty());
+        assert!(verdict(&good, 0, &Ok(()), Q, Some(&grown), B)[0].contains("grew 250 MB"));
+        assert!(!verdict(&good, 0, &Ok(()), Q, None, B).is_empty());
+        // Under the growth bound, but rising 150 MB an hour: a leak all the same.
+        let rising = MemStats { growth_mb: 25.0, slope_mb_per_hour: Some(150.0), ..ok_mem.clone() };
+        assert_eq!(
+            verdict(&good, 0, &Ok(()), Q, Some(&rising), B),
+            vec!["RSS less the caches rose 150 MB/h after the warm-up (bound 100 MB/h)".to_string()]
+        );
+        assert!(verdict(&good, 0, &Ok(()), (17, Some(16)), Some(&ok_mem), B)[0].contains("past the queue capacity of 16"));
+        assert!(verdict(&good, 0, &Ok(()), (99, None), Some(&ok_mem), B).is_empty());
+        assert!(!verdict(&Tally { sent: 1, rejected_429: 1, ..Tally::default() }, 0, &Ok(()), Q, Some(&ok_mem), B).is_empty());
     }
 
     #[test]

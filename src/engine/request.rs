@@ -53,6 +53,9 @@ pub enum ErrorKind {
     ShuttingDown,
     /// The engine's thread is stuck in a step and was left behind (restart required): 503.
     Stuck,
+    /// The request's grammar (a JSON Schema, tools) reached llguidance's limits while
+    /// generating, as a schema with thousands of optional properties side by side does: 400.
+    Grammar,
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +79,9 @@ impl EngineError {
 
     /// Tells an MLX allocation failure from other errors by its message.
     pub fn from_message(message: String) -> Self {
+        if message.starts_with(crate::engine::constraint::RUNTIME_ERROR) {
+            return EngineError { kind: ErrorKind::Grammar, message };
+        }
         let m = message.to_ascii_lowercase();
         let oom = ["unable to allocate", "out of memory", "bad_alloc", "memory limit"].iter().any(|k| m.contains(k));
         EngineError { kind: if oom { ErrorKind::OutOfMemory } else { ErrorKind::Internal }, message }

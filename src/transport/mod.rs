@@ -35,6 +35,11 @@ use slots::{Admission, Slots};
 pub const REFUSING: usize = 16;
 /// How long a refused connection may take to read its 503.
 const REFUSAL_TIME: Duration = Duration::from_secs(2);
+/// A connection gives way to a newcomer only after waiting this long on its client.
+pub const EVICT_AFTER: Duration = Duration::from_millis(100);
+/// A newcomer that finds every place taken waits this long for one (a connection ending, or
+/// one waiting on its client for [`EVICT_AFTER`]) before it gets the 503.
+const ADMIT_WAIT: Duration = Duration::from_secs(1);
 /// Stopping waits this long for requests in flight (their engines have stopped by then),
 /// then closes what is left.
 pub const DRAIN: Duration = Duration::from_secs(5);
@@ -83,7 +88,26 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits, metrics: 
             },
         };
         let _ = stream.set_nodelay(true);
-        match slots.admit() {
+        // Full: look again every few milliseconds, at most ADMIT_WAIT (places free up as
+        // answers go out and waiting connections ripen).
+        let admit_by = tokio::time::Instant::now() + ADMIT_WAIT;
+        let mut admission = slots.admit(EVICT_AFTER);
+        let mut stopped = false;
+        while matches!(admission, Admission::Full) && tokio::time::Instant::now() < admit_by {
+            tokio::select! {
+                biased;
+                _ = &mut stop => {
+                    stopped = true;
+                    break;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+            admission = slots.admit(EVICT_AFTER);
+        }
+        if stopped {
+            break;
+        }
+        match admission {
             Admission::Admitted { ticket, evicted } => {
                 if evicted {
                     metrics.http_connections_shed_total.with_label_values(&["evicted"]).inc();

@@ -4,10 +4,12 @@
 //! connection): such a socket costs a descriptor and nothing else, so idle and trickling
 //! clients can never crowd out `/health` or a model load. When every connection is busy
 //! with work the server does (a handler running, a response being sent), the new one is
-//! refused with a 503.
+//! refused with a 503. Only a connection that has waited at least a moment gives way: one
+//! just accepted has had no time to send its request (a burst of clients must not close
+//! each other's connections before their requests are read).
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -40,11 +42,18 @@ impl Slots {
         self.lock().conns.len()
     }
 
-    pub fn admit(self: &Arc<Self>) -> Admission {
+    /// A place for a new connection; `ripe`: how long a connection must have waited on its
+    /// client to give way.
+    pub fn admit(self: &Arc<Self>, ripe: Duration) -> Admission {
         let mut table = self.lock();
         let mut evicted = false;
         if table.conns.len() >= self.max {
-            let victim = table.conns.values().filter_map(|c| c.waiting_since().map(|since| (since, c.id))).min();
+            let now = Instant::now();
+            let victim = table
+                .conns
+                .values()
+                .filter_map(|c| c.waiting_since().filter(|since| now.duration_since(*since) >= ripe).map(|since| (since, c.id)))
+                .min();
             let Some((_, id)) = victim else { return Admission::Full };
             if let Some(conn) = table.conns.remove(&id) {
                 conn.evict.cancel();
@@ -144,14 +153,14 @@ mod tests {
     #[test]
     fn a_full_table_evicts_the_longest_waiting_client_and_refuses_when_all_are_busy() {
         let slots = Slots::new(3);
-        let (a, _) = ticket(slots.admit());
-        let (b, _) = ticket(slots.admit());
-        let (c, _) = ticket(slots.admit());
+        let (a, _) = ticket(slots.admit(Duration::ZERO));
+        let (b, _) = ticket(slots.admit(Duration::ZERO));
+        let (c, _) = ticket(slots.admit(Duration::ZERO));
         // a: busy with a request; b: waiting for its body since before c started waiting.
         a.conn.request_started(false);
         b.conn.request_started(true);
         c.conn.request_done();
-        let (d, evicted) = ticket(slots.admit());
+        let (d, evicted) = ticket(slots.admit(Duration::ZERO));
         assert!(evicted && b.conn.evict.is_cancelled() && !c.conn.evict.is_cancelled() && !a.conn.evict.is_cancelled());
         assert_eq!(slots.held(), 3);
         // b's task ends later: its ticket does not remove anyone else.
@@ -161,10 +170,12 @@ mod tests {
             t.conn.request_started(true);
             t.conn.body_done();
         }
-        assert!(matches!(slots.admit(), Admission::Full), "every connection is busy");
+        assert!(matches!(slots.admit(Duration::ZERO), Admission::Full), "every connection is busy");
         d.conn.request_done();
-        let (_e, evicted) = ticket(slots.admit());
+        let (_e, evicted) = ticket(slots.admit(Duration::ZERO));
         assert!(evicted && d.conn.evict.is_cancelled());
+        // A connection that has only just started waiting does not give way yet.
+        assert!(matches!(slots.admit(Duration::from_secs(60)), Admission::Full), "nobody has waited a minute");
         drop((a, c));
         assert_eq!(slots.held(), 1);
     }

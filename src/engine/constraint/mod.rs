@@ -140,6 +140,10 @@ pub fn validate_schema(s: &serde_json::Value) -> Result<(), ConstraintError> {
     }
 }
 
+/// How a grammar's failure while generating begins (the engine reports it as
+/// [`crate::engine::ErrorKind::Grammar`]: the request's fault, not the server's).
+pub const RUNTIME_ERROR: &str = "constraint: ";
+
 /// llguidance's defaults, except that errors do not carry the parser state and grammar (they
 /// become API error messages).
 fn limits() -> ParserLimits {
@@ -207,7 +211,7 @@ impl ConstraintState {
     /// when the grammar may end). Returns Err if the grammar is in an error state.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
         if let Some(e) = self.matcher.get_error() {
-            bail!("constraint: {e}");
+            bail!("{RUNTIME_ERROR}{e}");
         }
         let allowed = if self.matcher.is_stopped() {
             // Finished: only a stop token can follow.
@@ -215,7 +219,7 @@ impl ConstraintState {
             self.stop_ids.iter().for_each(|&id| none.allow_token(id));
             none
         } else {
-            let mut allowed = self.matcher.compute_mask().map_err(|e| anyhow!("constraint: {e}"))?;
+            let mut allowed = self.matcher.compute_mask().map_err(|e| anyhow!("{RUNTIME_ERROR}{e}"))?;
             // The TokEnv's EOS set is the stop ids, so llguidance allows them together; kept
             // explicit in case a grammar names one of them.
             if self.stop_ids.iter().any(|&id| allowed.is_allowed(id)) {
@@ -255,9 +259,9 @@ impl ConstraintState {
             if self.stop_ids.contains(&token) {
                 return Ok(());
             }
-            bail!("constraint: token {token} after the grammar finished");
+            bail!("the constraint got token {token} after the grammar finished");
         }
-        self.matcher.consume_token(token).map_err(|e| anyhow!("constraint: {e}"))
+        self.matcher.consume_token(token).map_err(|e| anyhow!("{RUNTIME_ERROR}{e}"))
     }
 
     /// The grammar is complete and allows nothing more: generation must end (FinishReason::Stop).
