@@ -1,8 +1,9 @@
 //! Continuous batching, the prefix cache and memory-aware admission on the real engine:
 //! batched greedy output equals one-at-a-time output while the engine's own batch-size
 //! histogram shows steps of three or more sequences, streams join and leave and one can be
-//! cancelled (ending as cancelled, its KV freed) without disturbing the rest, a second chat turn reuses the first turn's KV
-//! with identical output, and forced critical pressure refuses new work.
+//! cancelled (ending as cancelled, its KV freed) without disturbing the rest, a second chat
+//! turn reuses the first turn's KV with the same output (parting at a near-tie at most: the
+//! reused KV came from another prefill shape), and forced critical pressure refuses new work.
 mod common;
 
 use std::time::Duration;
@@ -30,6 +31,14 @@ async fn greedy(base: &str, messages: &Value, max_tokens: usize) -> String {
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+}
+
+/// A greedy answer with each step's logprobs (common::agreement).
+async fn traced(base: &str, messages: &Value, max_tokens: usize) -> common::agreement::Traced {
+    let body = common::agreement::traced_body(&json!({"messages": messages, "max_tokens": max_tokens}));
+    let r = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    common::agreement::Traced::from_answer(&r.json().await.unwrap())
 }
 
 async fn metric(base: &str, name: &str) -> f64 {
@@ -151,7 +160,7 @@ async fn batched_serving_matches_one_at_a_time_and_survives_a_cancelled_stream()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_chat_turn_reuses_the_first_turns_kv_with_identical_output() {
+async fn a_second_chat_turn_reuses_the_first_turns_kv_with_the_same_output() {
     let (plain, plain_url) = start(Config { prefix_cache_bytes: Some(0), ..common::test_config() }).await;
     let (cached, url) = start(common::test_config()).await;
     let turn1 = json!([
@@ -166,10 +175,13 @@ async fn a_second_chat_turn_reuses_the_first_turns_kv_with_identical_output() {
     turn2.push(json!({"role": "user", "content": "And the second tallest?"}));
     let turn2 = Value::Array(turn2);
     let hits_before = metric(&url, "mlxbar_prefix_cache_hits_total").await;
-    let with_cache = greedy(&url, &turn2, 24).await;
+    let with_cache = traced(&url, &turn2, 24).await;
     assert_eq!(metric(&url, "mlxbar_prefix_cache_hits_total").await, hits_before + 1.0);
     assert!(metric(&url, "mlxbar_prefix_cache_tokens_saved_total").await > 40.0, "the first turn's tokens were reused");
-    assert_eq!(with_cache, greedy(&plain_url, &turn2, 24).await, "reusing the prefix changed the output");
+    // The reused KV was computed in another prefill shape: with the default format's int8
+    // activations the answer may part from the plain one at a near-tie only (agreement.rs).
+    let plain_answer = traced(&plain_url, &turn2, 24).await;
+    common::agreement::assert_agree(&with_cache, &plain_answer, "second turn, prefix reused vs not");
     plain.shutdown().await;
     cached.shutdown().await;
 }

@@ -252,9 +252,9 @@ async fn a_dead_engine_reports_failed_and_reloads() {
     let r = client().post(format!("{base}/api/engine/reload")).json(&json!({})).send().await.unwrap();
     assert_eq!(r.status(), 202);
     common::until("the reloaded model", 120, async || (get_json(&format!("{base}/health")).await.0 == 200).then_some(())).await;
-    let r = client().post(format!("{base}/v1/chat/completions")).json(&chat("What is the capital of France?", 16)).send().await.unwrap();
+    let r = client().post(format!("{base}/v1/chat/completions")).json(&chat(common::QUESTION, 16)).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(r.json::<Value>().await.unwrap()["choices"][0]["message"]["content"], "The capital of France is Paris.");
+    assert_eq!(r.json::<Value>().await.unwrap()["choices"][0]["message"]["content"], common::ANSWER);
     assert_eq!(sample(&metrics(&base).await, "mlxbar_engine_failed"), 0.0);
 }
 

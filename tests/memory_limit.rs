@@ -10,9 +10,9 @@ use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_beyond_the_memory_limit_gets_507_and_others_go_on() {
-    // The default model holds ~538 MB of float32 weights (the tests' format); 64 MB more
+    // The default model holds ~115 MB of packed weights in the default format; 64 MB more
     // leaves room for short requests, not for a 6,000-token prompt's ~280 MB of KV.
-    let limit = 538_000_000 + (64 << 20);
+    let limit = 115_000_000 + (64 << 20);
     let base = common::start_server(mlxbar::Config { mlx_memory_limit_bytes: Some(limit), ..common::test_config() });
     let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
 

@@ -63,7 +63,7 @@ async fn get(url: String) -> Value {
 }
 
 async fn ask(base: &str, model: &str, extra: Value) -> (u16, Value) {
-    let mut body = json!({"model": model, "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12});
+    let mut body = json!({"model": model, "messages": [{"role": "user", "content": common::QUESTION}], "max_tokens": 12});
     body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     let r = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap())
@@ -96,7 +96,10 @@ async fn the_library_lists_local_models_and_v1_models_the_runnable_ones() {
     assert_eq!(four["quantization"], json!({"bits": 4, "group_size": 32}));
     assert_eq!(four["runnable"], true);
     assert_eq!(four["state"], "unloaded");
-    assert!(four["estimate_bytes"].as_u64().unwrap() > 500_000_000, "float32 weights (the tests' format): {four}");
+    // The default format keeps 4-bit weights packed: the estimate is the stored size (plus
+    // the float32 scales and biases) and 1,024 tokens of KV, not float32's ~540 MB.
+    let (estimate, stored) = (four["estimate_bytes"].as_u64().unwrap(), four["size_bytes"].as_u64().unwrap());
+    assert!(estimate > stored && estimate < stored + 150_000_000, "packed weights (the default format): {four}");
     assert_eq!(model(&list, EIGHT)["quantization"]["bits"], 8);
     let unknown = model(&list, "gpt2-like");
     assert_eq!(unknown["runnable"], false);
@@ -130,7 +133,7 @@ async fn switching_models_by_name_gives_a_fresh_servers_answers() {
     let default_again = answer(base, "default").await;
     assert_eq!(default_again, default_first);
     assert_eq!(answer(base, EIGHT).await, fresh_eight);
-    assert_eq!(default_first, "The capital of France is Paris.");
+    assert_eq!(default_first, common::ANSWER);
 
     // One model at a time: each switch unloaded the least recently used one.
     assert!(common::metric_sum(base, "mlxbar_model_unloads_total", &[r#"reason="lru""#]).await >= 3.0);
@@ -188,7 +191,8 @@ async fn concurrent_requests_for_an_unloaded_model_share_one_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_does_not_fit_is_refused_with_both_figures_and_pinned_ones_stay() {
     let default_id = common::model_path().file_stem().unwrap().to_string_lossy().into_owned();
-    // Room for the default model (538 MB of float32 weights + KV) and not for a second.
+    // The default model takes the budget (its packed weights, then KV up to what is left)
+    // and is pinned: no room for a second.
     let base = common::start_server(config(|c| {
         c.memory_budget_bytes = Some(700_000_000);
         c.pinned = vec![default_id.clone()];
@@ -198,7 +202,17 @@ async fn a_model_that_does_not_fit_is_refused_with_both_figures_and_pinned_ones_
     assert_eq!(status, 507, "{body}");
     assert_eq!(body["error"]["code"], "insufficient_memory");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.starts_with(&format!("{FOUR} needs ~5")) && message.contains("MB is left within the memory budget"), "{message}");
+    // The sentence whole, its figures those /api/models shows: the model's estimate, and
+    // the budget less what the loaded model holds.
+    let list = get(format!("{base}/api/models")).await;
+    let mb = |bytes: u64| format!("{} MB", bytes.div_ceil(1 << 20));
+    let (budget, loaded) = (list["memory"]["budget_bytes"].as_u64().unwrap(), list["memory"]["loaded_bytes"].as_u64().unwrap());
+    let want = format!(
+        "{FOUR} needs ~{}; {} is left within the memory budget (memory_budget_bytes)",
+        mb(model(&list, FOUR)["estimate_bytes"].as_u64().unwrap()),
+        mb(budget - loaded)
+    );
+    assert_eq!(message, want);
     let r = client().post(format!("{base}/api/models/{FOUR}/load")).json(&json!({})).send().await.unwrap();
     assert_eq!(r.status(), 507);
     let view = state_of(&base, FOUR).await;
@@ -220,7 +234,7 @@ async fn a_model_that_does_not_fit_is_refused_with_both_figures_and_pinned_ones_
         .await;
     // Unloaded while idle, the server is still healthy: a request loads it again.
     assert_eq!(client().get(format!("{base}/health")).send().await.unwrap().status(), 200);
-    assert_eq!(answer(&base, "default").await, "The capital of France is Paris.");
+    assert_eq!(answer(&base, "default").await, common::ANSWER);
     // Explicit unload; unloading what is not loaded says so.
     let unload = |id: String| client().post(format!("{base}/api/models/{id}/unload")).json(&json!({})).send();
     assert_eq!(unload(default_id.clone()).await.unwrap().status(), 200);

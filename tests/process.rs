@@ -1,6 +1,7 @@
 //! `mlxbar serve` as a process: SIGTERM drains (in-flight streams finish, new requests get
 //! 503, exit 0), a port already in use is one clear line and a non-zero exit, and a model
-//! that fails to load leaves the server up saying why.
+//! that fails to load leaves the server up saying why; a stuck step or load wedges nothing
+//! (test hooks armed for the child), and a memory-limited cgroup refuses a model too big.
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -174,6 +175,22 @@ async fn a_model_that_fails_to_load_leaves_the_server_up_saying_why() {
     assert!(status.success(), "{status:?}");
 }
 
+/// `mlxbar serve` on the default model with `data_dir/config.toml` and the fault hooks
+/// armed (through the variable only test harnesses set).
+fn serve_armed(data_dir: &std::path::Path) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlxbar"));
+    cmd.args(["serve", "--port", "0", "--model"]).arg(common::model_path());
+    cmd.env("MLXBAR_DATA_DIR", data_dir).env("MLXBAR_CONFIG", data_dir.join("config.toml")).env_remove("MLXBAR_API_KEY");
+    cmd.env(mlxbar::engine::faults::ARM_VARIABLE, "1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd.spawn().unwrap()
+}
+
+/// A model in `models` (a link to the default model's file) named `name`.
+fn library_copy(models: &std::path::Path, name: &str) {
+    let path = models.join(format!("{name}.gguf"));
+    std::fs::hard_link(common::model_path(), &path).or_else(|_| std::fs::copy(common::model_path(), &path).map(drop)).unwrap();
+}
+
 /// A step that never returns (a test hook stalls it) wedges nothing: the stuck request ends
 /// with 503 `engine_stuck`, a reload answers at once (409 while it runs) and replaces the
 /// engine once the old one is left behind (`restart_required` in /health, /metrics, the
@@ -185,20 +202,13 @@ async fn a_stuck_step_wedges_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let models = dir.path().join("models");
     std::fs::create_dir(&models).unwrap();
-    let second = models.join("smollm2-second.gguf");
-    std::fs::hard_link(common::model_path(), &second).or_else(|_| std::fs::copy(common::model_path(), &second).map(drop)).unwrap();
+    library_copy(&models, "smollm2-second");
     let config = format!(
         "engine_stop_seconds = 2\nshutdown_grace_seconds = 2\nstall_seconds = 1\nmodels_dirs = [{:?}]\n",
         models.display().to_string()
     );
     std::fs::write(dir.path().join("config.toml"), config).unwrap();
-    let mut child = {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlxbar"));
-        cmd.args(["serve", "--port", "0", "--model"]).arg(common::model_path());
-        cmd.env("MLXBAR_DATA_DIR", dir.path()).env("MLXBAR_CONFIG", dir.path().join("config.toml")).env_remove("MLXBAR_API_KEY");
-        cmd.env(mlxbar::engine::faults::ARM_VARIABLE, "1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-        cmd.spawn().unwrap()
-    };
+    let mut child = serve_armed(dir.path());
     let (base, log) = listen_until(&mut child, "ready: model");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
     let chat = |content: String, model: Option<&str>| {
@@ -254,6 +264,72 @@ async fn a_stuck_step_wedges_nothing() {
     }
 
     // SIGTERM: the left-behind thread does not hold the exit.
+    let signalled = Instant::now();
+    // SAFETY: kill(2) on our own child's pid, with a valid signal number.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || wait_exit(&mut child, 30)).await.unwrap();
+    let log = log.join().unwrap();
+    assert!(status.success(), "exit {status:?}\n{log}");
+    assert!(signalled.elapsed() < Duration::from_secs(15), "exit took {:?}", signalled.elapsed());
+}
+
+/// A load that never ends (a test hook stalls it) wedges nothing: while it holds the
+/// registry, a reload answers 409 at once; after `load_timeout_seconds` the request that
+/// asked for it gets a 503 naming the timeout, the model is failed with the reason, the
+/// server says a restart is required, the default model serves on and SIGTERM exits 0. On
+/// a main without a load timeout the request waits for the stuck load for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_load_wedges_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    let stuck_id = format!("stuck{}", mlxbar::engine::faults::STALL_LOAD);
+    library_copy(&models, &stuck_id);
+    let config = format!(
+        "load_timeout_seconds = 3\nengine_stop_seconds = 1\nshutdown_grace_seconds = 2\nmodels_dirs = [{:?}]\n",
+        models.display().to_string()
+    );
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let mut child = serve_armed(dir.path());
+    let (base, log) = listen_until(&mut child, "ready: model");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let chat = |model: &str| {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3, "temperature": 0});
+        http.post(format!("{base}/v1/chat/completions")).json(&body).send()
+    };
+    let asked = Instant::now();
+    let stuck = tokio::spawn(chat(&stuck_id));
+    common::until("the stuck model to be loading", 30, async || {
+        let l: Value = http.get(format!("{base}/api/models")).send().await.ok()?.json().await.ok()?;
+        l["models"].as_array()?.iter().any(|m| m["id"] == stuck_id.as_str() && m["state"] == "loading").then_some(())
+    })
+    .await;
+    let reload = http.post(format!("{base}/api/engine/reload")).json(&json!({})).send().await.unwrap();
+    assert_eq!(reload.status(), 409, "a reload while a load holds the registry");
+    assert_eq!(reload.json::<Value>().await.unwrap()["error"]["code"], "models_busy");
+
+    let stuck = stuck.await.unwrap().expect("the request for the stuck model is answered");
+    let waited = asked.elapsed();
+    assert_eq!(stuck.status(), 503);
+    let e: Value = stuck.json().await.unwrap();
+    let message = e["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("did not finish within 3 s (load_timeout_seconds)"), "{e}");
+    assert!(waited < Duration::from_secs(20), "answered after {waited:?}");
+
+    let listing: Value = http.get(format!("{base}/api/models")).send().await.unwrap().json().await.unwrap();
+    let entry = listing["models"].as_array().unwrap().iter().find(|m| m["id"] == stuck_id.as_str()).unwrap().clone();
+    assert_eq!(entry["state"], "failed", "{entry}");
+    assert!(entry["error"].as_str().is_some_and(|r| r.contains("load_timeout_seconds")), "{entry}");
+    let health: Value = http.get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
+    assert!(health["restart_required"].as_str().is_some_and(|r| r.contains("load_timeout_seconds")), "{health}");
+
+    // The default model serves on, and a reload goes through now that nothing holds the registry.
+    let default = listing["default"].as_str().unwrap().to_string();
+    let r = chat(&default).await.unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let reload = http.post(format!("{base}/api/engine/reload")).json(&json!({})).send().await.unwrap();
+    assert_eq!(reload.status(), 202, "{:?}", reload.text().await);
+
     let signalled = Instant::now();
     // SAFETY: kill(2) on our own child's pid, with a valid signal number.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);

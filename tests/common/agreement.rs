@@ -1,0 +1,98 @@
+//! Two serving paths that should give the same greedy answer (batched and alone, with and
+//! without a reused prefix), compared where exact equality cannot hold: with the default
+//! weight format (packed 4-bit weights, activations rounded to int8 as llama.cpp does), a
+//! different prefill shape moves logits by up to ~0.1 (measured: a repeated prompt whose
+//! prefix the cache holds, 0.11 in one token's logprob; float32: 8e-6), enough to flip a
+//! near-tie. So the paths must agree token by token, with logprobs within
+//! [`LOGPROB_TOLERANCE`], until a step where the reference's top two tokens are within
+//! [`TIE_MARGIN`] and the other path took the second one; from there they may part.
+use serde_json::Value;
+
+/// How far one token's logprob may move between paths (measured max 0.11; see above).
+pub const LOGPROB_TOLERANCE: f64 = 0.3;
+/// Paths may part only where the reference's top two are closer than this (reference.rs
+/// allows the same between packed and float32 weights).
+pub const TIE_MARGIN: f64 = 0.5;
+
+/// One generated token with its logprob and the runner-up the model gave at that step.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub token: String,
+    pub logprob: f64,
+    pub runner_up: Option<(String, f64)>,
+}
+
+/// A greedy answer, step by step.
+#[derive(Debug, Clone, Default)]
+pub struct Traced {
+    pub text: String,
+    pub steps: Vec<Step>,
+}
+
+impl Traced {
+    /// Appends the steps of an OpenAI `logprobs.content` array (a whole answer's or one
+    /// stream chunk's), asked with `top_logprobs` ≥ 2.
+    pub fn push_logprobs(&mut self, content: &Value) {
+        for t in content.as_array().into_iter().flatten() {
+            let top = t["top_logprobs"].as_array().cloned().unwrap_or_default();
+            let runner_up = top
+                .iter()
+                .find(|c| c["token"] != t["token"])
+                .map(|c| (c["token"].as_str().unwrap_or_default().to_string(), c["logprob"].as_f64().unwrap()));
+            self.steps.push(Step { token: t["token"].as_str().unwrap().to_string(), logprob: t["logprob"].as_f64().unwrap(), runner_up });
+        }
+    }
+
+    /// From a non-streamed chat completion.
+    pub fn from_answer(answer: &Value) -> Traced {
+        let choice = &answer["choices"][0];
+        let mut t = Traced { text: choice["message"]["content"].as_str().unwrap_or_default().to_string(), steps: vec![] };
+        t.push_logprobs(&choice["logprobs"]["content"]);
+        t
+    }
+}
+
+/// `body` (a chat completion request) made greedy and traced: temperature 0, two top
+/// logprobs per step.
+pub fn traced_body(body: &Value) -> Value {
+    let mut body = body.clone();
+    body["temperature"] = 0.into();
+    body["logprobs"] = true.into();
+    body["top_logprobs"] = 2.into();
+    body
+}
+
+/// Asserts `got` agrees with `want` as the module says; returns the step where they parted
+/// at a near-tie, if they did (the caller prints it). Equal texts always pass.
+pub fn assert_agree(got: &Traced, want: &Traced, what: &str) -> Option<usize> {
+    if got.text == want.text {
+        return None;
+    }
+    for (i, (g, w)) in got.steps.iter().zip(&want.steps).enumerate() {
+        if g.token == w.token {
+            let moved = (g.logprob - w.logprob).abs();
+            assert!(
+                moved <= LOGPROB_TOLERANCE,
+                "{what}: step {i} ({:?}) logprob {} vs {} (tolerance {LOGPROB_TOLERANCE})",
+                w.token,
+                g.logprob,
+                w.logprob
+            );
+            continue;
+        }
+        let (second, second_logprob) =
+            w.runner_up.clone().unwrap_or_else(|| panic!("{what}: step {i} has no runner-up to compare (ask top_logprobs ≥ 2)"));
+        let gap = w.logprob - second_logprob;
+        assert!(
+            gap < TIE_MARGIN && g.token == second,
+            "{what}: the paths part at step {i} where the reference's top two ({:?}, {second:?}) are {gap:.3} apart (a near-tie is < {TIE_MARGIN}) and this path took {:?}\n  reference: {:?}\n  this path: {:?}",
+            w.token,
+            g.token,
+            want.text,
+            got.text
+        );
+        println!("{what}: parted at step {i}, a near-tie ({:?} vs {second:?}, {gap:.3} apart)", w.token);
+        return Some(i);
+    }
+    panic!("{what}: the texts differ but every compared step agrees:\n  reference: {:?}\n  this path: {:?}", want.text, got.text)
+}
