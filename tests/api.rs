@@ -551,3 +551,105 @@ async fn a_tool_call_cut_by_max_tokens_is_said_and_counted() {
         assert_eq!(calls_cut().await, before + 1, "max_tokens {max_tokens}");
     }
 }
+
+/// The Anthropic dialect over the same core: the same greedy answer as the chat route for
+/// the same prompt (text, then a forced tool call with its arguments), its usage split into
+/// cache reads and the rest, and every refusal in Anthropic's error shape with a fitting
+/// status, from the route itself and from the guards in front of it.
+#[tokio::test]
+async fn anthropic_messages_answer_as_the_chat_route_does() {
+    let base = common::server();
+    let (status, openai) = post(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": common::QUESTION}], "temperature": 0, "max_tokens": 20}),
+    )
+    .await;
+    assert_eq!(status, 200, "{openai}");
+    let messages =
+        json!({"model": "default", "max_tokens": 20, "temperature": 0, "messages": [{"role": "user", "content": common::QUESTION}]});
+    let (status, anthropic) = post("/v1/messages", messages.clone()).await;
+    assert_eq!(status, 200, "{anthropic}");
+    assert_eq!(anthropic["content"], json!([{"type": "text", "text": openai["choices"][0]["message"]["content"]}]));
+    assert_eq!(anthropic["stop_reason"], "end_turn");
+    let (u, o) = (&anthropic["usage"], &openai["usage"]);
+    assert_eq!(u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap(), o["prompt_tokens"].as_u64().unwrap());
+    assert_eq!(u["output_tokens"], o["completion_tokens"]);
+
+    // A forced call: the same function and arguments through both dialects.
+    let params = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"], "additionalProperties": false});
+    let ask = json!([{"role": "user", "content": "What is the weather like in Paris today?"}]);
+    let (_, openai) = post(
+        "/v1/chat/completions",
+        json!({"messages": ask, "temperature": 0, "max_tokens": 60, "tool_choice": "required", "parallel_tool_calls": false,
+               "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]}),
+    )
+    .await;
+    let (status, anthropic) = post(
+        "/v1/messages",
+        json!({"model": "default", "messages": ask, "temperature": 0, "max_tokens": 60,
+               "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+               "tools": [{"name": "get_weather", "input_schema": params}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{anthropic}");
+    let call = &openai["choices"][0]["message"]["tool_calls"][0]["function"];
+    let uses: Vec<&Value> = anthropic["content"].as_array().unwrap().iter().filter(|b| b["type"] == "tool_use").collect();
+    assert_eq!(uses.len(), 1, "{anthropic}");
+    assert_eq!(uses[0]["name"], call["name"]);
+    assert_eq!(uses[0]["input"], serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap());
+    assert!(uses[0]["id"].as_str().unwrap().starts_with("toolu_"));
+    assert_eq!(anthropic["stop_reason"], "tool_use");
+
+    // Refusals, each in Anthropic's shape and naming what is wrong.
+    let refused = |body: Value, status: u16, kind: &'static str, names: &'static str| async move {
+        let (got, e) = post("/v1/messages", body).await;
+        assert_eq!((got, e["type"].as_str(), e["error"]["type"].as_str()), (status, Some("error"), Some(kind)), "{e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains(names), "{names}: {e}");
+    };
+    let with = |field: &str, value: Value| {
+        let mut b = messages.clone();
+        b[field] = value;
+        b
+    };
+    refused(json!({"model": "default", "messages": []}), 400, "invalid_request_error", "max_tokens").await;
+    refused(with("model", json!("nobody/nothing")), 404, "not_found_error", "nobody/nothing").await;
+    refused(with("bogus", json!(1)), 400, "invalid_request_error", "bogus").await;
+    refused(with("thinking", json!({"type": "enabled", "budget_tokens": 1024})), 400, "invalid_request_error", "thinking").await;
+    refused(
+        with("messages", json!([{"role": "user", "content": [{"type": "image", "source": {}}]}])),
+        400,
+        "invalid_request_error",
+        "image",
+    )
+    .await;
+    refused(
+        with("messages", json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}])),
+        400,
+        "invalid_request_error",
+        "prefill",
+    )
+    .await;
+    refused(
+        with("tools", json!([{"type": "web_search_20250305", "name": "web_search"}])),
+        400,
+        "invalid_request_error",
+        "web_search_20250305",
+    )
+    .await;
+    refused(with("output_config", json!({"effort": "high"})), 400, "invalid_request_error", "effort").await;
+    // From the guards: a form post, a foreign origin, a body past the limit.
+    let url = format!("{base}/v1/messages");
+    let r = client().post(&url).header("content-type", "text/plain").body(messages.to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 415);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "invalid_request_error");
+    let r = client().post(&url).header("origin", "http://evil.example").json(&messages).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "permission_error");
+    let (status, e) = raw_post_declaring(&url, 1 << 30).await;
+    assert_eq!((status, e["error"]["type"].as_str()), (413, Some("request_too_large")), "{e}");
+
+    // count_tokens: the prompt as the model sees it.
+    let (status, counted) =
+        post("/v1/messages/count_tokens", json!({"model": "default", "messages": [{"role": "user", "content": common::QUESTION}]})).await;
+    assert_eq!((status, counted["input_tokens"].as_u64()), (200, o["prompt_tokens"].as_u64()), "{counted}");
+}

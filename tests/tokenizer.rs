@@ -103,6 +103,30 @@ fn text_stream_rebuilds_text_and_cuts_at_stop_strings() {
 }
 
 #[test]
+fn text_stream_says_which_stop_string_ended_it() {
+    let codec = codec();
+    let mut s = TextStream::new(vec!["four".into(), "two".into(), "".into()], false);
+    let mut sent = String::new();
+    for id in codec.encode("one two three four").unwrap() {
+        match s.push(&codec, id).unwrap() {
+            Step::Text(t) => sent.push_str(&t),
+            Step::Stopped(t) => {
+                sent.push_str(&t);
+                break;
+            }
+        }
+    }
+    assert_eq!(sent, "one ");
+    // The earliest in the text, not the first in the list.
+    assert_eq!(s.matched_stop(), Some("two"));
+    let mut none = TextStream::new(vec!["zzz".into()], false);
+    for id in codec.encode("one two").unwrap() {
+        none.push(&codec, id).unwrap();
+    }
+    assert_eq!(none.matched_stop(), None);
+}
+
+#[test]
 fn text_stream_never_sends_a_held_back_prefix() {
     let codec = codec();
     let mut s = TextStream::new(vec!["END".into()], false);

@@ -1,6 +1,8 @@
-//! The HTTP API: the OpenAI dialect (`openai/`, over the neutral core in `crate::inference`),
-//! health, metrics, alerts and bench routes, with the security layers.
+//! The HTTP API: the OpenAI and Anthropic dialects (`openai/`, `anthropic/`, each over the
+//! neutral core in `crate::inference`), health, metrics, alerts and bench routes, with the
+//! security layers.
 pub mod alerts;
+pub mod anthropic;
 pub mod bench;
 pub mod cross_site;
 pub mod engine;
@@ -65,11 +67,13 @@ pub fn router(state: AppState) -> Router {
     let generation = Router::new()
         .route("/v1/chat/completions", post(openai::chat::chat_completions))
         .route("/v1/completions", post(openai::completions::completions))
+        .route("/v1/messages", post(anthropic::messages))
         .route_layer(middleware::from_fn_with_state(state.clone(), bench::gate));
     let mut app = Router::new()
         .route("/", get(ui::index))
         .route("/ui/{*path}", get(ui::asset))
         .merge(generation)
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models::list_models))
         .route("/api/models", get(models::library))
         .route("/api/models/refresh", post(models::refresh))
@@ -91,7 +95,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/models/pull", post(pull::start))
         .route("/api/models/pulls", get(pull::list))
         .route("/api/models/pulls/{id}", delete(pull::cancel))
-        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /health, /metrics, /api/models, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
+        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/messages, /health, /metrics, /api/models, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
@@ -103,6 +107,8 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), cross_site::check))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_api_key))
         .layer(middleware::from_fn_with_state(state.clone(), security::check_host))
+        // Errors on the Anthropic routes, the guards' too, in Anthropic's shape.
+        .layer(middleware::from_fn(anthropic::errors::reshape))
         // Outermost, so requests the guards refuse are counted too.
         .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::http::track));
     // No CORS headers at all unless origins are configured: browsers then refuse
@@ -113,7 +119,12 @@ pub fn router(state: AppState) -> Router {
             CorsLayer::new()
                 .allow_origin(AllowOrigin::list(origins))
                 .allow_methods([Method::GET, Method::POST, Method::DELETE])
-                .allow_headers([axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION]),
+                .allow_headers([
+                    axum::http::header::CONTENT_TYPE,
+                    axum::http::header::AUTHORIZATION,
+                    axum::http::HeaderName::from_static("x-api-key"),
+                    axum::http::HeaderName::from_static("anthropic-version"),
+                ]),
         );
     }
     app.with_state(state)

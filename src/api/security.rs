@@ -53,6 +53,7 @@ fn strip_port(host: &str) -> &str {
 }
 
 /// With an API key configured, every route but `/health` needs `Authorization: Bearer <key>`
+/// or `x-api-key: <key>`
 /// (`/health` then answers only its one-word state without it).
 pub async fn check_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if req.uri().path() != "/health" && !key_given(&state, req.headers()) {
@@ -64,7 +65,9 @@ pub async fn check_api_key(State(state): State<AppState>, req: Request, next: Ne
 /// True when no key is configured, or the request carries it (compared in constant time).
 pub fn key_given(state: &AppState, headers: &axum::http::HeaderMap) -> bool {
     let Some(key) = &state.config.api_key else { return true };
-    let given = headers.get(header::AUTHORIZATION).and_then(|h| h.to_str().ok()).and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
+    // OpenAI's clients send `Authorization: Bearer`, Anthropic's `x-api-key`.
+    let bearer = headers.get(header::AUTHORIZATION).and_then(|h| h.to_str().ok()).and_then(|h| h.strip_prefix("Bearer "));
+    let given = bearer.or_else(|| headers.get("x-api-key").and_then(|h| h.to_str().ok())).unwrap_or("");
     bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
 

@@ -132,6 +132,8 @@ pub struct Completion {
     /// Prompt tokens whose KV came from the prefix cache (not recomputed).
     pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// The stop string that ended the answer (Anthropic's `stop_sequence`), if one did.
+    pub stop_sequence: Option<String>,
     pub timings: Timings,
 }
 

@@ -14,6 +14,8 @@ pub struct TextStream {
     /// Bytes of `text` already handed out.
     sent: usize,
     stops: Vec<String>,
+    /// The stop string that ended the text, once one did.
+    matched: Option<usize>,
     /// Special tokens decode to their text instead of nothing.
     keep_special: bool,
 }
@@ -35,6 +37,7 @@ impl TextStream {
             text: String::new(),
             sent: 0,
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            matched: None,
             keep_special,
         }
     }
@@ -59,8 +62,9 @@ impl TextStream {
         while !self.text.is_char_boundary(from) {
             from -= 1;
         }
-        let found = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|p| from + p)).min();
-        if let Some(at) = found {
+        let found = self.stops.iter().enumerate().filter_map(|(i, s)| self.text[from..].find(s.as_str()).map(|p| (from + p, i))).min();
+        if let Some((at, stop)) = found {
+            self.matched = Some(stop);
             let out = self.text[self.sent..at.max(self.sent)].to_string();
             self.sent = self.text.len();
             return Step::Stopped(out);
@@ -70,6 +74,11 @@ impl TextStream {
         let out = self.text[self.sent..until].to_string();
         self.sent = until;
         Step::Text(out)
+    }
+
+    /// The stop string that ended the text (the earliest in it), if one did.
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Whatever is still held back, at the end of generation.

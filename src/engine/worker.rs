@@ -509,6 +509,7 @@ fn finish(seq: &mut Sequence, finish_reason: FinishReason) {
         prompt_tokens: seq.req.prompt_ids.len(),
         cached_prompt_tokens: seq.cached,
         completion_tokens: seq.generated,
+        stop_sequence: seq.text.matched_stop().map(str::to_string),
         timings: seq.timings.clone(),
     }));
 }

@@ -5,6 +5,7 @@
 //! deltas, tool-call deltas, one done event) in its own shape. What a request means is
 //! decided here once: defaults, validation, the prompt (chat template, tools), the grammar
 //! (response format, forced tool calls) and the tool-call parsing of the answer.
+pub mod count;
 pub mod output;
 pub mod prepare;
 pub mod prompt;

@@ -33,6 +33,8 @@ pub const MAX_TOOLS: usize = 128;
 pub struct Generation {
     /// The id of the model that answers.
     pub model: String,
+    /// The prompt's length in tokens (those the prefix cache holds included).
+    pub prompt_tokens: usize,
     /// Holds the model loaded (and not idle) until the answer is done.
     _lease: Lease,
     rx: Events,
@@ -123,6 +125,7 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
         state.metrics.admission_refused_total.with_label_values(&["memory_pressure"]).inc();
         return Err(ApiError::memory_pressure());
     }
+    let prompt_tokens = prompt.len();
     let (mut engine_req, rx) = engine.new_request(prompt, max_tokens, sampling, stop);
     engine_req.constraint = constraint.map(Box::new);
     engine_req.logprobs = req.logprobs;
@@ -134,6 +137,7 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
         _lease: lease,
         recorder: InferenceRecorder::new(state.metrics.clone(), &loaded.info.id, req.endpoint, req.stream),
         model: loaded.info.id,
+        prompt_tokens,
         rx,
         grammars: loaded.grammars,
         tools: has_tools.then(|| ToolCallStream::new(format_of_calls)),
@@ -146,7 +150,7 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
 
 /// The request's schemas checked without a model ([`crate::engine::constraint::validate_schema`]):
 /// at most [`MAX_SCHEMA_BYTES`] together, supported keywords, within llguidance's limits.
-fn check_schemas(format: Option<&OutputFormat>, tools: Option<&ToolSet>) -> Result<(), ApiError> {
+pub(super) fn check_schemas(format: Option<&OutputFormat>, tools: Option<&ToolSet>) -> Result<(), ApiError> {
     let refuse = |message: String, param: &'static str| Err(ApiError::bad_request(message).param(param).code("unsupported_schema"));
     if let Some(OutputFormat::JsonSchema(schema)) = format {
         if schema::serialized_len(schema, MAX_SCHEMA_BYTES).is_none() {
@@ -226,7 +230,7 @@ fn check_stop(stop: Vec<String>) -> Result<Vec<String>, ApiError> {
     Ok(stop)
 }
 
-fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
+pub(super) fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(m).param("tools"));
     if tools.specs.is_empty() {
         return bad("'tools' must list at least one function (or leave it out)".into());

@@ -470,8 +470,8 @@ impl Models {
         let timeout = Duration::from_secs_f64(self.config.load_timeout_seconds);
         let Ok(ready) = tokio::time::timeout(timeout, engine.wait_ready()).await else {
             let reason = format!(
-                "loading {id} did not finish within {:.0} s (load_timeout_seconds); its thread is left behind: restart mlxbar (restart required) to free what it holds",
-                timeout.as_secs_f64()
+                "loading {id} did not finish within {} s (load_timeout_seconds); its thread is left behind: restart mlxbar (restart required) to free what it holds",
+                self.config.load_timeout_seconds
             );
             // Asks the thread to stop should the load ever end; bounded either way.
             let _ = Self::stop_engine(&engine).await;

@@ -27,8 +27,9 @@ const until = untilWithLog(() => serverLog);
 const testid = (id) => page.locator(`[data-testid="${id}"]`);
 const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
 
-/** A server whose library has a second model; `extra` is more config (TOML). */
-async function startServer(extra = "") {
+/** A server whose library has a second model; `extra` is more config (TOML); it waits for
+ * /health to say `ready` ("ok", or "failed" for a server whose default cannot load). */
+async function startServer(extra = "", ready = "ok") {
   const dir = mkdtempSync(join(tmpdir(), "mlxbar-ui-models-"));
   mkdirSync(join(dir, "models"));
   const second = join(dir, "models", `${SECOND}.gguf`);
@@ -43,7 +44,7 @@ async function startServer(extra = "") {
   proc.stdout.on("data", (d) => { serverLog += d; });
   proc.stderr.on("data", (d) => { serverLog += d; });
   servers.push(proc);
-  await until("the server to load the default model", async () => (await (await fetch(`${base}/health`)).json()).status === "ok", 120000);
+  await until(`the server's health to say ${ready}`, async () => (await (await fetch(`${base}/health`)).json()).status === ready, 120000);
   return base;
 }
 const modelsOf = async (base) => (await (await fetch(`${base}/api/models`)).json()).models;
@@ -133,4 +134,17 @@ test("a server with a small memory budget refuses the load, and the card says wh
   assert.equal(await page.locator(`[data-testid="model-item"][data-model="${SECOND}"]`).count(), 0);
   assert.equal(await testid("model-load").isDisabled(), false, "another try is possible");
   await shot("popover-models-refused");
+});
+
+test("a load that outlives load_timeout_seconds: the popover says a restart is required, and why", async () => {
+  // No test hook in this binary: a real load of the default model takes longer than 1 ms,
+  // so it is given up on and its thread left behind, as a stuck one would be.
+  const base = await startServer("load_timeout_seconds = 0.001\n", "failed");
+  const health = await (await fetch(`${base}/health`)).json();
+  assert.match(health.restart_required ?? "", /did not finish within 0\.001 s \(load_timeout_seconds\)/);
+  await page.goto(`${base}/`);
+  await testid("banner").waitFor({ state: "visible", timeout: 20000 });
+  assert.equal(await testid("banner").textContent(), `Restart required: ${health.restart_required}`);
+  assert.equal(await testid("status").textContent(), "Model failed");
+  await shot("popover-restart-required");
 });
