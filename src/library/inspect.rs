@@ -207,20 +207,27 @@ fn fill_from_config(e: &mut ModelEntry, cfg: &ModelConfig) {
     });
 }
 
-/// Parameters of the llama-family block layout `cfg` describes (qwen2's q/k/v biases and
-/// qwen3's q/k norms included).
+/// Parameters of the llama-family block layout `cfg` describes (qwen2's q/k/v biases,
+/// qwen3's q/k norms, and every expert and router of a sparse layer included: the float32
+/// memory estimate is this times 4).
 pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     let (h, v, i) = (cfg.hidden_size as u64, cfg.vocab_size as u64, cfg.intermediate_size as u64);
     let q = (cfg.num_heads * cfg.head_dim) as u64;
     let kv = (cfg.num_kv_heads * cfg.head_dim) as u64;
     let extra = match cfg.arch {
         Arch::Qwen2 => q + 2 * kv,
-        Arch::Qwen3 => 2 * cfg.head_dim as u64,
+        Arch::Qwen3 | Arch::Qwen3Moe => 2 * cfg.head_dim as u64,
         Arch::Llama | Arch::Mistral => 0,
     };
-    let layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h + extra;
+    let attention = h * q + 2 * h * kv + q * h + 2 * h + extra;
+    let mlps: u64 = (0..cfg.num_layers)
+        .map(|l| match cfg.moe.as_ref().filter(|m| m.is_sparse(l)) {
+            Some(m) => m.num_experts as u64 * (3 * h * m.expert_intermediate_size as u64 + h),
+            None => 3 * h * i,
+        })
+        .sum();
     let head = if cfg.tie_word_embeddings { 0 } else { v * h };
-    v * h + cfg.num_layers as u64 * layer + h + head
+    v * h + cfg.num_layers as u64 * attention + mlps + h + head
 }
 
 /// `*.safetensors` directly in `dir`, sorted (dangling links included: they are missing
@@ -361,6 +368,21 @@ mod tests {
         assert_eq!(parameter_count(&from_hf_config(&untied).unwrap().0), 134_515_008 + 49152 * 576);
         let qwen2 = SMOLLM2.replace(r#""llama""#, r#""qwen2""#);
         assert_eq!(parameter_count(&from_hf_config(&qwen2).unwrap().0), 134_515_008 + 30 * (576 + 2 * 192));
+    }
+
+    #[test]
+    fn counts_every_expert_of_qwen3_30b_a3b() {
+        // Qwen/Qwen3-30B-A3B's config.json (the keys that count).
+        let json = r#"{"model_type":"qwen3_moe","hidden_size":2048,"num_hidden_layers":48,"intermediate_size":6144,
+            "num_attention_heads":32,"num_key_value_heads":4,"head_dim":128,"vocab_size":151936,
+            "num_experts":128,"num_experts_per_tok":8,"moe_intermediate_size":768,"decoder_sparse_step":1,
+            "mlp_only_layers":[],"norm_topk_prob":true,"tie_word_embeddings":false,"rms_norm_eps":1e-6}"#;
+        let (cfg, _) = from_hf_config(json).unwrap();
+        // 30.5B, as the model card says: 48 layers of 128 experts dominate.
+        assert_eq!(parameter_count(&cfg), 30_532_122_624);
+        let with_dense = json.replace(r#""mlp_only_layers":[]"#, r#""mlp_only_layers":[0]"#);
+        let (dense0, _) = from_hf_config(&with_dense).unwrap();
+        assert_eq!(parameter_count(&cfg) - parameter_count(&dense0), 128 * (3 * 2048 * 768 + 2048) - 3 * 2048 * 6144);
     }
 
     fn folder_with(config: &str, files: &[&str]) -> (tempfile::TempDir, ModelEntry) {

@@ -1,0 +1,157 @@
+//! The mixture-of-experts MLP every MoE family shares, as mlx-lm's `switch_layers.py` and
+//! its families' sparse blocks compute it: a router picks the top-k experts of each token
+//! (softmax over all experts, then the k largest, optionally renormalized to sum to 1:
+//! `norm_topk_prob`), a SwitchGLU runs each token through its k experts (`gather_mm` over
+//! stacked float experts, `gather_qmm` over stacked affine-quantized ones, tokens sorted by
+//! expert when there are many, so each expert's weights are read in one run), and the
+//! experts' outputs are summed weighted by their router scores.
+use anyhow::{ensure, Result};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{ops, Array};
+
+use super::linear::Weight;
+
+/// Experts of a mixture-of-experts model, from its family's config keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: i32,
+    /// k: experts each token runs through.
+    pub experts_per_token: i32,
+    /// Each expert's SwiGLU width.
+    pub expert_intermediate_size: i32,
+    /// Renormalize the top-k router probabilities to sum to 1.
+    pub norm_topk_prob: bool,
+    /// Per layer: sparse (experts) or dense (the family's plain MLP).
+    pub sparse_layers: Vec<bool>,
+}
+
+impl MoeConfig {
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.sparse_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            self.num_experts > 0 && self.experts_per_token > 0 && self.experts_per_token <= self.num_experts,
+            "bad expert counts: {} experts, {} per token",
+            self.num_experts,
+            self.experts_per_token
+        );
+        ensure!(self.expert_intermediate_size > 0, "bad expert intermediate size {}", self.expert_intermediate_size);
+        Ok(())
+    }
+}
+
+/// Sort tokens by expert from this many (token, expert) pairs on, as mlx-lm does.
+const SORT_FROM: usize = 64;
+
+/// One projection of every expert, stacked: `[experts, out, in]` (dense) or MLX affine
+/// quantized with the same leading axis.
+pub struct SwitchLinear(pub Weight);
+
+impl SwitchLinear {
+    /// `x` `[..., 1, in]` through the expert each of `indices` names (`x`'s batch axes
+    /// broadcast against `indices`'): `[..., 1, out]`.
+    fn apply(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        Ok(match &self.0 {
+            Weight::Dense(w) => ops::gather_mm(x, w.swap_axes(-1, -2)?, None, indices, sorted)?,
+            Weight::Quantized(q) => {
+                ops::gather_qmm(x, &q.weight, &q.scales, &q.biases, None, indices, true, q.group_size, q.bits, sorted)?
+            }
+        })
+    }
+
+    /// `(experts, out_features)` of the stack.
+    pub fn dims(&self) -> (i32, i32) {
+        let w = match &self.0 {
+            Weight::Dense(w) => w,
+            Weight::Quantized(q) => &q.weight,
+        };
+        let s = w.shape();
+        (s.first().copied().unwrap_or(0), s.get(1).copied().unwrap_or(0))
+    }
+}
+
+/// mlx-lm's `SwitchGLU`: `down(silu(gate(x)) · up(x))` through each token's chosen experts.
+pub struct SwitchGlu {
+    pub gate: SwitchLinear,
+    pub up: SwitchLinear,
+    pub down: SwitchLinear,
+}
+
+impl SwitchGlu {
+    /// `x` `[T, hidden]`, `indices` `[T, k]` (uint32) -> `[T, k, hidden]`.
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let (t, k) = (indices.shape()[0], indices.shape()[1]);
+        let hidden = x.shape()[1];
+        let x = x.reshape(&[t, 1, 1, hidden])?;
+        let expert = |x: &Array, idx: &Array, sorted: bool| -> Result<Array> {
+            let up = self.up.apply(x, idx, sorted)?;
+            let gate = self.gate.apply(x, idx, sorted)?;
+            self.down.apply(&mlx_rs::nn::silu(&gate)?.multiply(&up)?, idx, sorted)
+        };
+        if (t * k) as usize >= SORT_FROM {
+            // Pairs in expert order: rows of x repeated per pair, the result put back.
+            let flat = indices.reshape(&[-1])?;
+            let order = ops::argsort_axis(&flat, 0)?;
+            let inverse = ops::argsort_axis(&order, 0)?;
+            let rows = order.floor_divide(Array::from_int(k))?;
+            let xs = x.reshape(&[t, 1, hidden])?.take_axis(&rows, 0)?;
+            let y = expert(&xs, &flat.take_axis(&order, 0)?, true)?;
+            Ok(y.take_axis(&inverse, 0)?.reshape(&[t, k, hidden])?)
+        } else {
+            Ok(expert(&x, indices, false)?.reshape(&[t, k, hidden])?)
+        }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        [&self.gate, &self.up, &self.down].iter().map(|l| l.0.nbytes()).sum()
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        [&self.gate, &self.up, &self.down].into_iter().flat_map(|l| l.0.arrays()).collect()
+    }
+}
+
+/// A sparse MLP: router, top-k, experts, weighted sum (mlx-lm's `Qwen3MoeSparseMoeBlock`).
+pub struct SparseMoe {
+    /// `[experts, hidden]`: one logit per expert.
+    pub router: Weight,
+    pub experts: SwitchGlu,
+    pub top_k: i32,
+    pub norm_topk_prob: bool,
+}
+
+impl SparseMoe {
+    /// The MLP of `x` `[..., hidden]` (already normed), same shape.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let shape = x.shape().to_vec();
+        let hidden = shape[shape.len() - 1];
+        let x = x.reshape(&[-1, hidden])?;
+        let (indices, scores) = self.route(&x)?;
+        let y = self.experts.forward(&x, &indices)?;
+        let y = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, None)?;
+        Ok(y.reshape(&shape)?)
+    }
+
+    /// Each token's top-k experts `[T, k]` (uint32) and their weights `[T, k]`.
+    pub fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        let gates = ops::softmax_axis(self.router.apply(x)?, -1, true)?;
+        let experts = gates.shape()[1];
+        let k = self.top_k;
+        let indices = ops::argpartition_axis(&gates, experts - k, -1)?.index((.., experts - k..));
+        let scores = gates.take_along_axis(&indices, -1)?;
+        let scores = if self.norm_topk_prob { scores.divide(scores.sum_axis(-1, true)?)? } else { scores };
+        Ok((indices, scores))
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.router.nbytes() + self.experts.nbytes()
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut all = self.router.arrays();
+        all.extend(self.experts.arrays());
+        all
+    }
+}
