@@ -150,7 +150,7 @@ fn read_config(e: &mut ModelEntry, text: &str) -> Option<QuantizationConfig> {
 
 /// An MLX folder's weights by width, from its safetensors shapes: a module with `.scales`
 /// holds `scales × group_size` values at its (group_size, bits) from config.json, as the
-/// loader reads it; every other tensor is float.
+/// loader reads it (a mixture-of-experts router's as float); every other tensor is float.
 fn folder_parts(shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&QuantizationConfig>) -> Vec<WeightPart> {
     let count = |shape: &Vec<u64>| shape.iter().product::<u64>();
     let mut by_width: BTreeMap<Option<(u32, u32)>, u64> = BTreeMap::new();
@@ -162,7 +162,11 @@ fn folder_parts(shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&Quantization
             }
         }
         let quantized = name.strip_suffix(".weight").and_then(|m| Some((scales(m)?, quant?.for_module(m))));
+        // A mixture-of-experts router is held float32 on the CPU whatever its file width
+        // (engine::model: its choice is discrete).
+        let router = name.ends_with(".mlp.gate.weight");
         match quantized {
+            Some((scales, (group, _))) if router => *by_width.entry(None).or_default() += count(scales) * group as u64,
             Some((scales, (group, bits))) => {
                 *by_width.entry(Some((bits as u32, group as u32))).or_default() += count(scales) * group as u64;
             }
@@ -383,6 +387,31 @@ mod tests {
         let with_dense = json.replace(r#""mlp_only_layers":[]"#, r#""mlp_only_layers":[0]"#);
         let (dense0, _) = from_hf_config(&with_dense).unwrap();
         assert_eq!(parameter_count(&cfg) - parameter_count(&dense0), 128 * (3 * 2048 * 768 + 2048) - 3 * 2048 * 6144);
+    }
+
+    /// The estimate's two counts (parameters from config.json, parts from the safetensors
+    /// shapes) agree on the tiny qwen3_moe fixtures, each expert counted once, in either
+    /// layout and packed; the 4-bit router counts as float (the CPU holds it so).
+    #[test]
+    fn expert_weights_are_counted_in_both_layouts() {
+        let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny");
+        let stacked = folder(&tiny.join("qwen3-moe"));
+        assert!(stacked.runnable, "{:?}", stacked.unsupported_reason);
+        // 8 experts x (gate, up, down) of 64 x 32 in the one sparse layer, its router, and a
+        // dense MLP of 3 x 64 x 128 in the other.
+        let params = stacked.parameters.unwrap();
+        let attention = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 2 * 64 + 2 * 16;
+        assert_eq!(params, 320 * 64 + 2 * attention + 8 * (3 * 64 * 32 + 64) + 3 * 64 * 128 + 64);
+        let total = |e: &ModelEntry| e.weight_parts.iter().map(|p| p.elements).sum::<u64>();
+        assert_eq!(total(&stacked), params);
+        let per_expert = folder(&tiny.join("qwen3-moe-hf"));
+        assert!(per_expert.runnable, "{:?}", per_expert.unsupported_reason);
+        assert_eq!((per_expert.parameters, total(&per_expert)), (Some(params), params));
+        let packed = folder(&tiny.join("qwen3-moe-4bit"));
+        assert!(packed.runnable, "{:?}", packed.unsupported_reason);
+        assert_eq!(total(&packed), params);
+        let float: u64 = packed.weight_parts.iter().filter(|p| p.quantization.is_none()).map(|p| p.elements).sum();
+        assert_eq!(float, 8 * 64 + 2 * (2 * 64 + 2 * 16) + 64, "the router and the norms");
     }
 
     fn folder_with(config: &str, files: &[&str]) -> (tempfile::TempDir, ModelEntry) {

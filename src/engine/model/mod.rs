@@ -8,7 +8,7 @@ pub mod config;
 pub mod gguf;
 pub mod hf;
 pub mod linear;
-pub mod mlp;
+mod mlp;
 pub mod qwen3_moe;
 pub mod rope;
 pub mod switch;
@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use anyhow::{anyhow, Context, Result};
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{fast, nn, ops, Array, Dtype};
+use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::batch_kv::BatchKv;
 use super::kv_cache::KvCache;

@@ -67,7 +67,7 @@ pub fn stack_experts(raw: &mut HashMap<String, Array>, moe: &MoeConfig) -> Resul
                 raw.remove(&name).with_context(|| format!("missing {name} ({} experts)", moe.num_experts))
             })
             .collect::<Result<Vec<Array>>>()?;
-        raw.insert(format!("{prefix}.mlp.switch_mlp.{proj}.{suffix}"), mlx_rs::ops::stack_axis(&parts, 0)?);
+        raw.insert(format!("{prefix}.mlp.switch_mlp.{proj}.{suffix}"), mlx_rs::ops::stack(&parts, 0)?);
     }
     if let Some(stray) = raw.keys().find(|k| k.contains(".mlp.experts.")) {
         bail!("expert tensor {stray} beyond num_experts = {}", moe.num_experts);
