@@ -67,6 +67,18 @@ fn compare(what: &str, got: &[f32], want: &[f32], tolerance: f32) -> f32 {
     diff
 }
 
+/// The greedy id equals mlx-lm's wherever its top two logits are more than twice `tolerance`
+/// apart (every step of the float32 fixtures: their generator keeps the gaps above 1e-3);
+/// closer than that, logits within the tolerance may rank either way. Each step is still fed
+/// mlx-lm's id, so a flip here changes nothing downstream.
+fn greedy(what: &str, got: &[f32], want: &[f32], want_id: u32, tolerance: f32) {
+    let mut sorted = want.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    if sorted[0] - sorted[1] > 2.0 * tolerance {
+        assert_eq!(argmax(got), want_id, "{what}");
+    }
+}
+
 /// Checks one model end to end in float32; prints the largest difference of each path.
 fn check(name: &str) {
     check_as(name, WeightFormat::Float32, TOLERANCE);
@@ -85,14 +97,14 @@ fn check_as(name: &str, format: WeightFormat, tolerance: f32) -> [f32; 3] {
         let logits = model.forward(&case.ids, &mut cache).unwrap();
         worst[0] =
             worst[0].max(compare(&format!("{name} seq {n} ({} tokens) prefill", case.ids.len()), logits.as_slice::<f32>(), &case.prefill));
-        assert_eq!(argmax(logits.as_slice::<f32>()), case.greedy[0], "{name} seq {n}: greedy id after prefill");
+        greedy(&format!("{name} seq {n}: greedy id after prefill"), logits.as_slice::<f32>(), &case.prefill, case.greedy[0], tolerance);
         let mut batch = BatchKv::default();
         batch.join(0, cache).unwrap();
         for (step, want) in case.decode.iter().enumerate() {
             let logits = model.decode(&[case.greedy[step]], &mut batch).unwrap();
             let got = logits.as_slice::<f32>();
             worst[1] = worst[1].max(compare(&format!("{name} seq {n} decode step {step}"), got, want));
-            assert_eq!(argmax(got), case.greedy[step + 1], "{name} seq {n}: greedy id of decode step {step}");
+            greedy(&format!("{name} seq {n}: greedy id of decode step {step}"), got, want, case.greedy[step + 1], tolerance);
         }
     }
 
@@ -128,7 +140,8 @@ fn check_as(name: &str, format: WeightFormat, tolerance: f32) -> [f32; 3] {
                 got,
                 &cases[n].decode[step],
             ));
-            assert_eq!(argmax(got), cases[n].greedy[step + 1], "{name} seq {n}: greedy id of batched decode step {step}");
+            let what = format!("{name} seq {n}: greedy id of batched decode step {step}");
+            greedy(&what, got, &cases[n].decode[step], cases[n].greedy[step + 1], tolerance);
             steps_done[n] += 1;
             if steps_done[n] == cases[n].decode.len() {
                 batch.leave(n as u64).unwrap();
@@ -234,7 +247,11 @@ fn qwen3_moe_4bit_packed() {
     check_as("qwen3-moe-4bit", WeightFormat::Native, PACKED_TOLERANCE);
 }
 
-/// mlxbar's CPU kernel rounds activations to int8 per 32 values (README: up to ~1 on a
-/// 30-layer model); over these two layers the logits move by at most MEASURED, and no
-/// expert choice flips (the fixture's smallest router gap is 1.4e-3).
-const PACKED_TOLERANCE: f32 = 0.1;
+/// mlxbar's CPU kernel rounds activations to int8 per 32 values (README: logits move by up
+/// to ~1 on a 30-layer model). Here they move by at most 0.32 (measured; the tiny model's
+/// random weights make large activations, logits of std ~4), all of it from that rounding:
+/// the packed experts alone equal matmuls on their dequantized weights within 1e-5
+/// (`switch::tests`), and the same file dequantized to float32 is within 1.3e-5 of mlx-lm.
+/// No expert choice flips, or a token's logits would move by several units (the fixture's
+/// smallest router gap is 1.4e-3 in probability). 0.5 leaves a 1.5x margin.
+const PACKED_TOLERANCE: f32 = 0.5;

@@ -155,3 +155,101 @@ impl SparseMoe {
         all
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::model::linear::Quantized;
+    use mlx_rs::random;
+
+    const HIDDEN: i32 = 64;
+    const WIDTH: i32 = 32;
+    const EXPERTS: i32 = 8;
+
+    fn normal(shape: &[i32], scale: f32, seed: u64) -> Array {
+        random::normal::<f32>(shape, None, scale, &random::key(seed).unwrap()).unwrap()
+    }
+
+    fn moe(packed: bool, norm_topk_prob: bool) -> SparseMoe {
+        let stack = |out: i32, inp: i32, seed: u64| {
+            let w = normal(&[EXPERTS, out, inp], 0.15, seed);
+            SwitchLinear(if packed {
+                let (weight, scales, biases) = ops::quantize(&w, 32, 4).unwrap();
+                Weight::Quantized(Quantized { weight, scales, biases, group_size: 32, bits: 4, cpu_kernel: false })
+            } else {
+                Weight::Dense(w)
+            })
+        };
+        SparseMoe {
+            router: Weight::Dense(normal(&[EXPERTS, HIDDEN], 0.3, 1)),
+            experts: SwitchGlu { gate: stack(WIDTH, HIDDEN, 2), up: stack(WIDTH, HIDDEN, 3), down: stack(HIDDEN, WIDTH, 4) },
+            top_k: 2,
+            norm_topk_prob,
+        }
+    }
+
+    /// The expert `e` slice of a stacked projection, as a dense `[out, in]` matrix.
+    fn slice(l: &SwitchLinear, e: i32) -> Array {
+        let w = match &l.0 {
+            Weight::Dense(w) => w.clone(),
+            Weight::Quantized(q) => q.dequantize().unwrap(),
+        };
+        w.index(e)
+    }
+
+    /// Token by token, expert by expert, with plain matmuls: what the block must compute.
+    fn reference(m: &SparseMoe, x: &Array) -> Vec<f32> {
+        let (indices, scores) = m.route(x).unwrap();
+        let (indices, scores) = (indices.as_type::<u32>().unwrap(), scores);
+        let mut out = vec![];
+        for t in 0..x.shape()[0] {
+            let row = x.index(t..t + 1);
+            let mut y = Array::zeros::<f32>(&[1, HIDDEN]).unwrap();
+            for j in 0..m.top_k {
+                let e = indices.index((t, j)).item_cast::<u32>() as i32;
+                let proj = |l: &SwitchLinear, v: &Array| ops::matmul(v, slice(l, e).t()).unwrap();
+                let h = mlx_rs::nn::silu(proj(&m.experts.gate, &row)).unwrap().multiply(proj(&m.experts.up, &row)).unwrap();
+                y = y.add(proj(&m.experts.down, &h).multiply(scores.index((t, j))).unwrap()).unwrap();
+            }
+            out.extend_from_slice(y.as_slice::<f32>());
+        }
+        out
+    }
+
+    /// Unsorted (a few tokens) and sorted (64 pairs and more) gathers, over float and over
+    /// 4-bit experts (`gather_qmm` against matmuls on the dequantized weights), equal the
+    /// per-token computation; the router's top-k and `norm_topk_prob` as mlx-lm's.
+    #[test]
+    fn sparse_moe_equals_token_by_token_experts() {
+        for (tokens, packed, norm) in [(3, false, true), (40, false, true), (3, true, true), (40, true, false)] {
+            let m = moe(packed, norm);
+            let x = normal(&[tokens, HIDDEN], 1.0, 5 + tokens as u64);
+            let got = m.forward(&x).unwrap();
+            let want = reference(&m, &x);
+            let diff = got.as_slice::<f32>().iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+            let scale = want.iter().map(|w| w.abs()).fold(0f32, f32::max);
+            assert!(diff <= 1e-5 * scale.max(1.0), "{tokens} tokens, packed {packed}: |diff| {diff} at scale {scale}");
+
+            let (indices, scores) = m.route(&x).unwrap();
+            let probs = ops::softmax_axis(m.router.apply(&x).unwrap(), -1, true).unwrap();
+            for t in 0..tokens {
+                let p: Vec<f32> = probs.index(t).as_slice::<f32>().to_vec();
+                let mut order: Vec<usize> = (0..p.len()).collect();
+                order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+                let mut chosen: Vec<usize> = indices.index(t).as_type::<u32>().unwrap().as_slice::<u32>().iter().map(|&i| i as usize).collect();
+                chosen.sort();
+                let mut top: Vec<usize> = order[..2].to_vec();
+                top.sort();
+                assert_eq!(chosen, top, "token {t}: the two most probable experts");
+                let s = scores.index(t);
+                let sum: f32 = s.as_slice::<f32>().iter().sum();
+                let raw: f32 = top.iter().map(|&e| p[e]).sum();
+                if norm {
+                    assert!((sum - 1.0).abs() < 1e-6, "renormalized scores sum to {sum}");
+                } else {
+                    assert!((sum - raw).abs() < 1e-6, "raw probabilities: {sum} vs {raw}");
+                }
+            }
+        }
+    }
+}
