@@ -60,7 +60,13 @@ impl Mlp {
     ) -> Result<Mlp> {
         let p = |s: &str| format!("layers.{layer}.{s}");
         let router = router(t.take_weight(&p("router"))?)?;
-        ensure!(router.out_features() == moe.num_experts, "{}: {} experts, config says {}", p("router"), router.out_features(), moe.num_experts);
+        ensure!(
+            router.out_features() == moe.num_experts,
+            "{}: {} experts, config says {}",
+            p("router"),
+            router.out_features(),
+            moe.num_experts
+        );
         let mut experts = |name: &str, out: i32| -> Result<SwitchLinear> {
             let l = SwitchLinear(weight(t.take_weight(&p(name))?)?);
             let want = (moe.num_experts, out);

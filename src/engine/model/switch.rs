@@ -55,9 +55,7 @@ impl SwitchLinear {
     fn apply(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         Ok(match &self.0 {
             Weight::Dense(w) => ops::gather_mm(x, w.swap_axes(-1, -2)?, None, indices, sorted)?,
-            Weight::Quantized(q) => {
-                ops::gather_qmm(x, &q.weight, &q.scales, &q.biases, None, indices, true, q.group_size, q.bits, sorted)?
-            }
+            Weight::Quantized(q) => ops::gather_qmm(x, &q.weight, &q.scales, &q.biases, None, indices, true, q.group_size, q.bits, sorted)?,
         })
     }
 
@@ -236,7 +234,8 @@ mod tests {
                 let p: Vec<f32> = probs.index(t).as_slice::<f32>().to_vec();
                 let mut order: Vec<usize> = (0..p.len()).collect();
                 order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-                let mut chosen: Vec<usize> = indices.index(t).as_type::<u32>().unwrap().as_slice::<u32>().iter().map(|&i| i as usize).collect();
+                let mut chosen: Vec<usize> =
+                    indices.index(t).as_type::<u32>().unwrap().as_slice::<u32>().iter().map(|&i| i as usize).collect();
                 chosen.sort();
                 let mut top: Vec<usize> = order[..2].to_vec();
                 top.sort();
