@@ -294,7 +294,10 @@ impl Model {
         let blocks: usize = self
             .blocks
             .iter()
-            .map(|b| b.attn_norm.nbytes() + b.mlp_norm.nbytes() + b.qkv.nbytes() + b.o.weight.nbytes() + b.mlp.nbytes())
+            .map(|b| {
+                let qk_norms: usize = b.q_norm.iter().chain(b.k_norm.iter()).map(|n| n.nbytes()).sum();
+                b.attn_norm.nbytes() + b.mlp_norm.nbytes() + qk_norms + b.qkv.nbytes() + b.o.weight.nbytes() + b.mlp.nbytes()
+            })
             .sum();
         blocks + self.embed.0.nbytes() + self.norm.nbytes() + self.lm_head.as_ref().map_or(0, |h| h.nbytes())
     }
