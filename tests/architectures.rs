@@ -3,6 +3,8 @@
 //! classes) load through the normal loader, and their prefill logits, their step-by-step
 //! decode logits through [`BatchKv`] (the path the server runs) and their greedy ids match
 //! mlx-lm's, one sequence at a time and with all sequences of a model in one batch.
+//! Mixture-of-experts models (qwen3_moe) are checked the same way in both checkpoint
+//! layouts, and 4-bit quantized against mlx-lm's quantized model.
 use std::path::{Path, PathBuf};
 
 use mlx_rs::Device;
@@ -32,12 +34,12 @@ fn tiny_dir() -> PathBuf {
 }
 
 /// The model of folder `name` (its model.gguf when it has one) and its reference cases.
-fn load(name: &str) -> (Model, Vec<Case>) {
+fn load(name: &str, format: WeightFormat) -> (Model, Vec<Case>) {
     Device::set_default(&Device::cpu());
     let dir = tiny_dir().join(name);
     let gguf = dir.join("model.gguf");
     let path = if gguf.exists() { gguf } else { dir.clone() };
-    let (model, codec, info) = loader::load(&path, WeightFormat::Float32).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let (model, codec, info) = loader::load(&path, format).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     assert_eq!(codec.vocab_size(), info.vocab_size as usize, "{name}: tokenizer and model vocab");
     assert_eq!(codec.decode(&codec.encode("Hello, tiny world!").unwrap()).unwrap(), "Hello, tiny world!", "{name}: tokenizer round trip");
     let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
@@ -56,18 +58,36 @@ fn load(name: &str) -> (Model, Vec<Case>) {
     (model, cases)
 }
 
-/// Max |got - want| over the whole vocabulary, asserted within [`TOLERANCE`].
-fn compare(what: &str, got: &[f32], want: &[f32]) -> f32 {
+/// Max |got - want| over the whole vocabulary, asserted within `tolerance`.
+fn compare(what: &str, got: &[f32], want: &[f32], tolerance: f32) -> f32 {
     assert_eq!(got.len(), want.len(), "{what}: vocab size");
     let (at, diff) =
         got.iter().zip(want).map(|(g, w)| (g - w).abs()).enumerate().fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
-    assert!(diff < TOLERANCE, "{what}: logit of token {at} is {}, mlx-lm says {} (|diff| {diff:.2e})", got[at], want[at]);
+    assert!(diff < tolerance, "{what}: logit of token {at} is {}, mlx-lm says {} (|diff| {diff:.2e})", got[at], want[at]);
     diff
 }
 
-/// Checks one model end to end; prints the largest difference of each path.
+/// The greedy id equals mlx-lm's wherever its top two logits are more than twice `tolerance`
+/// apart (every step of the float32 fixtures: their generator keeps the gaps above 1e-3);
+/// closer than that, logits within the tolerance may rank either way. Each step is still fed
+/// mlx-lm's id, so a flip here changes nothing downstream.
+fn greedy(what: &str, got: &[f32], want: &[f32], want_id: u32, tolerance: f32) {
+    let mut sorted = want.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    if sorted[0] - sorted[1] > 2.0 * tolerance {
+        assert_eq!(argmax(got), want_id, "{what}");
+    }
+}
+
+/// Checks one model end to end in float32; prints the largest difference of each path.
 fn check(name: &str) {
-    let (model, cases) = load(name);
+    check_as(name, WeightFormat::Float32, TOLERANCE);
+}
+
+/// Checks one model end to end with its weights held as `format`, logits within `tolerance`.
+fn check_as(name: &str, format: WeightFormat, tolerance: f32) -> [f32; 3] {
+    let (model, cases) = load(name, format);
+    let compare = |what: &str, got: &[f32], want: &[f32]| compare(what, got, want, tolerance);
     let vocab = model.config.vocab_size as usize;
 
     // 1. Each sequence alone: prefill, then decode through its own one-row batch.
@@ -77,14 +97,14 @@ fn check(name: &str) {
         let logits = model.forward(&case.ids, &mut cache).unwrap();
         worst[0] =
             worst[0].max(compare(&format!("{name} seq {n} ({} tokens) prefill", case.ids.len()), logits.as_slice::<f32>(), &case.prefill));
-        assert_eq!(argmax(logits.as_slice::<f32>()), case.greedy[0], "{name} seq {n}: greedy id after prefill");
+        greedy(&format!("{name} seq {n}: greedy id after prefill"), logits.as_slice::<f32>(), &case.prefill, case.greedy[0], tolerance);
         let mut batch = BatchKv::default();
         batch.join(0, cache).unwrap();
         for (step, want) in case.decode.iter().enumerate() {
             let logits = model.decode(&[case.greedy[step]], &mut batch).unwrap();
             let got = logits.as_slice::<f32>();
             worst[1] = worst[1].max(compare(&format!("{name} seq {n} decode step {step}"), got, want));
-            assert_eq!(argmax(got), case.greedy[step + 1], "{name} seq {n}: greedy id of decode step {step}");
+            greedy(&format!("{name} seq {n}: greedy id of decode step {step}"), got, want, case.greedy[step + 1], tolerance);
         }
     }
 
@@ -120,7 +140,8 @@ fn check(name: &str) {
                 got,
                 &cases[n].decode[step],
             ));
-            assert_eq!(argmax(got), cases[n].greedy[step + 1], "{name} seq {n}: greedy id of batched decode step {step}");
+            let what = format!("{name} seq {n}: greedy id of batched decode step {step}");
+            greedy(&what, got, &cases[n].decode[step], cases[n].greedy[step + 1], tolerance);
             steps_done[n] += 1;
             if steps_done[n] == cases[n].decode.len() {
                 batch.leave(n as u64).unwrap();
@@ -128,11 +149,12 @@ fn check(name: &str) {
         }
     }
     assert_eq!(max_rows, cases.len(), "every sequence decoded in the batch at once at some step");
-    println!("{name}: max |diff| prefill {:.2e}, decode alone {:.2e}, decode batched {:.2e}", worst[0], worst[1], worst[2]);
+    println!("{name} ({format:?}): max |diff| prefill {:.2e}, decode alone {:.2e}, decode batched {:.2e}", worst[0], worst[1], worst[2]);
+    worst
 }
 
 /// The folders each test below covers; a new folder without a test fails here.
-const MODELS: [&str; 8] = [
+const MODELS: [&str; 11] = [
     "llama3-rope",
     "llama3-rope-gguf",
     "llama-gqa-untied",
@@ -141,6 +163,9 @@ const MODELS: [&str; 8] = [
     "qwen2-bias-gguf",
     "qwen3-qknorm",
     "qwen3-qknorm-gguf",
+    "qwen3-moe",
+    "qwen3-moe-hf",
+    "qwen3-moe-4bit",
 ];
 
 #[test]
@@ -196,3 +221,36 @@ fn qwen3_with_qk_norms() {
 fn qwen3_gguf_with_qk_norms() {
     check("qwen3-qknorm-gguf");
 }
+
+#[test]
+fn qwen3_moe_with_stacked_experts() {
+    check("qwen3-moe");
+}
+
+#[test]
+fn qwen3_moe_with_hugging_face_per_expert_tensors() {
+    check("qwen3-moe-hf");
+}
+
+/// The 4-bit model dequantized to float32 computes what mlx-lm's quantized model computes
+/// (the same dequantized values, summed in another order).
+#[test]
+fn qwen3_moe_4bit_dequantized() {
+    check("qwen3-moe-4bit");
+}
+
+/// The 4-bit model as `native` holds it on the CPU: experts packed through MLX's
+/// `gather_qmm`, the router float32, attention and the dense MLP through mlxbar's packed
+/// kernel, whose int8 activations move the logits (see [`PACKED_TOLERANCE`]).
+#[test]
+fn qwen3_moe_4bit_packed() {
+    check_as("qwen3-moe-4bit", WeightFormat::Native, PACKED_TOLERANCE);
+}
+
+/// mlxbar's CPU kernel rounds activations to int8 per 32 values (README: logits move by up
+/// to ~1 on a 30-layer model). Here they move by at most 0.32 (measured; the tiny model's
+/// random weights make large activations, logits of std ~4), all of it from that rounding:
+/// the packed experts alone equal matmuls on their dequantized weights within 1e-5
+/// (`switch::tests`), and the same file dequantized to float32 is within 1.3e-5 of mlx-lm.
+/// 0.5 leaves a 1.5x margin.
+const PACKED_TOLERANCE: f32 = 0.5;

@@ -17,6 +17,17 @@ one before), plus the greedy ids. GGUF copies (gguf-py, llama.cpp's writer, with
 tensor names and, for llama, its q/k row permutation and rope_freqs factors) hold the same
 weights and share the reference of their source folder.
 """
+# Said in MOE_HOW (appended to their references' how_made), not above, so the dense
+# references stay byte-identical.
+MOE_HOW = (
+    "Mixture-of-experts models (MOE_MODELS, seeded apart so the dense ones stay byte-identical) "
+    "are saved as mlx-lm saves them (experts stacked: mlp.switch_mlp.*), again in Hugging Face's "
+    "layout (one tensor per expert, mlp.experts.{e}.*; mlx-lm loads it and must give the same "
+    "logits, so it shares the reference), and 4-bit quantized by mlx_lm.utils.quantize_model "
+    "(the family's own quant_predicate: the router at 8 bits) with its own reference from "
+    "mlx-lm's quantized model. Their references also record the smallest gap between the k-th "
+    "and (k+1)-th router probability seen, so a rounding-level difference cannot flip a choice."
+)
 import importlib.metadata
 import json
 import math
@@ -81,6 +92,27 @@ MODELS = {
         "tie_word_embeddings": True,
     }, "qwen3: per-head q/k RMS norms, head_dim 32 != hidden/heads, GQA, tied"),
 }
+# Mixture-of-experts models: name -> (config overrides, what it exercises). Layer 0 is
+# sparse, layer 1 dense (mlp_only_layers), so both kinds of MLP run.
+MOE_MODELS = {
+    "qwen3-moe": ({
+        "model_type": "qwen3_moe", "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 1000000.0,
+        "tie_word_embeddings": True, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "decoder_sparse_step": 1, "mlp_only_layers": [1], "norm_topk_prob": True,
+    }, "qwen3_moe: 8 experts, top-2 renormalized (norm_topk_prob), layer 0 sparse and layer 1 dense, "
+       "q/k norms, GQA, tied; experts stacked as mlx-lm saves them (mlp.switch_mlp.*)"),
+}
+# Of SEED + 1..8, the one whose routers keep the widest k-th/(k+1)-th gaps (float and 4-bit).
+MOE_SEED = SEED + 8
+# The same weights in Hugging Face's per-expert layout: folder -> source model.
+MOE_HF_LAYOUT = {"qwen3-moe-hf": "qwen3-moe"}
+# 4-bit copies (mlx_lm.utils.quantize_model): folder -> (source model, group size).
+MOE_QUANTIZED = {"qwen3-moe-4bit": ("qwen3-moe", 32)}
+# A router's k-th and (k+1)-th probabilities closer than this would make the choice of
+# experts hinge on rounding.
+MIN_ROUTER_GAP = 1e-3
+ROUTER_GAPS = []
+
 # GGUF copies: folder name -> source model.
 GGUFS = {"qwen2-bias-gguf": "qwen2-bias", "qwen3-qknorm-gguf": "qwen3-qknorm", "llama3-rope-gguf": "llama3-rope"}
 
@@ -182,6 +214,10 @@ def reference(d: Path, sequences, description):
         cases.append({"ids": ids, "prefill_logits": f32(steps[0]),
                       "decode_logits": [f32(s) for s in steps[1:]], "greedy_ids": greedy})
     assert min_gap > MIN_TOP2_GAP, f"{d.name}: top-2 logit gap {min_gap}"
+    router_gap = min(ROUTER_GAPS) if ROUTER_GAPS else None
+    ROUTER_GAPS.clear()
+    if router_gap is not None:
+        assert router_gap > MIN_ROUTER_GAP, f"{d.name}: router k-th/(k+1)-th probability gap {router_gap}"
     spread = float(np.std(np.array(cases[-1]["prefill_logits"])))
     ref = {
         "how_made": " ".join(__doc__.split()),
@@ -197,6 +233,9 @@ def reference(d: Path, sequences, description):
         "logit_std_longest": spread,
         "cases": cases,
     }
+    if router_gap is not None:
+        ref["how_made"] += " " + MOE_HOW
+        ref["min_router_gap"] = router_gap
     if config.get("rope_scaling"):
         # The scaling must matter for these sequences, or the test would not see it.
         plain, _ = load_model(d, model_config={"rope_scaling": None})
@@ -297,6 +336,56 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
     g.close()
 
 
+def watch_routers():
+    """Records, for every token mlx-lm routes, the gap between its k-th and (k+1)-th router
+    probability (the family's own block runs unchanged)."""
+    from mlx_lm.models import qwen3_moe
+
+    block = qwen3_moe.Qwen3MoeSparseMoeBlock
+    original = block.__call__
+
+    def call(self, x):
+        s = mx.sort(mx.softmax(self.gate(x), axis=-1, precise=True), axis=-1)
+        ROUTER_GAPS.append(float(mx.min(s[..., -self.top_k] - s[..., -self.top_k - 1])))
+        return original(self, x)
+
+    block.__call__ = call
+
+
+def write_hf_layout(src: Path, dst: Path):
+    """The folder with each stacked expert tensor split into Hugging Face's per-expert ones."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    (dst / "reference.json").unlink()
+    weights = {}
+    for k, v in mx.load(str(src / "model.safetensors")).items():
+        if ".mlp.switch_mlp." in k:
+            prefix, rest = k.split(".mlp.switch_mlp.")
+            for e in range(v.shape[0]):
+                weights[f"{prefix}.mlp.experts.{e}.{rest}"] = v[e]
+        else:
+            weights[k] = v
+    mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "pt"})
+
+
+def write_quantized(src: Path, dst: Path, group_size: int):
+    """The folder 4-bit quantized as mlx_lm.convert does it (quantize_model, the family's
+    quant_predicate)."""
+    from mlx_lm.utils import quantize_model
+
+    model, config = load_model(src)
+    model, config = quantize_model(model, config, group_size=group_size, bits=4)
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    (dst / "reference.json").unlink()
+    mx.save_safetensors(str(dst / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"})
+    saved = json.loads((src / "config.json").read_text())
+    saved["quantization"] = config["quantization"]
+    (dst / "config.json").write_text(json.dumps(saved, indent=1) + "\n")
+
+
 def main():
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -319,6 +408,34 @@ def main():
         ref["exercises"] += f"; as a GGUF (F32 tensors) written by gguf-py {importlib.metadata.version('gguf')}"
         (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
         print(f"{name}: GGUF of {src}")
+    watch_routers()
+    moe_keys = mx.random.split(mx.random.key(MOE_SEED), len(MOE_MODELS))
+    for i, (name, (overrides, description)) in enumerate(MOE_MODELS.items()):
+        d = build(name, overrides, out_dir, tok, moe_keys[i])
+        ref = reference(d, sequences, description)
+        ref["seed"] = MOE_SEED
+        (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}, "
+              f"greedy {[c['greedy_ids'] for c in ref['cases']]}")
+    for name, src in MOE_HF_LAYOUT.items():
+        write_hf_layout(out_dir / src, out_dir / name)
+        mine = reference(out_dir / name, sequences, "")
+        ref = json.loads((out_dir / src / "reference.json").read_text())
+        assert mine["cases"] == ref["cases"], f"{name}: mlx-lm gives other logits from the per-expert layout"
+        ref["model"] = name
+        ref["layout_from"] = src
+        ref["exercises"] += "; here in Hugging Face's per-expert layout (mlp.experts.{e}.*), which mlx-lm stacks at load"
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: per-expert layout of {src}, same logits in mlx-lm")
+    for name, (src, group_size) in MOE_QUANTIZED.items():
+        write_quantized(out_dir / src, out_dir / name, group_size)
+        description = (MOE_MODELS[src][1] + f"; 4-bit affine (group {group_size}, router 8-bit group 64) "
+                       "by mlx_lm.utils.quantize_model, reference from mlx-lm's quantized model")
+        ref = reference(out_dir / name, sequences, description)
+        ref["seed"] = MOE_SEED
+        ref["quantized_from"] = src
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ fn read_config(e: &mut ModelEntry, text: &str) -> Option<QuantizationConfig> {
 
 /// An MLX folder's weights by width, from its safetensors shapes: a module with `.scales`
 /// holds `scales × group_size` values at its (group_size, bits) from config.json, as the
-/// loader reads it; every other tensor is float.
+/// loader reads it (a mixture-of-experts router's as float); every other tensor is float.
 fn folder_parts(shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&QuantizationConfig>) -> Vec<WeightPart> {
     let count = |shape: &Vec<u64>| shape.iter().product::<u64>();
     let mut by_width: BTreeMap<Option<(u32, u32)>, u64> = BTreeMap::new();
@@ -162,7 +162,11 @@ fn folder_parts(shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&Quantization
             }
         }
         let quantized = name.strip_suffix(".weight").and_then(|m| Some((scales(m)?, quant?.for_module(m))));
+        // A mixture-of-experts router is held float32 on the CPU whatever its file width
+        // (engine::model: its choice is discrete).
+        let router = name.ends_with(".mlp.gate.weight");
         match quantized {
+            Some((scales, (group, _))) if router => *by_width.entry(None).or_default() += count(scales) * group as u64,
             Some((scales, (group, bits))) => {
                 *by_width.entry(Some((bits as u32, group as u32))).or_default() += count(scales) * group as u64;
             }
@@ -207,20 +211,27 @@ fn fill_from_config(e: &mut ModelEntry, cfg: &ModelConfig) {
     });
 }
 
-/// Parameters of the llama-family block layout `cfg` describes (qwen2's q/k/v biases and
-/// qwen3's q/k norms included).
+/// Parameters of the llama-family block layout `cfg` describes (qwen2's q/k/v biases,
+/// qwen3's q/k norms, and every expert and router of a sparse layer included: the float32
+/// memory estimate is this times 4).
 pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     let (h, v, i) = (cfg.hidden_size as u64, cfg.vocab_size as u64, cfg.intermediate_size as u64);
     let q = (cfg.num_heads * cfg.head_dim) as u64;
     let kv = (cfg.num_kv_heads * cfg.head_dim) as u64;
     let extra = match cfg.arch {
         Arch::Qwen2 => q + 2 * kv,
-        Arch::Qwen3 => 2 * cfg.head_dim as u64,
+        Arch::Qwen3 | Arch::Qwen3Moe => 2 * cfg.head_dim as u64,
         Arch::Llama | Arch::Mistral => 0,
     };
-    let layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h + extra;
+    let attention = h * q + 2 * h * kv + q * h + 2 * h + extra;
+    let mlps: u64 = (0..cfg.num_layers)
+        .map(|l| match cfg.moe.as_ref().filter(|m| m.is_sparse(l)) {
+            Some(m) => m.num_experts as u64 * (3 * h * m.expert_intermediate_size as u64 + h),
+            None => 3 * h * i,
+        })
+        .sum();
     let head = if cfg.tie_word_embeddings { 0 } else { v * h };
-    v * h + cfg.num_layers as u64 * layer + h + head
+    v * h + cfg.num_layers as u64 * attention + mlps + h + head
 }
 
 /// `*.safetensors` directly in `dir`, sorted (dangling links included: they are missing
@@ -361,6 +372,46 @@ mod tests {
         assert_eq!(parameter_count(&from_hf_config(&untied).unwrap().0), 134_515_008 + 49152 * 576);
         let qwen2 = SMOLLM2.replace(r#""llama""#, r#""qwen2""#);
         assert_eq!(parameter_count(&from_hf_config(&qwen2).unwrap().0), 134_515_008 + 30 * (576 + 2 * 192));
+    }
+
+    #[test]
+    fn counts_every_expert_of_qwen3_30b_a3b() {
+        // Qwen/Qwen3-30B-A3B's config.json (the keys that count).
+        let json = r#"{"model_type":"qwen3_moe","hidden_size":2048,"num_hidden_layers":48,"intermediate_size":6144,
+            "num_attention_heads":32,"num_key_value_heads":4,"head_dim":128,"vocab_size":151936,
+            "num_experts":128,"num_experts_per_tok":8,"moe_intermediate_size":768,"decoder_sparse_step":1,
+            "mlp_only_layers":[],"norm_topk_prob":true,"tie_word_embeddings":false,"rms_norm_eps":1e-6}"#;
+        let (cfg, _) = from_hf_config(json).unwrap();
+        // 30.5B, as the model card says: 48 layers of 128 experts dominate.
+        assert_eq!(parameter_count(&cfg), 30_532_122_624);
+        let with_dense = json.replace(r#""mlp_only_layers":[]"#, r#""mlp_only_layers":[0]"#);
+        let (dense0, _) = from_hf_config(&with_dense).unwrap();
+        assert_eq!(parameter_count(&cfg) - parameter_count(&dense0), 128 * (3 * 2048 * 768 + 2048) - 3 * 2048 * 6144);
+    }
+
+    /// The estimate's two counts (parameters from config.json, parts from the safetensors
+    /// shapes) agree on the tiny qwen3_moe fixtures, each expert counted once, in either
+    /// layout and packed; the 4-bit router counts as float (the CPU holds it so).
+    #[test]
+    fn expert_weights_are_counted_in_both_layouts() {
+        let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny");
+        let stacked = folder(&tiny.join("qwen3-moe"));
+        assert!(stacked.runnable, "{:?}", stacked.unsupported_reason);
+        // 8 experts x (gate, up, down) of 64 x 32 in the one sparse layer, its router, and a
+        // dense MLP of 3 x 64 x 128 in the other.
+        let params = stacked.parameters.unwrap();
+        let attention = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 2 * 64 + 2 * 16;
+        assert_eq!(params, 320 * 64 + 2 * attention + 8 * (3 * 64 * 32 + 64) + 3 * 64 * 128 + 64);
+        let total = |e: &ModelEntry| e.weight_parts.iter().map(|p| p.elements).sum::<u64>();
+        assert_eq!(total(&stacked), params);
+        let per_expert = folder(&tiny.join("qwen3-moe-hf"));
+        assert!(per_expert.runnable, "{:?}", per_expert.unsupported_reason);
+        assert_eq!((per_expert.parameters, total(&per_expert)), (Some(params), params));
+        let packed = folder(&tiny.join("qwen3-moe-4bit"));
+        assert!(packed.runnable, "{:?}", packed.unsupported_reason);
+        assert_eq!(total(&packed), params);
+        let float: u64 = packed.weight_parts.iter().filter(|p| p.quantization.is_none()).map(|p| p.elements).sum();
+        assert_eq!(float, 8 * 64 + 2 * (2 * 64 + 2 * 16) + 64, "the router and the norms");
     }
 
     fn folder_with(config: &str, files: &[&str]) -> (tempfile::TempDir, ModelEntry) {

@@ -1,7 +1,10 @@
 //! The hyper-parameters of a llama-family transformer, read from a GGUF header or an
-//! HF `config.json`.
+//! HF `config.json`; a mixture-of-experts family adds its [`MoeConfig`] (its own keys,
+//! read by its family file, e.g. [`super::qwen3_moe`]).
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+
+pub use super::switch::MoeConfig;
 
 /// Architectures sharing the llama block layout (pre-norm, RoPE, GQA, SwiGLU MLP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -11,6 +14,8 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    /// qwen3's attention with sparse (mixture-of-experts) MLPs ([`super::qwen3_moe`]).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -20,7 +25,8 @@ impl Arch {
             "mistral" => Arch::Mistral,
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
-            other => bail!("unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3)"),
+            "qwen3_moe" => Arch::Qwen3Moe,
+            other => bail!("unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, qwen3_moe)"),
         })
     }
 
@@ -30,6 +36,7 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3_moe",
         }
     }
 }
@@ -79,6 +86,8 @@ pub struct ModelConfig {
     pub rope: RopeConfig,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
+    /// The experts of a mixture-of-experts family; None for dense models.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -96,6 +105,9 @@ impl ModelConfig {
         }
         if self.num_layers == 0 || self.hidden_size <= 0 || self.vocab_size <= 0 {
             bail!("empty model: {} layers, hidden {}, vocab {}", self.num_layers, self.hidden_size, self.vocab_size);
+        }
+        if let Some(moe) = &self.moe {
+            moe.validate()?;
         }
         Ok(())
     }
@@ -202,6 +214,10 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
         max_position_embeddings: match (hf.sliding_window, hf.use_sliding_window) {
             (Some(w), None | Some(true)) => hf.max_position_embeddings.min(w),
             _ => hf.max_position_embeddings,
+        },
+        moe: match arch {
+            Arch::Qwen3Moe => Some(super::qwen3_moe::moe_config(json, hf.num_hidden_layers)?),
+            _ => None,
         },
     };
     cfg.validate()?;

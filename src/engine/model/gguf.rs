@@ -104,6 +104,10 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
 pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
     let arch_name = h.string("general.architecture").context("no general.architecture")?;
     let arch = Arch::parse(arch_name)?;
+    if arch == Arch::Qwen3Moe {
+        // llama.cpp names it qwen3moe, with its own expert tensors; not read yet.
+        bail!("mixture-of-experts GGUF ('{arch_name}') is not supported yet: use an MLX or Hugging Face folder");
+    }
     let m = |k: &str| h.number(&format!("{arch_name}.{k}")).map(|v| v as f32);
     let req = |k: &str| -> Result<f32> { m(k).with_context(|| format!("GGUF lacks {arch_name}.{k}")) };
     let hidden = req("embedding_length")? as i32;
@@ -138,6 +142,7 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
         // No output head: the embedding doubles as it.
         tie_word_embeddings: !h.tensor_infos.iter().any(|t| t.name == "output.weight"),
         max_position_embeddings: m("context_length").map(|v| v as usize).unwrap_or(4096),
+        moe: None,
     };
     config.validate()?;
     Ok(config)

@@ -1,5 +1,7 @@
 //! Loads an MLX / Hugging Face model folder: `config.json` + `*.safetensors`, including
-//! mlx-community quantized folders (`.weight`/`.scales`/`.biases` per module).
+//! mlx-community quantized folders (`.weight`/`.scales`/`.biases` per module) and
+//! mixture-of-experts folders in either layout (experts one by one, stacked at load, or
+//! stacked as mlx-community ships them).
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -25,6 +27,10 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
         // MLX's reader trusts the header; one lying about sizes must not reach it.
         super::validate::safetensors_file(f)?;
         raw.extend(Array::load_safetensors(f).with_context(|| format!("reading {}", f.display()))?);
+    }
+
+    if let Some(moe) = &config.moe {
+        super::qwen3_moe::stack_experts(&mut raw, moe)?;
     }
 
     let mut t = TensorMap::default();
@@ -77,6 +83,11 @@ fn canonical_name(module: &str) -> Option<String> {
         "mlp.gate_proj" => "gate",
         "mlp.up_proj" => "up",
         "mlp.down_proj" => "down",
+        // Mixture of experts: the router and the stacked experts.
+        "mlp.gate" => "router",
+        "mlp.switch_mlp.gate_proj" => "experts.gate",
+        "mlp.switch_mlp.up_proj" => "experts.up",
+        "mlp.switch_mlp.down_proj" => "experts.down",
         _ => return None,
     };
     Some(format!("layers.{layer}.{part}"))
@@ -90,6 +101,8 @@ mod tests {
         assert_eq!(c("model.layers.3.self_attn.k_proj").as_deref(), Some("layers.3.k"));
         assert_eq!(c("model.layers.3.post_attention_layernorm").as_deref(), Some("layers.3.mlp_norm"));
         assert_eq!(c("lm_head").as_deref(), Some("lm_head"));
+        assert_eq!(c("model.layers.2.mlp.gate").as_deref(), Some("layers.2.router"));
+        assert_eq!(c("model.layers.2.mlp.switch_mlp.down_proj").as_deref(), Some("layers.2.experts.down"));
         assert_eq!(c("model.layers.3.self_attn.rotary_emb.inv_freq"), None);
     }
 }

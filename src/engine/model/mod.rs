@@ -1,5 +1,6 @@
 //! A llama-family transformer in MLX: llama (SmolLM2, Llama 3.x), mistral, qwen2
-//! (q/k/v biases) and qwen3 (q/k norms); GQA, tied or untied embeddings.
+//! (q/k/v biases) and qwen3 (q/k norms); GQA, tied or untied embeddings; each layer's MLP
+//! dense or, in mixture-of-experts families ([`qwen3_moe`]), sparse ([`mlp`], [`switch`]).
 //!
 //! Loaders ([`gguf`], [`hf`]) turn a file or folder into canonical [`TensorMap`] names;
 //! [`Model::assemble`] applies the weight format and fuses projections.
@@ -7,19 +8,23 @@ pub mod config;
 pub mod gguf;
 pub mod hf;
 pub mod linear;
+mod mlp;
+pub mod qwen3_moe;
 pub mod rope;
+pub mod switch;
 pub mod validate;
 
 use std::collections::HashMap;
 
 use anyhow::{anyhow, Context, Result};
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{fast, nn, ops, Array, Dtype};
+use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::batch_kv::BatchKv;
 use super::kv_cache::KvCache;
 use config::ModelConfig;
 use linear::{expect_shape, Embedding, Linear, Weight};
+use mlp::Mlp;
 
 /// How weights are held in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum, schemars::JsonSchema)]
@@ -58,8 +63,9 @@ impl WeightFormat {
 }
 
 /// Tensors by canonical name: `embed`, `norm`, `lm_head`, `rope_periods`, and per layer
-/// `layers.{i}.{attn_norm,mlp_norm,q,k,v,o,q_norm,k_norm,gate,up,down}`. Projections carry
-/// their bias under `{name}.bias`.
+/// `layers.{i}.{attn_norm,mlp_norm,q,k,v,o,q_norm,k_norm,gate,up,down}`, or for a sparse
+/// MLP `layers.{i}.{router,experts.gate,experts.up,experts.down}` (experts stacked on a
+/// leading axis). Projections carry their bias under `{name}.bias`.
 #[derive(Default)]
 pub struct TensorMap {
     pub weights: HashMap<String, Weight>,
@@ -74,9 +80,10 @@ impl TensorMap {
         self.vectors.remove(name).ok_or_else(|| anyhow!("missing tensor '{name}'"))
     }
 
-    /// `(bits, group_size)` of the first layer's projections, None when they are float.
+    /// `(bits, group_size)` of the first layer's MLP projections (its experts when sparse),
+    /// None when they are float.
     pub fn quantization(&self) -> Option<(i32, i32)> {
-        match self.weights.get("layers.0.gate")? {
+        match self.weights.get("layers.0.gate").or_else(|| self.weights.get("layers.0.experts.gate"))? {
             Weight::Quantized(q) => Some((q.bits, q.group_size)),
             Weight::Dense(_) => None,
         }
@@ -119,12 +126,20 @@ impl Projections {
         }
     }
 
-    fn nbytes(&self) -> usize {
-        let linears: Vec<&Linear> = match self {
+    fn linears(&self) -> Vec<&Linear> {
+        match self {
             Projections::Fused { linear, .. } => vec![linear],
             Projections::Separate(parts) => parts.iter().collect(),
-        };
-        linears.iter().map(|l| l.weight.nbytes() + l.bias.as_ref().map_or(0, |b| b.nbytes())).sum()
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        self.linears().iter().map(|l| l.weight.nbytes() + l.bias.as_ref().map_or(0, |b| b.nbytes())).sum()
+    }
+
+    /// The weight arrays (biases are evaluated with the vectors).
+    fn arrays(&self) -> Vec<&Array> {
+        self.linears().into_iter().flat_map(|l| l.weight.arrays()).collect()
     }
 }
 
@@ -135,21 +150,13 @@ struct Block {
     q_norm: Option<Array>,
     k_norm: Option<Array>,
     o: Linear,
-    gate_up: Projections,
-    down: Linear,
+    mlp: Mlp,
 }
 
 impl Block {
-    /// `h + down(silu(gate) · up)` of `rms_norm(h)`: two MLX ops when the CPU kernel fuses
-    /// (gate|up with the norm, down with the SwiGLU and the residual), else seven.
+    /// `h + mlp(rms_norm(h))`.
     fn mlp(&self, h: &Array, eps: f32) -> Result<Array> {
-        if let Projections::Fused { linear, .. } = &self.gate_up {
-            if linear.fuses() && self.down.fuses() {
-                return self.down.forward_swiglu_add(&linear.forward_normed(h, &self.mlp_norm, eps)?, h);
-            }
-        }
-        let gu = self.gate_up.forward_normed(h, &self.mlp_norm, eps)?;
-        self.down.forward_add(&nn::silu(&gu[0])?.multiply(&gu[1])?, h)
+        self.mlp.forward_add(h, &self.mlp_norm, eps)
     }
 }
 
@@ -197,6 +204,14 @@ impl Model {
                 _ => w.into_dense(dtype),
             }
         };
+        // A router's choice is discrete: on the CPU it runs float32 whatever the format, so
+        // the packed kernel's int8 activations cannot flip which experts a token gets.
+        let router = |w: Weight| -> Result<Weight> {
+            match on_gpu {
+                true => weight(w),
+                false => w.into_dense(Dtype::Float32),
+            }
+        };
         let vector = |a: Array| -> Result<Array> { Ok(if a.dtype() == dtype { a } else { a.as_dtype(dtype)? }) };
         let linear = |t: &mut TensorMap, name: &str, out: i32| -> Result<Linear> {
             let w = weight(t.take_weight(name)?)?;
@@ -212,7 +227,13 @@ impl Model {
         for i in 0..c.num_layers {
             let p = |s: &str| format!("layers.{i}.{s}");
             let qkv = vec![linear(&mut t, &p("q"), q_out)?, linear(&mut t, &p("k"), kv_out)?, linear(&mut t, &p("v"), kv_out)?];
-            let gate_up = vec![linear(&mut t, &p("gate"), c.intermediate_size)?, linear(&mut t, &p("up"), c.intermediate_size)?];
+            let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
+                Some(moe) => Mlp::sparse(&mut t, i, moe, c.hidden_size, &weight, &router)?,
+                None => {
+                    let gate_up = vec![linear(&mut t, &p("gate"), c.intermediate_size)?, linear(&mut t, &p("up"), c.intermediate_size)?];
+                    Mlp::Dense { gate_up: Projections::new(gate_up)?, down: linear(&mut t, &p("down"), c.hidden_size)? }
+                }
+            };
             blocks.push(Block {
                 attn_norm: vector(t.take_vector(&p("attn_norm"))?)?,
                 mlp_norm: vector(t.take_vector(&p("mlp_norm"))?)?,
@@ -220,8 +241,7 @@ impl Model {
                 q_norm: t.vectors.remove(&p("q_norm")).map(vector).transpose()?,
                 k_norm: t.vectors.remove(&p("k_norm")).map(vector).transpose()?,
                 o: linear(&mut t, &p("o"), c.hidden_size)?,
-                gate_up: Projections::new(gate_up)?,
-                down: linear(&mut t, &p("down"), c.hidden_size)?,
+                mlp,
             });
         }
         let lm_head = match t.weights.remove("lm_head") {
@@ -260,14 +280,9 @@ impl Model {
         for (i, b) in self.blocks.iter().enumerate() {
             all.extend([&b.attn_norm, &b.mlp_norm]);
             all.extend(b.q_norm.iter().chain(b.k_norm.iter()));
-            for proj in [&b.qkv, &b.gate_up] {
-                match proj {
-                    Projections::Fused { linear, .. } => all.extend(linear.weight.arrays()),
-                    Projections::Separate(ps) => ps.iter().for_each(|l| all.extend(l.weight.arrays())),
-                }
-            }
+            all.extend(b.qkv.arrays());
             all.extend(b.o.weight.arrays());
-            all.extend(b.down.weight.arrays());
+            all.extend(b.mlp.arrays());
             mlx_rs::transforms::eval(std::mem::take(&mut all)).context("materializing weights")?;
             progress(0.1 + 0.85 * (i + 1) as f64 / layers);
         }
@@ -280,12 +295,8 @@ impl Model {
             .blocks
             .iter()
             .map(|b| {
-                b.attn_norm.nbytes()
-                    + b.mlp_norm.nbytes()
-                    + b.qkv.nbytes()
-                    + b.gate_up.nbytes()
-                    + b.o.weight.nbytes()
-                    + b.down.weight.nbytes()
+                let qk_norms: usize = b.q_norm.iter().chain(b.k_norm.iter()).map(|n| n.nbytes()).sum();
+                b.attn_norm.nbytes() + b.mlp_norm.nbytes() + qk_norms + b.qkv.nbytes() + b.o.weight.nbytes() + b.mlp.nbytes()
             })
             .sum();
         blocks + self.embed.0.nbytes() + self.norm.nbytes() + self.lm_head.as_ref().map_or(0, |h| h.nbytes())
