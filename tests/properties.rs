@@ -598,3 +598,122 @@ proptest! {
         prop_assert_eq!(passed, allowed, "origin {:?} cross-site {} configured {}", origin, cross_site, configure);
     }
 }
+
+// ------------------------------------------------------------ the Anthropic translator
+
+/// A well-formed Anthropic turn: (role, blocks) where user turns carry text and tool
+/// results and assistant turns text and tool uses.
+fn anthropic_turn(user: bool) -> impl Strategy<Value = Value> {
+    let text = any::<String>().prop_map(|t| json!({"type": "text", "text": t}));
+    let cached = any::<String>().prop_map(|t| json!({"type": "text", "text": t, "cache_control": {"type": "ephemeral"}}));
+    let block = if user {
+        let result = ("[a-zA-Z0-9_]{1,12}", any::<String>(), any::<bool>()).prop_map(
+            |(id, content, err)| json!({"type": "tool_result", "tool_use_id": format!("toolu_{id}"), "content": content, "is_error": err}),
+        );
+        prop_oneof![text, cached, result].boxed()
+    } else {
+        let call = ("[a-zA-Z0-9_]{1,12}", "[a-z_]{1,12}", any::<i64>())
+            .prop_map(|(id, name, n)| json!({"type": "tool_use", "id": format!("toolu_{id}"), "name": name, "input": {"n": n}}));
+        prop_oneof![text, call].boxed()
+    };
+    prop_oneof![any::<String>().prop_map(Value::String), prop::collection::vec(block, 1..5).prop_map(Value::Array),]
+}
+
+fn anthropic_request() -> impl Strategy<Value = Value> {
+    let turns = prop::collection::vec((anthropic_turn(true), anthropic_turn(false)), 0..4);
+    (
+        turns,
+        anthropic_turn(true),
+        prop::option::of(any::<String>()),
+        1u32..4096,
+        prop::option::of(prop::sample::select(vec!["auto", "any", "none"])),
+    )
+        .prop_map(|(turns, last, system, max_tokens, choice)| {
+            let mut messages = vec![];
+            for (u, a) in turns {
+                messages.push(json!({"role": "user", "content": u}));
+                messages.push(json!({"role": "assistant", "content": a}));
+            }
+            messages.push(json!({"role": "user", "content": last}));
+            let mut req = json!({"model": "default", "max_tokens": max_tokens, "messages": messages});
+            if let Some(s) = system {
+                req["system"] = json!(s);
+            }
+            if let Some(c) = choice {
+                req["tools"] = json!([{"name": "f", "input_schema": {"type": "object"}}]);
+                req["tool_choice"] = json!({"type": c});
+            }
+            req
+        })
+}
+
+/// What the core should receive from a request: per message (role, its text, its calls'
+/// (id, name, input), the call it answers).
+type Kept = Vec<(String, String, Vec<(String, String, Value)>, Option<String>)>;
+
+fn expected(req: &Value) -> Kept {
+    let text_of = |v: &Value| v.as_str().map(str::to_string);
+    let mut out: Kept = vec![];
+    if let Some(s) = req.get("system").and_then(text_of) {
+        out.push(("system".into(), s, vec![], None));
+    }
+    for m in req["messages"].as_array().unwrap() {
+        let (role, content) = (m["role"].as_str().unwrap(), &m["content"]);
+        let Some(blocks) = content.as_array() else {
+            out.push((role.into(), content.as_str().unwrap().into(), vec![], None));
+            continue;
+        };
+        let (mut text, mut calls) = (String::new(), vec![]);
+        for b in blocks {
+            match b["type"].as_str().unwrap() {
+                "text" => text.push_str(b["text"].as_str().unwrap()),
+                "tool_use" => calls.push((b["id"].as_str().unwrap().into(), b["name"].as_str().unwrap().into(), b["input"].clone())),
+                _ => {
+                    let body = b["content"].as_str().unwrap();
+                    let body = if b["is_error"] == true { format!("Error: {body}") } else { body.to_string() };
+                    out.push(("tool".into(), body, vec![], Some(b["tool_use_id"].as_str().unwrap().into())));
+                }
+            }
+        }
+        // A user turn of only tool results leaves no user message; an assistant turn always is one.
+        if role == "assistant" || blocks.iter().any(|b| b["type"] == "text") {
+            out.push((role.into(), text, calls, None));
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Every well-formed request translates, keeping each message's role, text, calls
+    /// (ids, names, inputs) and the call each tool result answers, in order; max_tokens and
+    /// the tool choice come through.
+    #[test]
+    fn anthropic_requests_translate_keeping_what_they_say(req in anthropic_request()) {
+        use mlxbar::api::anthropic::{request::MessagesRequest, translate};
+        use mlxbar::inference::Input;
+        let parsed: MessagesRequest = serde_json::from_value(req.clone()).unwrap();
+        let core = translate::messages(parsed).unwrap();
+        prop_assert_eq!(core.max_tokens, req["max_tokens"].as_u64().map(|n| n as usize));
+        prop_assert_eq!(core.tools.is_some(), req.get("tool_choice").is_some_and(|c| c["type"] != "none"));
+        let Input::Chat(messages) = core.input else { panic!("a chat") };
+        let got: Kept = messages
+            .iter()
+            .map(|m| {
+                let calls = m.tool_calls.iter().map(|c| (c.id.clone(), c.name.clone(), serde_json::from_str(&c.arguments).unwrap())).collect();
+                (m.role.as_str().to_string(), m.text(), calls, m.tool_call_id.clone())
+            })
+            .collect();
+        prop_assert_eq!(got, expected(&req));
+    }
+
+    /// Any JSON at all: a request or an error, never a panic.
+    #[test]
+    fn any_json_is_an_anthropic_request_or_an_error(v in prop_oneof![json_value(), anthropic_request()]) {
+        use mlxbar::api::anthropic::{request::MessagesRequest, translate};
+        if let Ok(parsed) = serde_json::from_value::<MessagesRequest>(v) {
+            let _ = translate::messages(parsed);
+        }
+    }
+}
