@@ -185,10 +185,21 @@ fn serve_armed(data_dir: &std::path::Path) -> Child {
     cmd.spawn().unwrap()
 }
 
-/// A model in `models` (a link to the default model's file) named `name`.
-fn library_copy(models: &std::path::Path, name: &str) {
-    let path = models.join(format!("{name}.gguf"));
-    std::fs::hard_link(common::model_path(), &path).or_else(|_| std::fs::copy(common::model_path(), &path).map(drop)).unwrap();
+/// An armed `mlxbar serve` ([`serve_armed`]) with `config` (TOML) and a library folder that
+/// holds the default model's file (a hard link, or a copy) under each of `names`; ready to
+/// serve. Returns its data dir (kept alive by the caller), the child, its URL and its log.
+fn armed_with_library(names: &[&str], config: &str) -> (tempfile::TempDir, Child, String, std::thread::JoinHandle<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    for name in names {
+        let path = models.join(format!("{name}.gguf"));
+        std::fs::hard_link(common::model_path(), &path).or_else(|_| std::fs::copy(common::model_path(), &path).map(drop)).unwrap();
+    }
+    std::fs::write(dir.path().join("config.toml"), format!("{config}models_dirs = [{:?}]\n", models.display().to_string())).unwrap();
+    let mut child = serve_armed(dir.path());
+    let (base, log) = listen_until(&mut child, "ready: model");
+    (dir, child, base, log)
 }
 
 /// A step that never returns (a test hook stalls it) wedges nothing: the stuck request ends
@@ -199,17 +210,7 @@ fn library_copy(models: &std::path::Path, name: &str) {
 /// the reload, the second model and the exit all wait for the stuck step for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_step_wedges_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models");
-    std::fs::create_dir(&models).unwrap();
-    library_copy(&models, "smollm2-second");
-    let config = format!(
-        "engine_stop_seconds = 2\nshutdown_grace_seconds = 2\nstall_seconds = 1\nmodels_dirs = [{:?}]\n",
-        models.display().to_string()
-    );
-    std::fs::write(dir.path().join("config.toml"), config).unwrap();
-    let mut child = serve_armed(dir.path());
-    let (base, log) = listen_until(&mut child, "ready: model");
+    let (_dir, mut child, base, log) = armed_with_library(&["smollm2-second"], "engine_stop_seconds = 2\nshutdown_grace_seconds = 2\nstall_seconds = 1\n");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
     let chat = |content: String, model: Option<&str>| {
         let mut body = json!({"messages": [{"role": "user", "content": content}], "max_tokens": 3, "temperature": 0});
@@ -280,18 +281,8 @@ async fn a_stuck_step_wedges_nothing() {
 /// a main without a load timeout the request waits for the stuck load for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_load_wedges_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models");
-    std::fs::create_dir(&models).unwrap();
     let stuck_id = format!("stuck{}", mlxbar::engine::faults::STALL_LOAD);
-    library_copy(&models, &stuck_id);
-    let config = format!(
-        "load_timeout_seconds = 3\nengine_stop_seconds = 1\nshutdown_grace_seconds = 2\nmodels_dirs = [{:?}]\n",
-        models.display().to_string()
-    );
-    std::fs::write(dir.path().join("config.toml"), config).unwrap();
-    let mut child = serve_armed(dir.path());
-    let (base, log) = listen_until(&mut child, "ready: model");
+    let (_dir, mut child, base, log) = armed_with_library(&[stuck_id.as_str()], "load_timeout_seconds = 3\nengine_stop_seconds = 1\nshutdown_grace_seconds = 2\n");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
     let chat = |model: &str| {
         let body = json!({"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3, "temperature": 0});

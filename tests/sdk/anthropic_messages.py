@@ -10,27 +10,16 @@ line per check and exits non-zero if any failed.
 """
 import json
 import sys
-import traceback
 
 import anthropic
 import jsonschema
+from checks import check, finish
 from pydantic import BaseModel
 
 client = anthropic.Anthropic(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
 MODEL = "default"
 QUESTION = "What is 2+2?"
 ANSWER = "The answer to this classic math problem is 4."
-failures = []
-
-
-def check(fn):
-    try:
-        fn()
-        print(f"ok   {fn.__name__}", flush=True)
-    except Exception:  # noqa: BLE001 - report every failure, then exit non-zero
-        failures.append(fn.__name__)
-        print(f"FAIL {fn.__name__}\n{traceback.format_exc()}", flush=True)
-    return fn
 
 
 def text_of(message):
@@ -224,7 +213,4 @@ def a_wrong_key_is_an_authentication_error():
         assert e.body["error"]["type"] == "authentication_error", e.body
 
 
-if failures:
-    print(f"{len(failures)} failed: {failures}")
-    sys.exit(1)
-print("all passed")
+finish()

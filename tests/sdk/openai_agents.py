@@ -8,28 +8,17 @@ and exits non-zero if any failed.
 """
 import json
 import sys
-import traceback
 from enum import Enum
 from typing import List, Optional
 
 import jsonschema
 import openai
 from openai import OpenAI
+from checks import check, finish
 from pydantic import BaseModel, Field
 
 client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="not-needed-on-loopback")
 MODEL = "default"
-failures = []
-
-
-def check(fn):
-    try:
-        fn()
-        print(f"ok   {fn.__name__}", flush=True)
-    except Exception:  # noqa: BLE001 - report every failure, then exit non-zero
-        failures.append(fn.__name__)
-        print(f"FAIL {fn.__name__}\n{traceback.format_exc()}", flush=True)
-    return fn
 
 
 WEATHER_PARAMS = {
@@ -371,5 +360,4 @@ def completions_logprobs():
         assert len(top) <= 3 and chosen >= max(top.values()) - 1e-6, (tok, chosen, top)
 
 
-print(f"{len(failures)} failed: {failures}" if failures else "all passed")
-sys.exit(1 if failures else 0)
+finish()
