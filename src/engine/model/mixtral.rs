@@ -95,7 +95,10 @@ mod tests {
         let mut raw = HashMap::new();
         for e in 0..8 {
             for (w, v) in [("w1", 1.0), ("w2", 2.0), ("w3", 3.0)] {
-                raw.insert(format!("model.layers.0.block_sparse_moe.experts.{e}.{w}.weight"), Array::from_slice(&[v + e as f32; 6], &[3, 2]));
+                raw.insert(
+                    format!("model.layers.0.block_sparse_moe.experts.{e}.{w}.weight"),
+                    Array::from_slice(&[v + e as f32; 6], &[3, 2]),
+                );
             }
         }
         raw.insert("model.layers.0.block_sparse_moe.gate.weight".into(), Array::from_slice(&[0f32; 16], &[8, 2]));

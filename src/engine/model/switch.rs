@@ -68,12 +68,7 @@ pub enum Routing {
 /// `{prefix}.{block}.switch_mlp.{name(proj)}.{suffix}` (mlx-community's layout), as the
 /// families' `sanitize` in mlx-lm stacks them: every one of the `experts` must be there, and
 /// a projection `name` does not know is an error. Tensors already stacked pass unchanged.
-pub fn stack_experts(
-    raw: &mut HashMap<String, Array>,
-    experts: i32,
-    block: &str,
-    name: impl Fn(&str) -> Option<&str>,
-) -> Result<()> {
+pub fn stack_experts(raw: &mut HashMap<String, Array>, experts: i32, block: &str, name: impl Fn(&str) -> Option<&str>) -> Result<()> {
     let first = format!(".{block}.experts.0.");
     let mut groups: Vec<(String, String, String)> = raw
         .keys()
@@ -291,9 +286,14 @@ mod tests {
     fn sparse_moe_equals_token_by_token_experts() {
         let (plain, renormalized, mixtral) =
             (Routing::Softmax { renormalize: false }, Routing::Softmax { renormalize: true }, Routing::TopKSoftmax);
-        for (tokens, packed, routing) in
-            [(3, false, renormalized), (40, false, renormalized), (3, true, renormalized), (40, true, plain), (3, false, mixtral), (40, true, mixtral)]
-        {
+        for (tokens, packed, routing) in [
+            (3, false, renormalized),
+            (40, false, renormalized),
+            (3, true, renormalized),
+            (40, true, plain),
+            (3, false, mixtral),
+            (40, true, mixtral),
+        ] {
             let m = moe(packed, routing);
             let x = normal(&[tokens, HIDDEN], 1.0, 5 + tokens as u64);
             let got = m.forward(&x).unwrap();
