@@ -107,7 +107,7 @@ fn refused_models_say_why() {
     };
     assert_eq!(
         why("gpt-bigcode-tiny").as_deref(),
-        Some("unsupported architecture 'gpt_bigcode' (supported: llama, mistral, qwen2, qwen3, qwen3_moe)")
+        Some("unsupported architecture 'gpt_bigcode' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral)")
     );
     assert_eq!(get(&lib, "gpt-bigcode-tiny").architecture.as_deref(), Some("gpt_bigcode"));
     let vision = why("llava-tiny").unwrap();

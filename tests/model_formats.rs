@@ -97,14 +97,14 @@ fn the_memory_estimate_is_what_the_engine_holds() {
     }
 }
 
-/// A mixture-of-experts model's estimate counts every expert (the tiny qwen3_moe fixtures:
-/// experts stacked, one tensor per expert, and 4-bit with an 8-bit router the CPU holds as
-/// float32), as float32 and packed.
+/// A mixture-of-experts model's estimate counts every expert (the tiny qwen3_moe and mixtral
+/// fixtures: experts stacked, one tensor per expert, and 4-bit with an 8-bit or 4-bit router
+/// the CPU holds as float32), as float32 and packed.
 #[test]
 fn the_memory_estimate_counts_every_expert() {
     Device::set_default(&Device::cpu());
     let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny");
-    for name in ["qwen3-moe", "qwen3-moe-hf", "qwen3-moe-4bit"] {
+    for name in ["qwen3-moe", "qwen3-moe-hf", "qwen3-moe-4bit", "mixtral", "mixtral-hf", "mixtral-4bit"] {
         let (estimate, held) = estimate_and_held(&tiny.join(name), WeightFormat::Float32);
         assert_eq!(estimate, held, "{name}: float32 is exact");
         estimate_and_held(&tiny.join(name), WeightFormat::Native);

@@ -104,10 +104,19 @@ MOE_MODELS = {
 }
 # Of SEED + 1..8, the one whose routers keep the widest k-th/(k+1)-th gaps (float and 4-bit).
 MOE_SEED = SEED + 8
+# Families added later, each seeded on its own so the folders before them stay byte-identical.
+LATER_MOE_MODELS = {
+    "mixtral": ({
+        "model_type": "mixtral", "num_key_value_heads": 2, "rope_theta": 1000000.0,
+        "tie_word_embeddings": False, "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
+    }, "mixtral: 8 experts in every layer, top-2 of the router logits then softmax over those two, "
+       "head_dim = hidden / heads, GQA, untied; experts stacked as mlx-lm saves them "
+       "(block_sparse_moe.switch_mlp.*)", SEED + 31),
+}
 # The same weights in Hugging Face's per-expert layout: folder -> source model.
-MOE_HF_LAYOUT = {"qwen3-moe-hf": "qwen3-moe"}
+MOE_HF_LAYOUT = {"qwen3-moe-hf": "qwen3-moe", "mixtral-hf": "mixtral"}
 # 4-bit copies (mlx_lm.utils.quantize_model): folder -> (source model, group size).
-MOE_QUANTIZED = {"qwen3-moe-4bit": ("qwen3-moe", 32)}
+MOE_QUANTIZED = {"qwen3-moe-4bit": ("qwen3-moe", 32), "mixtral-4bit": ("mixtral", 32)}
 # A router's k-th and (k+1)-th probabilities closer than this would make the choice of
 # experts hinge on rounding.
 MIN_ROUTER_GAP = 1e-3
@@ -339,17 +348,21 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
 def watch_routers():
     """Records, for every token mlx-lm routes, the gap between its k-th and (k+1)-th router
     probability (the family's own block runs unchanged)."""
-    from mlx_lm.models import qwen3_moe
+    from mlx_lm.models import mixtral, qwen3_moe
 
-    block = qwen3_moe.Qwen3MoeSparseMoeBlock
-    original = block.__call__
+    def watch(block, gaps, k):
+        original = block.__call__
 
-    def call(self, x):
-        s = mx.sort(mx.softmax(self.gate(x), axis=-1, precise=True), axis=-1)
-        ROUTER_GAPS.append(float(mx.min(s[..., -self.top_k] - s[..., -self.top_k - 1])))
-        return original(self, x)
+        def call(self, x):
+            s = mx.sort(gaps(self, x), axis=-1)
+            ROUTER_GAPS.append(float(mx.min(s[..., -k(self)] - s[..., -k(self) - 1])))
+            return original(self, x)
 
-    block.__call__ = call
+        block.__call__ = call
+
+    # qwen3_moe picks the top-k probabilities, mixtral the top-k logits.
+    watch(qwen3_moe.Qwen3MoeSparseMoeBlock, lambda m, x: mx.softmax(m.gate(x), axis=-1, precise=True), lambda m: m.top_k)
+    watch(mixtral.MixtralSparseMoeBlock, lambda m, x: m.gate(x), lambda m: m.num_experts_per_tok)
 
 
 def write_hf_layout(src: Path, dst: Path):
@@ -359,11 +372,18 @@ def write_hf_layout(src: Path, dst: Path):
     shutil.copytree(src, dst)
     (dst / "reference.json").unlink()
     weights = {}
+    # mixtral's Hugging Face names: block_sparse_moe.experts.{e}.w1 (gate), w2 (down), w3 (up).
+    mixtral = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
     for k, v in mx.load(str(src / "model.safetensors")).items():
         if ".mlp.switch_mlp." in k:
             prefix, rest = k.split(".mlp.switch_mlp.")
             for e in range(v.shape[0]):
                 weights[f"{prefix}.mlp.experts.{e}.{rest}"] = v[e]
+        elif ".block_sparse_moe.switch_mlp." in k:
+            prefix, rest = k.split(".block_sparse_moe.switch_mlp.")
+            proj, kind = rest.split(".")
+            for e in range(v.shape[0]):
+                weights[f"{prefix}.block_sparse_moe.experts.{e}.{mixtral[proj]}.{kind}"] = v[e]
         else:
             weights[k] = v
     mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "pt"})
@@ -417,6 +437,14 @@ def main():
         (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}, "
               f"greedy {[c['greedy_ids'] for c in ref['cases']]}")
+    for name, (overrides, description, seed) in LATER_MOE_MODELS.items():
+        MOE_MODELS[name] = (overrides, description)
+        d = build(name, overrides, out_dir, tok, mx.random.key(seed))
+        ref = reference(d, sequences, description)
+        ref["seed"] = seed
+        (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}, "
+              f"greedy {[c['greedy_ids'] for c in ref['cases']]}")
     for name, src in MOE_HF_LAYOUT.items():
         write_hf_layout(out_dir / src, out_dir / name)
         mine = reference(out_dir / name, sequences, "")
@@ -429,10 +457,11 @@ def main():
         print(f"{name}: per-expert layout of {src}, same logits in mlx-lm")
     for name, (src, group_size) in MOE_QUANTIZED.items():
         write_quantized(out_dir / src, out_dir / name, group_size)
-        description = (MOE_MODELS[src][1] + f"; 4-bit affine (group {group_size}, router 8-bit group 64) "
+        router = "router 8-bit group 64" if src == "qwen3-moe" else "router 4-bit too: mixtral has no quant_predicate"
+        description = (MOE_MODELS[src][1] + f"; 4-bit affine (group {group_size}, {router}) "
                        "by mlx_lm.utils.quantize_model, reference from mlx-lm's quantized model")
         ref = reference(out_dir / name, sequences, description)
-        ref["seed"] = MOE_SEED
+        ref["seed"] = LATER_MOE_MODELS[src][2] if src in LATER_MOE_MODELS else MOE_SEED
         ref["quantized_from"] = src
         (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")

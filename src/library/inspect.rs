@@ -164,7 +164,7 @@ fn folder_parts(shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&Quantization
         let quantized = name.strip_suffix(".weight").and_then(|m| Some((scales(m)?, quant?.for_module(m))));
         // A mixture-of-experts router is held float32 on the CPU whatever its file width
         // (engine::model: its choice is discrete).
-        let router = name.ends_with(".mlp.gate.weight");
+        let router = name.ends_with(".mlp.gate.weight") || name.ends_with(".block_sparse_moe.gate.weight");
         match quantized {
             Some((scales, (group, _))) if router => *by_width.entry(None).or_default() += count(scales) * group as u64,
             Some((scales, (group, bits))) => {
@@ -221,7 +221,7 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     let extra = match cfg.arch {
         Arch::Qwen2 => q + 2 * kv,
         Arch::Qwen3 | Arch::Qwen3Moe => 2 * cfg.head_dim as u64,
-        Arch::Llama | Arch::Mistral => 0,
+        Arch::Llama | Arch::Mistral | Arch::Mixtral => 0,
     };
     let attention = h * q + 2 * h * kv + q * h + 2 * h + extra;
     let mlps: u64 = (0..cfg.num_layers)

@@ -1,6 +1,6 @@
 //! The hyper-parameters of a llama-family transformer, read from a GGUF header or an
 //! HF `config.json`; a mixture-of-experts family adds its [`MoeConfig`] (its own keys,
-//! read by its family file, e.g. [`super::qwen3_moe`]).
+//! read by its family file: [`super::qwen3_moe`], [`super::mixtral`]).
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
@@ -16,6 +16,8 @@ pub enum Arch {
     Qwen3,
     /// qwen3's attention with sparse (mixture-of-experts) MLPs ([`super::qwen3_moe`]).
     Qwen3Moe,
+    /// llama's attention with a mixture of experts in every layer ([`super::mixtral`]).
+    Mixtral,
 }
 
 impl Arch {
@@ -26,7 +28,8 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "qwen3_moe" => Arch::Qwen3Moe,
-            other => bail!("unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, qwen3_moe)"),
+            "mixtral" => Arch::Mixtral,
+            other => bail!("unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral)"),
         })
     }
 
@@ -37,6 +40,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Mixtral => "mixtral",
         }
     }
 }
@@ -195,7 +199,7 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
         Some(q) if q.is_object() => Some(parse_quantization(q)?),
         _ => None,
     };
-    let cfg = ModelConfig {
+    let mut cfg = ModelConfig {
         arch,
         hidden_size: hf.hidden_size,
         num_layers: hf.num_hidden_layers,
@@ -217,9 +221,13 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
         },
         moe: match arch {
             Arch::Qwen3Moe => Some(super::qwen3_moe::moe_config(json, hf.num_hidden_layers)?),
+            Arch::Mixtral => Some(super::mixtral::moe_config(json, hf.num_hidden_layers, hf.intermediate_size)?),
             _ => None,
         },
     };
+    if arch == Arch::Mixtral {
+        super::mixtral::adjust(&mut cfg);
+    }
     cfg.validate()?;
     Ok((cfg, quant))
 }

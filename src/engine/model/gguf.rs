@@ -104,7 +104,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
 pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
     let arch_name = h.string("general.architecture").context("no general.architecture")?;
     let arch = Arch::parse(arch_name)?;
-    if arch == Arch::Qwen3Moe {
+    if matches!(arch, Arch::Qwen3Moe | Arch::Mixtral) {
         // llama.cpp names it qwen3moe, with its own expert tensors; not read yet.
         bail!("mixture-of-experts GGUF ('{arch_name}') is not supported yet: use an MLX or Hugging Face folder");
     }

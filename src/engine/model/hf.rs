@@ -30,7 +30,10 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
     }
 
     if let Some(moe) = &config.moe {
-        super::qwen3_moe::stack_experts(&mut raw, moe)?;
+        match config.arch {
+            config::Arch::Mixtral => super::mixtral::stack_experts(&mut raw, moe)?,
+            _ => super::qwen3_moe::stack_experts(&mut raw, moe)?,
+        }
     }
 
     let mut t = TensorMap::default();
@@ -88,6 +91,11 @@ fn canonical_name(module: &str) -> Option<String> {
         "mlp.switch_mlp.gate_proj" => "experts.gate",
         "mlp.switch_mlp.up_proj" => "experts.up",
         "mlp.switch_mlp.down_proj" => "experts.down",
+        // mixtral's names for the same.
+        "block_sparse_moe.gate" => "router",
+        "block_sparse_moe.switch_mlp.gate_proj" => "experts.gate",
+        "block_sparse_moe.switch_mlp.up_proj" => "experts.up",
+        "block_sparse_moe.switch_mlp.down_proj" => "experts.down",
         _ => return None,
     };
     Some(format!("layers.{layer}.{part}"))
@@ -103,6 +111,8 @@ mod tests {
         assert_eq!(c("lm_head").as_deref(), Some("lm_head"));
         assert_eq!(c("model.layers.2.mlp.gate").as_deref(), Some("layers.2.router"));
         assert_eq!(c("model.layers.2.mlp.switch_mlp.down_proj").as_deref(), Some("layers.2.experts.down"));
+        assert_eq!(c("model.layers.1.block_sparse_moe.gate").as_deref(), Some("layers.1.router"));
+        assert_eq!(c("model.layers.1.block_sparse_moe.switch_mlp.up_proj").as_deref(), Some("layers.1.experts.up"));
         assert_eq!(c("model.layers.3.self_attn.rotary_emb.inv_freq"), None);
     }
 }

@@ -78,6 +78,6 @@ impl Mlp {
             up: experts("experts.up", moe.expert_intermediate_size)?,
             down: experts("experts.down", hidden)?,
         };
-        Ok(Mlp::Sparse(SparseMoe { router, experts, top_k: moe.experts_per_token, norm_topk_prob: moe.norm_topk_prob }))
+        Ok(Mlp::Sparse(SparseMoe { router, experts, top_k: moe.experts_per_token, routing: moe.routing }))
     }
 }

@@ -1,6 +1,7 @@
 //! A llama-family transformer in MLX: llama (SmolLM2, Llama 3.x), mistral, qwen2
 //! (q/k/v biases) and qwen3 (q/k norms); GQA, tied or untied embeddings; each layer's MLP
-//! dense or, in mixture-of-experts families ([`qwen3_moe`]), sparse ([`mlp`], [`switch`]).
+//! dense or, in mixture-of-experts families ([`qwen3_moe`], [`mixtral`]), sparse ([`mlp`],
+//! [`switch`]).
 //!
 //! Loaders ([`gguf`], [`hf`]) turn a file or folder into canonical [`TensorMap`] names;
 //! [`Model::assemble`] applies the weight format and fuses projections.
@@ -8,6 +9,7 @@ pub mod config;
 pub mod gguf;
 pub mod hf;
 pub mod linear;
+pub mod mixtral;
 mod mlp;
 pub mod qwen3_moe;
 pub mod rope;

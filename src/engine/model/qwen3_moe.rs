@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::switch::MoeConfig;
+use super::switch::{MoeConfig, Routing};
 
 /// The keys of `config.json` this family adds to qwen3's.
 #[derive(Deserialize)]
@@ -41,7 +41,7 @@ pub fn moe_config(json: &str, layers: usize) -> Result<MoeConfig> {
         num_experts: k.num_experts,
         experts_per_token: k.num_experts_per_tok,
         expert_intermediate_size: k.moe_intermediate_size,
-        norm_topk_prob: k.norm_topk_prob,
+        routing: Routing::Softmax { renormalize: k.norm_topk_prob },
         sparse_layers,
     })
 }
@@ -51,28 +51,7 @@ pub fn moe_config(json: &str, layers: usize) -> Result<MoeConfig> {
 /// `[experts, out, in]`), as mlx-lm's `sanitize` stacks them: every expert of a layer must
 /// be there. Folders already stacked pass unchanged.
 pub fn stack_experts(raw: &mut HashMap<String, Array>, moe: &MoeConfig) -> Result<()> {
-    let mut groups: Vec<(String, String, String)> = raw
-        .keys()
-        .filter_map(|k| {
-            let (prefix, rest) = k.split_once(".mlp.experts.0.")?;
-            let (proj, suffix) = rest.split_once('.')?;
-            Some((prefix.to_string(), proj.to_string(), suffix.to_string()))
-        })
-        .collect();
-    groups.sort();
-    for (prefix, proj, suffix) in groups {
-        let parts = (0..moe.num_experts)
-            .map(|e| {
-                let name = format!("{prefix}.mlp.experts.{e}.{proj}.{suffix}");
-                raw.remove(&name).with_context(|| format!("missing {name} ({} experts)", moe.num_experts))
-            })
-            .collect::<Result<Vec<Array>>>()?;
-        raw.insert(format!("{prefix}.mlp.switch_mlp.{proj}.{suffix}"), mlx_rs::ops::stack(&parts, 0)?);
-    }
-    if let Some(stray) = raw.keys().find(|k| k.contains(".mlp.experts.")) {
-        bail!("expert tensor {stray} beyond num_experts = {}", moe.num_experts);
-    }
-    Ok(())
+    super::switch::stack_experts(raw, moe.num_experts, "mlp", |proj| Some(proj))
 }
 
 #[cfg(test)]
@@ -94,7 +73,7 @@ mod tests {
         assert_eq!(sparse(r#","mlp_only_layers":[0,3]"#), [false, true, true, false]);
         assert_eq!(sparse(r#","decoder_sparse_step":2,"mlp_only_layers":[1]"#), [false, false, false, true]);
         let moe = moe_config(&format!("{BASE},\"norm_topk_prob\":true}}"), 4).unwrap();
-        assert!(moe.norm_topk_prob && moe.experts_per_token == 2 && moe.expert_intermediate_size == 32);
+        assert!(moe.routing == Routing::Softmax { renormalize: true } && moe.experts_per_token == 2 && moe.expert_intermediate_size == 32);
         assert!(moe_config(&format!("{BASE},\"decoder_sparse_step\":0}}"), 4).is_err());
     }
 

@@ -1,7 +1,8 @@
 //! The mixture-of-experts MLP every MoE family shares, as mlx-lm's `switch_layers.py` and
 //! its families' sparse blocks compute it: a router picks the top-k experts of each token
-//! (softmax over all experts, then the k largest, optionally renormalized to sum to 1:
-//! `norm_topk_prob`), a SwitchGLU runs each token through its k experts (`gather_mm` over
+//! the family's way ([`Routing`]: qwen3_moe's softmax over all experts, then the k largest,
+//! optionally renormalized to sum to 1; mixtral's k largest logits, then a softmax over
+//! those k), a SwitchGLU runs each token through its k experts (`gather_mm` over
 //! stacked float experts, `gather_qmm` over stacked affine-quantized ones, tokens sorted by
 //! expert when there are many, so each expert's weights are read in one run), and the
 //! experts' outputs are summed weighted by their router scores.
@@ -11,7 +12,9 @@
 //! the same expert (a Qwen3-30B-A3B-shaped layer, 4-bit: ~36 ms for one token, ~300 ms for
 //! eight, against ~2 ms to read the experts once). The fast path is a primitive of ours
 //! beside `cpu_backend::affine_qmm` (see issue 24).
-use anyhow::{ensure, Result};
+use std::collections::HashMap;
+
+use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
@@ -25,8 +28,8 @@ pub struct MoeConfig {
     pub experts_per_token: i32,
     /// Each expert's SwiGLU width.
     pub expert_intermediate_size: i32,
-    /// Renormalize the top-k router probabilities to sum to 1.
-    pub norm_topk_prob: bool,
+    /// How the router's logits become each token's experts and their weights.
+    pub routing: Routing,
     /// Per layer: sparse (experts) or dense (the family's plain MLP).
     pub sparse_layers: Vec<bool>,
 }
@@ -46,6 +49,51 @@ impl MoeConfig {
         ensure!(self.expert_intermediate_size > 0, "bad expert intermediate size {}", self.expert_intermediate_size);
         Ok(())
     }
+}
+
+/// How a family turns router logits into the top-k experts and their weights, as its
+/// mlx-lm block computes them (equal in exact arithmetic when `Softmax` renormalizes, not
+/// in rounding: each is followed as written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// qwen3_moe: softmax over every expert, the k most probable, their probabilities
+    /// renormalized to sum to 1 when `renormalize` (`norm_topk_prob`).
+    Softmax { renormalize: bool },
+    /// mixtral: the k largest logits, then a softmax over those k.
+    TopKSoftmax,
+}
+
+/// A checkpoint's experts one tensor each (`{prefix}.{block}.experts.{e}.{proj}.{suffix}`,
+/// Hugging Face's layout) stacked on a new leading axis into
+/// `{prefix}.{block}.switch_mlp.{name(proj)}.{suffix}` (mlx-community's layout), as the
+/// families' `sanitize` in mlx-lm stacks them: every one of the `experts` must be there, and
+/// a projection `name` does not know is an error. Tensors already stacked pass unchanged.
+pub fn stack_experts(raw: &mut HashMap<String, Array>, experts: i32, block: &str, name: impl Fn(&str) -> Option<&str>) -> Result<()> {
+    let first = format!(".{block}.experts.0.");
+    let mut groups: Vec<(String, String, String)> = raw
+        .keys()
+        .filter_map(|k| {
+            let (prefix, rest) = k.split_once(&first)?;
+            let (proj, suffix) = rest.split_once('.')?;
+            Some((prefix.to_string(), proj.to_string(), suffix.to_string()))
+        })
+        .collect();
+    groups.sort();
+    for (prefix, proj, suffix) in groups {
+        let stacked = name(&proj).with_context(|| format!("unknown expert projection {prefix}.{block}.experts.0.{proj}"))?;
+        let parts = (0..experts)
+            .map(|e| {
+                let key = format!("{prefix}.{block}.experts.{e}.{proj}.{suffix}");
+                raw.remove(&key).with_context(|| format!("missing {key} ({experts} experts)"))
+            })
+            .collect::<Result<Vec<Array>>>()?;
+        raw.insert(format!("{prefix}.{block}.switch_mlp.{stacked}.{suffix}"), ops::stack(&parts, 0)?);
+    }
+    let inner = format!(".{block}.experts.");
+    if let Some(stray) = raw.keys().find(|k| k.contains(&inner)) {
+        bail!("expert tensor {stray} beyond num_experts = {experts}");
+    }
+    Ok(())
 }
 
 /// Sort tokens by expert from this many (token, expert) pairs on, as mlx-lm does.
@@ -117,13 +165,14 @@ impl SwitchGlu {
     }
 }
 
-/// A sparse MLP: router, top-k, experts, weighted sum (mlx-lm's `Qwen3MoeSparseMoeBlock`).
+/// A sparse MLP: router, top-k, experts, weighted sum (mlx-lm's `Qwen3MoeSparseMoeBlock`,
+/// `MixtralSparseMoeBlock`).
 pub struct SparseMoe {
     /// `[experts, hidden]`: one logit per expert.
     pub router: Weight,
     pub experts: SwitchGlu,
     pub top_k: i32,
-    pub norm_topk_prob: bool,
+    pub routing: Routing,
 }
 
 impl SparseMoe {
@@ -140,12 +189,20 @@ impl SparseMoe {
 
     /// Each token's top-k experts `[T, k]` (uint32) and their weights `[T, k]`.
     pub fn route(&self, x: &Array) -> Result<(Array, Array)> {
-        let gates = ops::softmax_axis(self.router.apply(x)?, -1, true)?;
+        let logits = self.router.apply(x)?;
+        let gates = match self.routing {
+            Routing::Softmax { .. } => ops::softmax_axis(&logits, -1, true)?,
+            Routing::TopKSoftmax => logits,
+        };
         let experts = gates.shape()[1];
         let k = self.top_k;
         let indices = ops::argpartition_axis(&gates, experts - k, -1)?.index((.., experts - k..));
         let scores = gates.take_along_axis(&indices, -1)?;
-        let scores = if self.norm_topk_prob { scores.divide(scores.sum_axis(-1, true)?)? } else { scores };
+        let scores = match self.routing {
+            Routing::Softmax { renormalize: true } => scores.divide(scores.sum_axis(-1, true)?)?,
+            Routing::Softmax { renormalize: false } => scores,
+            Routing::TopKSoftmax => ops::softmax_axis(&scores, -1, true)?,
+        };
         Ok((indices, scores))
     }
 
@@ -174,7 +231,7 @@ mod tests {
         random::normal::<f32>(shape, None, scale, &random::key(seed).unwrap()).unwrap()
     }
 
-    fn moe(packed: bool, norm_topk_prob: bool) -> SparseMoe {
+    fn moe(packed: bool, routing: Routing) -> SparseMoe {
         let stack = |out: i32, inp: i32, seed: u64| {
             let w = normal(&[EXPERTS, out, inp], 0.15, seed);
             SwitchLinear(if packed {
@@ -188,7 +245,7 @@ mod tests {
             router: Weight::Dense(normal(&[EXPERTS, HIDDEN], 0.3, 1)),
             experts: SwitchGlu { gate: stack(WIDTH, HIDDEN, 2), up: stack(WIDTH, HIDDEN, 3), down: stack(HIDDEN, WIDTH, 4) },
             top_k: 2,
-            norm_topk_prob,
+            routing,
         }
     }
 
@@ -222,11 +279,22 @@ mod tests {
 
     /// Unsorted (a few tokens) and sorted (64 pairs and more) gathers, over float and over
     /// 4-bit experts (`gather_qmm` against matmuls on the dequantized weights), equal the
-    /// per-token computation; the router's top-k and `norm_topk_prob` as mlx-lm's.
+    /// per-token computation; the router's top-k and weights as mlx-lm's: qwen3_moe's
+    /// probabilities, raw or renormalized (`norm_topk_prob`), and mixtral's softmax over the
+    /// top-k logits.
     #[test]
     fn sparse_moe_equals_token_by_token_experts() {
-        for (tokens, packed, norm) in [(3, false, true), (40, false, true), (3, true, true), (40, true, false)] {
-            let m = moe(packed, norm);
+        let (plain, renormalized, mixtral) =
+            (Routing::Softmax { renormalize: false }, Routing::Softmax { renormalize: true }, Routing::TopKSoftmax);
+        for (tokens, packed, routing) in [
+            (3, false, renormalized),
+            (40, false, renormalized),
+            (3, true, renormalized),
+            (40, true, plain),
+            (3, false, mixtral),
+            (40, true, mixtral),
+        ] {
+            let m = moe(packed, routing);
             let x = normal(&[tokens, HIDDEN], 1.0, 5 + tokens as u64);
             let got = m.forward(&x).unwrap();
             let want = reference(&m, &x);
@@ -246,13 +314,12 @@ mod tests {
                 let mut top: Vec<usize> = order[..2].to_vec();
                 top.sort();
                 assert_eq!(chosen, top, "token {t}: the two most probable experts");
-                let s = scores.index(t);
-                let sum: f32 = s.as_slice::<f32>().iter().sum();
                 let raw: f32 = top.iter().map(|&e| p[e]).sum();
-                if norm {
-                    assert!((sum - 1.0).abs() < 1e-6, "renormalized scores sum to {sum}");
-                } else {
-                    assert!((sum - raw).abs() < 1e-6, "raw probabilities: {sum} vs {raw}");
+                let idx = indices.index(t).as_type::<u32>().unwrap();
+                for (&e, &s) in idx.as_slice::<u32>().iter().zip(scores.index(t).as_slice::<f32>()) {
+                    // A softmax over the top-k logits is the top-k probabilities renormalized.
+                    let want = if routing == plain { p[e as usize] } else { p[e as usize] / raw };
+                    assert!((s - want).abs() < 1e-6, "token {t} expert {e} ({routing:?}): score {s}, want {want}");
                 }
             }
         }
