@@ -31,7 +31,7 @@ async fn snapshot_and_stream_follow_a_request() {
     assert_eq!(first["timings"]["ttft_seconds"]["count"], 0);
     assert_eq!(first["models"][0]["info"]["id"], "SmolLM2-135M-Instruct.Q4_1");
     assert!(first["memory"]["system"]["total"].as_u64().unwrap() > 1 << 30);
-    assert!(first["memory"]["mlx"]["active"].as_u64().unwrap() > 100 << 20);
+    assert!(first["memory"]["mlx"]["active"].is_u64(), "{}", first["memory"]);
 
     // A request makes the stream move; events come at most twice a second.
     let req = json!({"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24, "temperature": 0});
@@ -64,6 +64,10 @@ async fn snapshot_and_stream_follow_a_request() {
     let snap: Value = client.get(format!("{base}/api/metrics/snapshot")).send().await.unwrap().json().await.unwrap();
     assert_eq!(snap["timings"]["ttft_seconds"]["count"], 1);
     assert_eq!(snap["timings"]["window_minutes"], 5);
+    // MLX holds at least the model's weights (the stream's first snapshot may have been
+    // sampled while they loaded).
+    let weights = snap["models"][0]["info"]["weight_bytes"].as_u64().unwrap();
+    assert!(snap["memory"]["mlx"]["active"].as_u64().unwrap() >= weights, "{} < {weights}", snap["memory"]["mlx"]);
     assert_eq!(snap["scheduler"]["queue_capacity"], 64);
     // The scheduler's rate covers the last whole seconds: it shows the answer's tokens
     // once their second is over, and no more of them than there were.

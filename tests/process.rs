@@ -210,7 +210,8 @@ fn armed_with_library(names: &[&str], config: &str) -> (tempfile::TempDir, Child
 /// the reload, the second model and the exit all wait for the stuck step for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_step_wedges_nothing() {
-    let (_dir, mut child, base, log) = armed_with_library(&["smollm2-second"], "engine_stop_seconds = 2\nshutdown_grace_seconds = 2\nstall_seconds = 1\n");
+    let (_dir, mut child, base, log) =
+        armed_with_library(&["smollm2-second"], "engine_stop_seconds = 2\nshutdown_grace_seconds = 2\nstall_seconds = 1\n");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
     let chat = |content: String, model: Option<&str>| {
         let mut body = json!({"messages": [{"role": "user", "content": content}], "max_tokens": 3, "temperature": 0});
@@ -282,7 +283,8 @@ async fn a_stuck_step_wedges_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_load_wedges_nothing() {
     let stuck_id = format!("stuck{}", mlxbar::engine::faults::STALL_LOAD);
-    let (_dir, mut child, base, log) = armed_with_library(&[stuck_id.as_str()], "load_timeout_seconds = 3\nengine_stop_seconds = 1\nshutdown_grace_seconds = 2\n");
+    let (_dir, mut child, base, log) =
+        armed_with_library(&[stuck_id.as_str()], "load_timeout_seconds = 3\nengine_stop_seconds = 1\nshutdown_grace_seconds = 2\n");
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
     let chat = |model: &str| {
         let body = json!({"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3, "temperature": 0});
