@@ -63,26 +63,9 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
     if let Some(n) = req.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
         return Err(ApiError::bad_request(format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}")).param("top_logprobs"));
     }
-    if let Some(tools) = &req.tools {
-        check_tools(tools)?;
-        if req.format.is_some() {
-            return Err(ApiError::bad_request(
-                "response_format together with tools is not supported: send one, or set tool_choice to \"none\"",
-            )
-            .param("response_format"));
-        }
-    }
-    // Schemas (size, keywords, llguidance's limits) on a preparation thread: they go there
-    // and come back.
-    let (mut format, mut tools) = (req.format.take(), req.tools.take());
-    if matches!(format, Some(OutputFormat::JsonSchema(_))) || tools.is_some() {
-        (format, tools) = state.prepare.run(move || check_schemas(format.as_ref(), tools.as_ref()).map(|()| (format, tools))).await??;
-    }
+    let (format, tools) = checked_tools_and_format(state, &mut req).await?;
     let has_tools = tools.is_some();
-    let lease = state.models.acquire(req.model.as_deref(), req.keep_alive).await.map_err(|e| match e {
-        ModelError::NotFound(_) | ModelError::NotRunnable { .. } => ApiError::from(e).param("model"),
-        other => ApiError::from(other),
-    })?;
+    let lease = lease_model(state, &req).await?;
     let engine = lease.engine().clone();
     let loaded = engine.loaded().ok_or_else(|| ApiError::from(SubmitError::Loading))?;
     let sampling = sampling(state, &req, loaded.grammars.n_vocab())?;
@@ -148,9 +131,42 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
     })
 }
 
+/// The request's tools and output format, taken out of it and checked without a model
+/// (what can be checked before a model may load): the tools' count and names, not both at
+/// once, and the schemas (size, keywords, llguidance's limits) on a preparation thread,
+/// where they go and come back.
+pub(super) async fn checked_tools_and_format(
+    state: &AppState,
+    req: &mut InferenceRequest,
+) -> Result<(Option<OutputFormat>, Option<ToolSet>), ApiError> {
+    if let Some(tools) = &req.tools {
+        check_tools(tools)?;
+        if req.format.is_some() {
+            return Err(ApiError::bad_request(
+                "response_format together with tools is not supported: send one, or set tool_choice to \"none\"",
+            )
+            .param("response_format"));
+        }
+    }
+    let (format, tools) = (req.format.take(), req.tools.take());
+    if matches!(format, Some(OutputFormat::JsonSchema(_))) || tools.is_some() {
+        return state.prepare.run(move || check_schemas(format.as_ref(), tools.as_ref()).map(|()| (format, tools))).await?;
+    }
+    Ok((format, tools))
+}
+
+/// The model the request names, leased (loaded if it is not); a name that is unknown or not
+/// runnable is the `model` field's error.
+pub(super) async fn lease_model(state: &AppState, req: &InferenceRequest) -> Result<Lease, ApiError> {
+    state.models.acquire(req.model.as_deref(), req.keep_alive).await.map_err(|e| match e {
+        ModelError::NotFound(_) | ModelError::NotRunnable { .. } => ApiError::from(e).param("model"),
+        other => ApiError::from(other),
+    })
+}
+
 /// The request's schemas checked without a model ([`crate::engine::constraint::validate_schema`]):
 /// at most [`MAX_SCHEMA_BYTES`] together, supported keywords, within llguidance's limits.
-pub(super) fn check_schemas(format: Option<&OutputFormat>, tools: Option<&ToolSet>) -> Result<(), ApiError> {
+fn check_schemas(format: Option<&OutputFormat>, tools: Option<&ToolSet>) -> Result<(), ApiError> {
     let refuse = |message: String, param: &'static str| Err(ApiError::bad_request(message).param(param).code("unsupported_schema"));
     if let Some(OutputFormat::JsonSchema(schema)) = format {
         if schema::serialized_len(schema, MAX_SCHEMA_BYTES).is_none() {
@@ -230,7 +246,7 @@ fn check_stop(stop: Vec<String>) -> Result<Vec<String>, ApiError> {
     Ok(stop)
 }
 
-pub(super) fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
+fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(m).param("tools"));
     if tools.specs.is_empty() {
         return bad("'tools' must list at least one function (or leave it out)".into());
