@@ -8,6 +8,12 @@
 //! The bound is on RSS less the two caches that fill up to a limit by design over the first
 //! minutes of load (MLX's buffer cache, 1 GiB by default, and the prefix cache's KV, 256 MB):
 //! growth, but not a leak.
+//!
+//! A leak is memory that stays after the requests that took it have ended, so the slope
+//! verdict reads the server at rest: every `--rest-every` seconds the load pauses, the
+//! requests in flight finish, the server drains, and RSS less the caches is sampled idle.
+//! Under load the same series swings with the requests in flight (8 to 24 here), which a
+//! ten-minute least-squares slope mistook for a leak three runs in four.
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +42,8 @@ const DRAIN_DEADLINE: Duration = Duration::from_secs(60);
 /// Share of the run whose memory samples are ignored for growth and slope (model load,
 /// caches filling).
 const WARMUP_FRACTION: f64 = 0.1;
+/// Scrapes of the idle server per rest; their median is the rest's point.
+const REST_SAMPLES: usize = 3;
 /// Share of stream requests that disconnect at a random point.
 const DISCONNECT_FRACTION: f64 = 0.15;
 const MB: f64 = 1024.0 * 1024.0;
@@ -67,10 +75,15 @@ pub struct SoakArgs {
     /// from its post-warm-up minimum to the end
     #[arg(long, default_value_t = 200.0)]
     pub max_growth_mb: f64,
-    /// Fail if RSS less the caches rises faster than this (MB per hour, least squares after
-    /// the warm-up): a leak a short run keeps under the growth bound still shows as a slope
+    /// Fail if RSS less the caches, sampled at rest, rises faster than this (MB per hour,
+    /// least squares over the rests after the warm-up): a leak a short run keeps under the
+    /// growth bound still shows as a slope
     #[arg(long, default_value_t = 100.0)]
     pub max_slope_mb_per_hour: f64,
+    /// Seconds of load between rests (the load pauses, the server drains, memory is sampled
+    /// idle; 0: no rests, and no slope verdict)
+    #[arg(long, default_value_t = 120.0)]
+    pub rest_every: f64,
     /// A .gguf or MLX folder for the in-process server (default: the default model)
     #[arg(long)]
     pub model: Option<String>,
@@ -232,15 +245,30 @@ pub fn mem_stats(points: &[(f64, f64)], warmup: f64) -> Option<MemStats> {
     })
 }
 
+/// RSS less the caches of the idle server at one rest (MB), `t` seconds into the run.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct RestPoint {
+    pub t: f64,
+    pub mb: f64,
+}
+
+/// The least-squares slope (MB/h) of the rests after the warm-up (the first `warmup` share of
+/// `span` seconds); None with fewer than two.
+pub fn rest_slope(rests: &[RestPoint], span: f64, warmup: f64) -> Option<f64> {
+    let after: Vec<(f64, f64)> = rests.iter().filter(|r| r.t >= span * warmup).map(|r| (r.t, r.mb)).collect();
+    slope_per_hour(&after)
+}
+
 /// Why the run failed; empty means it passed.
-/// `resident` is the series the growth bound applies to (RSS less the capped caches);
-/// `queue` the most requests seen waiting and, when known, the server's queue capacity.
+/// `resident` is the series the growth bound applies to (RSS less the capped caches),
+/// `rest_slope` the same series' slope at rest ([`rest_slope`]); `queue` the most requests
+/// seen waiting and, when known, the server's queue capacity.
 pub fn verdict(
     tally: &Tally,
     scrapes_failed: u64,
     drain: &Result<(), String>,
     queue: (u64, Option<u64>),
-    resident: Option<&MemStats>,
+    (resident, rest_slope): (Option<&MemStats>, Option<f64>),
     (max_growth_mb, max_slope_mb_per_hour): (f64, f64),
 ) -> Vec<String> {
     let mut why = vec![];
@@ -271,8 +299,8 @@ pub fn verdict(
             if m.growth_mb > max_growth_mb {
                 why.push(format!("RSS less the caches grew {:.0} MB after the warm-up (bound {max_growth_mb:.0} MB)", m.growth_mb));
             }
-            if let Some(slope) = m.slope_mb_per_hour.filter(|s| *s > max_slope_mb_per_hour) {
-                why.push(format!("RSS less the caches rose {slope:.0} MB/h after the warm-up (bound {max_slope_mb_per_hour:.0} MB/h)"));
+            if let Some(slope) = rest_slope.filter(|s| *s > max_slope_mb_per_hour) {
+                why.push(format!("RSS less the caches, at rest, rose {slope:.0} MB/h after the warm-up (bound {max_slope_mb_per_hour:.0} MB/h)"));
             }
         }
     }
@@ -384,11 +412,15 @@ struct Ctx {
     in_flight: std::sync::atomic::AtomicI64,
     /// Cancelled when the load should stop (time up or Ctrl-C); requests in flight finish.
     stop: CancellationToken,
+    /// Every request holds a read guard while it runs; a rest takes the write guard, which
+    /// waits for the requests in flight and holds new ones back until the rest is over.
+    gate: tokio::sync::RwLock<()>,
 }
 
 impl Ctx {
     async fn request(&self, shot: &Shot, burst: bool) -> Outcome {
         use std::sync::atomic::Ordering::Relaxed;
+        let _running = self.gate.read().await;
         {
             let mut t = self.tally.lock().unwrap();
             t.sent += 1;
@@ -436,6 +468,44 @@ async fn burst_loop(ctx: Arc<Ctx>, seed: u64, every: Duration, size: usize) {
         bursts.spawn(async move { futures::future::join_all(shots.iter().map(|s| ctx.request(s, true))).await });
     }
     while bursts.join_next().await.is_some() {}
+}
+
+/// Every `every` until the load stops: pauses it, waits for the server to drain and records
+/// the median of [`REST_SAMPLES`] idle scrapes. A rest that cannot drain ends the rests (the
+/// final drain then reports it).
+async fn rest_loop(ctx: Arc<Ctx>, start: Instant, every: Duration) -> Vec<RestPoint> {
+    let mut rests = vec![];
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = ctx.stop.cancelled() => return rests,
+        }
+        // Requests in flight end within REQUEST_DEADLINE, so this wait is bounded.
+        let _paused = ctx.gate.write().await;
+        if ctx.stop.is_cancelled() {
+            return rests;
+        }
+        if let Err(e) = drain(&ctx.client, &ctx.target).await {
+            eprintln!("rest at {:.0} s: {e}", start.elapsed().as_secs_f64());
+            return rests;
+        }
+        let mut mb = vec![];
+        for i in 0..REST_SAMPLES {
+            if i > 0 {
+                // Sampling cadence, not synchronization: the server is already idle.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            if let Ok(s) = scrape(&ctx.client, &ctx.target, 0.0).await {
+                mb.push(s.rss_less_caches() / MB);
+            }
+        }
+        mb.sort_by(f64::total_cmp);
+        if let Some(&median) = mb.get(mb.len() / 2) {
+            let t = start.elapsed().as_secs_f64();
+            eprintln!("[{t:>4.0}s] at rest: RSS less the caches {median:.0} MB");
+            rests.push(RestPoint { t, mb: median });
+        }
+    }
 }
 
 /// Scrapes `/metrics` every second until `done`, keeping memory samples; a progress line
@@ -546,6 +616,10 @@ pub struct SoakReport {
     pub drain: Result<(), String>,
     pub rss: Option<MemStats>,
     pub rss_less_caches: Option<MemStats>,
+    /// RSS less the caches of the idle server at each rest and after the final drain.
+    pub rests: Vec<RestPoint>,
+    /// Their slope after the warm-up, MB/h (the slope verdict's figure).
+    pub rest_slope_mb_per_hour: Option<f64>,
     pub mlx_active: Option<MemStats>,
     pub mlx_cache: Option<MemStats>,
     pub prefix_cache: Option<MemStats>,
@@ -609,6 +683,13 @@ impl SoakReport {
             }
         }
         s += &format!("\n({} samples, 1/s; warm-up = first {:.0}% of the run)\n", self.samples.len(), WARMUP_FRACTION * 100.0);
+        if self.rests.is_empty() {
+            s += "\nno rests (--rest-every 0), so no slope verdict\n";
+        } else {
+            let points: Vec<String> = self.rests.iter().map(|r| format!("{:.0} MB at {:.0} s", r.mb, r.t)).collect();
+            let slope = self.rest_slope_mb_per_hour.map_or("- (fewer than two rests after the warm-up)".into(), |v| format!("{v:+.1} MB/h"));
+            s += &format!("\n**RSS − caches at rest** (load paused, server drained): {}; slope {slope}\n", points.join(", "));
+        }
         if !t.problems.is_empty() {
             s += "\nfirst problems:\n";
             for p in &t.problems {
@@ -661,11 +742,25 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     let info = runner::describe(&client, &target).await;
     let total = Duration::from_secs_f64(args.minutes * 60.0);
     let command = format!(
-        "mlxbar bench soak --minutes {} --streams {} --seed {} --burst-every {} --burst-size {} --max-growth-mb {} --max-slope-mb-per-hour {}",
-        args.minutes, args.streams, args.seed, args.burst_every, args.burst_size, args.max_growth_mb, args.max_slope_mb_per_hour
+        "mlxbar bench soak --minutes {} --streams {} --seed {} --burst-every {} --burst-size {} --rest-every {} --max-growth-mb {} --max-slope-mb-per-hour {}",
+        args.minutes,
+        args.streams,
+        args.seed,
+        args.burst_every,
+        args.burst_size,
+        args.rest_every,
+        args.max_growth_mb,
+        args.max_slope_mb_per_hour
     );
     eprintln!("{command}\nserver: {server}");
-    let ctx = Arc::new(Ctx { client, target, tally: Mutex::default(), in_flight: 0.into(), stop: CancellationToken::new() });
+    let ctx = Arc::new(Ctx {
+        client,
+        target,
+        tally: Mutex::default(),
+        in_flight: 0.into(),
+        stop: CancellationToken::new(),
+        gate: tokio::sync::RwLock::new(()),
+    });
     let start = Instant::now();
     let scrapes_done = CancellationToken::new();
     let scraping = tokio::spawn(scraper(ctx.clone(), start, total, scrapes_done.clone()));
@@ -676,6 +771,7 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     if args.burst_every > 0.0 && args.burst_size > 0 {
         load.spawn(burst_loop(ctx.clone(), args.seed, Duration::from_secs_f64(args.burst_every), args.burst_size));
     }
+    let resting = (args.rest_every > 0.0).then(|| tokio::spawn(rest_loop(ctx.clone(), start, Duration::from_secs_f64(args.rest_every))));
     let stopper = {
         let stop = ctx.stop.clone();
         tokio::spawn(async move {
@@ -694,6 +790,10 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     }
     // The loops end only once `stop` is cancelled, so the stopper has returned.
     let load_seconds = stopper.await?;
+    let mut rests = match resting {
+        Some(r) => r.await?,
+        None => vec![],
+    };
     eprintln!("load stopped; the last requests ended at {:.0} s; waiting for the server to drain", start.elapsed().as_secs_f64());
     let drained = drain(&ctx.client, &ctx.target).await;
     // One last sample after the drain, so "end" is the idle server.
@@ -707,6 +807,11 @@ pub async fn run(args: SoakArgs) -> Result<()> {
             scrape_errors.push(e);
         }
     }
+    if let (Ok(()), Some(last)) = (&drained, samples.last()) {
+        if !rests.is_empty() {
+            rests.push(RestPoint { t: last.t, mb: last.rss_less_caches() / MB });
+        }
+    }
     if let Some(s) = local {
         s.shutdown().await;
     }
@@ -718,15 +823,16 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     let (mlx_active, mlx_cache, prefix_cache) = (series(&|s| s.mlx_active), series(&|s| s.mlx_cache), series(&|s| s.prefix_cache));
     let max_waiting = samples.iter().filter_map(|s| s.waiting).fold(0.0, f64::max) as u64;
     let queue_capacity = args.target.is_none().then_some(args.queue_capacity as u64);
+    let seconds = start.elapsed().as_secs_f64();
+    let rest_slope_mb_per_hour = rest_slope(&rests, seconds, WARMUP_FRACTION);
     let failures = verdict(
         &tally,
         scrapes_failed,
         &drained,
         (max_waiting, queue_capacity),
-        rss_less_caches.as_ref(),
+        (rss_less_caches.as_ref(), rest_slope_mb_per_hour),
         (args.max_growth_mb, args.max_slope_mb_per_hour),
     );
-    let seconds = start.elapsed().as_secs_f64();
     let report = SoakReport {
         command,
         server,
@@ -746,6 +852,8 @@ pub async fn run(args: SoakArgs) -> Result<()> {
         drain: drained,
         rss,
         rss_less_caches,
+        rests,
+        rest_slope_mb_per_hour,
         mlx_active,
         mlx_cache,
         prefix_cache,
@@ -813,28 +921,42 @@ mod tests {
         const B: (f64, f64) = (200.0, 100.0);
         let ok_mem = MemStats { start_mb: 100.0, end_mb: 300.0, max_mb: 310.0, growth_mb: 20.0, slope_mb_per_hour: Some(1.0) };
         let good = Tally { sent: 3, completed: 2, rejected_429: 1, ..Tally::default() };
-        assert!(verdict(&good, 0, &Ok(()), Q, Some(&ok_mem), B).is_empty());
+        assert!(verdict(&good, 0, &Ok(()), Q, (Some(&ok_mem), Some(1.0)), B).is_empty());
 
         let lost = Tally { sent: 4, lost: 1, ..good.clone() };
-        assert!(verdict(&lost, 0, &Ok(()), Q, Some(&ok_mem), B)[0].contains("1 request(s) lost"));
+        assert!(verdict(&lost, 0, &Ok(()), Q, (Some(&ok_mem), Some(1.0)), B)[0].contains("1 request(s) lost"));
         let unaccounted = Tally { sent: 4, ..good.clone() };
-        assert!(verdict(&unaccounted, 0, &Ok(()), Q, Some(&ok_mem), B)[0].contains("lost"));
+        assert!(verdict(&unaccounted, 0, &Ok(()), Q, (Some(&ok_mem), Some(1.0)), B)[0].contains("lost"));
         let failed = Tally { sent: 4, failed: 1, ..good.clone() };
-        assert!(verdict(&failed, 0, &Ok(()), Q, Some(&ok_mem), B)[0].contains("failed"));
-        assert!(verdict(&good, 2, &Ok(()), Q, Some(&ok_mem), B)[0].contains("scrape"));
-        assert!(verdict(&good, 0, &Err("running 1".into()), Q, Some(&ok_mem), B)[0].contains("drain"));
+        assert!(verdict(&failed, 0, &Ok(()), Q, (Some(&ok_mem), Some(1.0)), B)[0].contains("failed"));
+        assert!(verdict(&good, 2, &Ok(()), Q, (Some(&ok_mem), Some(1.0)), B)[0].contains("scrape"));
+        assert!(verdict(&good, 0, &Err("running 1".into()), Q, (Some(&ok_mem), Some(1.0)), B)[0].contains("drain"));
         let grown = MemStats { growth_mb: 250.0, ..ok_mem.clone() };
-        assert!(verdict(&good, 0, &Ok(()), Q, Some(&grown), B)[0].contains("grew 250 MB"));
-        assert!(!verdict(&good, 0, &Ok(()), Q, None, B).is_empty());
-        // Under the growth bound, but rising 150 MB an hour: a leak all the same.
-        let rising = MemStats { growth_mb: 25.0, slope_mb_per_hour: Some(150.0), ..ok_mem.clone() };
+        assert!(verdict(&good, 0, &Ok(()), Q, (Some(&grown), Some(1.0)), B)[0].contains("grew 250 MB"));
+        assert!(!verdict(&good, 0, &Ok(()), Q, (None, None), B).is_empty());
+        // Under the growth bound, but rising 150 MB an hour at rest: a leak all the same.
         assert_eq!(
-            verdict(&good, 0, &Ok(()), Q, Some(&rising), B),
-            vec!["RSS less the caches rose 150 MB/h after the warm-up (bound 100 MB/h)".to_string()]
+            verdict(&good, 0, &Ok(()), Q, (Some(&ok_mem), Some(150.0)), B),
+            vec!["RSS less the caches, at rest, rose 150 MB/h after the warm-up (bound 100 MB/h)".to_string()]
         );
-        assert!(verdict(&good, 0, &Ok(()), (17, Some(16)), Some(&ok_mem), B)[0].contains("past the queue capacity of 16"));
-        assert!(verdict(&good, 0, &Ok(()), (99, None), Some(&ok_mem), B).is_empty());
-        assert!(!verdict(&Tally { sent: 1, rejected_429: 1, ..Tally::default() }, 0, &Ok(()), Q, Some(&ok_mem), B).is_empty());
+        // Under load the slope follows the requests in flight; only the rests count.
+        let swinging = MemStats { slope_mb_per_hour: Some(400.0), ..ok_mem.clone() };
+        assert!(verdict(&good, 0, &Ok(()), Q, (Some(&swinging), Some(20.0)), B).is_empty());
+        assert!(verdict(&good, 0, &Ok(()), (17, Some(16)), (Some(&ok_mem), Some(1.0)), B)[0].contains("past the queue capacity of 16"));
+        assert!(verdict(&good, 0, &Ok(()), (99, None), (Some(&ok_mem), Some(1.0)), B).is_empty());
+        assert!(!verdict(&Tally { sent: 1, rejected_429: 1, ..Tally::default() }, 0, &Ok(()), Q, (Some(&ok_mem), Some(1.0)), B).is_empty());
+    }
+
+    #[test]
+    fn the_rest_slope_skips_the_warm_up_and_needs_two_rests() {
+        // The first rest (during the warm-up) is high: the caches were still filling.
+        let rests = [(30.0, 500.0), (120.0, 300.0), (240.0, 302.0), (360.0, 301.0), (600.0, 305.0)].map(|(t, mb)| RestPoint { t, mb });
+        let s = rest_slope(&rests, 600.0, 0.1).unwrap();
+        assert!(s > 0.0 && s < 40.0, "{s}");
+        // A steady 10 MB per rest every 2 minutes is 300 MB/h.
+        let leaking: Vec<RestPoint> = (1..=5).map(|i| RestPoint { t: 120.0 * i as f64, mb: 300.0 + 10.0 * i as f64 }).collect();
+        assert!((rest_slope(&leaking, 600.0, 0.1).unwrap() - 300.0).abs() < 1e-6);
+        assert_eq!(rest_slope(&rests[..2], 600.0, 0.1), None);
     }
 
     #[test]
