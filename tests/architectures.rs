@@ -4,7 +4,9 @@
 //! decode logits through [`BatchKv`] (the path the server runs) and their greedy ids match
 //! mlx-lm's, one sequence at a time and with all sequences of a model in one batch.
 //! Mixture-of-experts models (qwen3_moe, mixtral) are checked the same way in both
-//! checkpoint layouts, and 4-bit quantized against mlx-lm's quantized model.
+//! checkpoint layouts, and 4-bit quantized against mlx-lm's quantized model; phi3
+//! (LongRoPE, partial rotation) and gemma3 (local attention windows the longer sequences
+//! pass) as dense models, gemma3 also from a multimodal checkpoint.
 use std::path::{Path, PathBuf};
 
 use mlx_rs::Device;
@@ -154,7 +156,7 @@ fn check_as(name: &str, format: WeightFormat, tolerance: f32) -> [f32; 3] {
 }
 
 /// The folders each test below covers; a new folder without a test fails here.
-const MODELS: [&str; 14] = [
+const MODELS: [&str; 17] = [
     "llama3-rope",
     "llama3-rope-gguf",
     "llama-gqa-untied",
@@ -169,6 +171,9 @@ const MODELS: [&str; 14] = [
     "mixtral",
     "mixtral-hf",
     "mixtral-4bit",
+    "phi3",
+    "gemma3",
+    "gemma3-multimodal",
 ];
 
 #[test]
@@ -287,4 +292,21 @@ fn mixtral_4bit_dequantized() {
 #[ignore = "packed 4-bit mixtral is off by 1.72 at one decode step (see the doc comment)"]
 fn mixtral_4bit_packed() {
     check_as("mixtral-4bit", WeightFormat::Native, PACKED_TOLERANCE);
+}
+
+#[test]
+fn phi3_with_fused_projections_partial_rotation_and_longrope() {
+    check("phi3");
+}
+
+/// Layer 0 attends to its last 8 positions: the 13- and 50-token sequences and every decode
+/// step after them pass the window, alone and in a batch with rows at other positions.
+#[test]
+fn gemma3_with_sandwich_norms_and_local_attention() {
+    check("gemma3");
+}
+
+#[test]
+fn gemma3_from_a_multimodal_checkpoint() {
+    check("gemma3-multimodal");
 }

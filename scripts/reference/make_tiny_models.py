@@ -113,6 +113,29 @@ LATER_MOE_MODELS = {
        "head_dim = hidden / heads, GQA, untied; experts stacked as mlx-lm saves them "
        "(block_sparse_moe.switch_mlp.*)", SEED + 31),
 }
+# Dense families added later, each seeded on its own so the folders before them stay
+# byte-identical: name -> (config overrides, what it exercises, seed).
+LATER_MODELS = {
+    "phi3": ({
+        "model_type": "phi3", "num_key_value_heads": 2, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        # head_dim 16 (hidden / heads), 12 of it rotated; LongRoPE at 8x its original 64 positions.
+        "partial_rotary_factor": 0.75, "original_max_position_embeddings": 64,
+        "rope_scaling": {"type": "longrope", "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0],
+                         "short_factor": [1.0] * 6},
+    }, "phi3: fused qkv_proj and gate_up_proj, head_dim = hidden / heads, RoPE over 12 of 16 dims, "
+       "LongRoPE (long_factor periods and the attention factor sqrt(1 + ln 8 / ln 64)), GQA, untied", SEED + 41),
+    "gemma3": ({
+        "model_type": "gemma3_text", "num_key_value_heads": 2, "head_dim": 16, "query_pre_attn_scalar": 24,
+        "rope_theta": 10000.0, "rope_local_base_freq": 100.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        # Layer 0 local (its last 8 positions), layer 1 global: the 13- and 50-token cases pass the window.
+        "sliding_window": 8, "sliding_window_pattern": 2,
+    }, "gemma3: 1 + weight norms before and after attention and MLP, q/k norms, gelu_approx, embeddings "
+       "scaled by sqrt(hidden) in bfloat16, scores by query_pre_attn_scalar^-1/2, layer 0 local (window 8, "
+       "its own RoPE base) and layer 1 global (linear RoPE scaling); untied (mlx-lm's class holds an lm_head: with random weights "
+       "a head tied to embeddings scaled by sqrt(hidden) only ever repeats the last token)", SEED + 51),
+}
+# Copies in another checkpoint layout mlx-lm reads to the same logits: folder -> (source, writer name).
+LATER_LAYOUTS = {"gemma3-multimodal": ("gemma3", "gemma3_multimodal")}
 # The same weights in Hugging Face's per-expert layout: folder -> source model.
 MOE_HF_LAYOUT = {"qwen3-moe-hf": "qwen3-moe", "mixtral-hf": "mixtral"}
 # 4-bit copies (mlx_lm.utils.quantize_model): folder -> (source model, group size).
@@ -147,18 +170,21 @@ def make_tokenizer() -> Tokenizer:
     return tok
 
 
-def randomize(model, key):
-    """Seeded normal weights large enough that attention is peaked and logits spread."""
+def randomize(model, key, gemma=False):
+    """Seeded normal weights large enough that attention is peaked and logits spread. Gemma's
+    norms scale by 1 + weight, so theirs are centred on 0; and its embeddings, scaled up by
+    sqrt(hidden), are kept small so the layers, not the last token alone, decide the next."""
+    norm_center, embed_std = (0.0, 0.1) if gemma else (1.0, 0.5)
     params = tree_flatten(model.parameters())
     keys = mx.random.split(key, len(params))
     out = []
     for (name, p), k in zip(params, keys):
         if name.endswith("norm.weight") or "layernorm" in name:
-            v = 1.0 + 0.2 * mx.random.normal(p.shape, key=k)
+            v = norm_center + 0.2 * mx.random.normal(p.shape, key=k)
         elif name.endswith(".bias"):
             v = 0.5 * mx.random.normal(p.shape, key=k)
         elif "embed_tokens" in name or "lm_head" in name:
-            v = 0.5 * mx.random.normal(p.shape, key=k)
+            v = embed_std * mx.random.normal(p.shape, key=k)
         elif "q_proj" in name or "k_proj" in name:
             v = 0.25 * mx.random.normal(p.shape, key=k)
         else:
@@ -172,7 +198,7 @@ def build(name, overrides, out_dir: Path, tok: Tokenizer, key):
     config = {**BASE, **overrides}
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
-    randomize(model, key)
+    randomize(model, key, gemma=config["model_type"] == "gemma3_text")
     d = out_dir / name
     if d.exists():
         shutil.rmtree(d)
@@ -253,6 +279,13 @@ def reference(d: Path, sequences, description):
         b = run(plain, longest)[0][-1]
         ref["rope_scaling_effect_max_abs"] = float(mx.max(mx.abs(a - b)))
         assert ref["rope_scaling_effect_max_abs"] > 0.05, ref["rope_scaling_effect_max_abs"]
+    if config.get("model_type") == "gemma3_text":
+        # So must the local window: the same model attending globally everywhere differs.
+        wide, _ = load_model(d, model_config={"sliding_window": 4096})
+        a = run(model, sequences[-1])[0][-1]
+        b = run(wide, sequences[-1])[0][-1]
+        ref["sliding_window_effect_max_abs"] = float(mx.max(mx.abs(a - b)))
+        assert ref["sliding_window_effect_max_abs"] > 0.05, ref["sliding_window_effect_max_abs"]
     (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
     return ref
 
@@ -389,6 +422,24 @@ def write_hf_layout(src: Path, dst: Path):
     mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "pt"})
 
 
+def write_gemma3_multimodal(src: Path, dst: Path):
+    """The text model as a multimodal gemma3 checkpoint holds it: config under text_config,
+    weights under language_model., and a vision tower mlx-lm (and mlxbar) must drop."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    (dst / "reference.json").unlink()
+    text = json.loads((src / "config.json").read_text())
+    outer = {"model_type": "gemma3", "vocab_size": text["vocab_size"], "architectures": ["Gemma3ForConditionalGeneration"],
+             "text_config": {k: v for k, v in text.items() if k not in ("architectures", "vocab_size")},
+             "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
+             "bos_token_id": text["bos_token_id"], "eos_token_id": text["eos_token_id"]}
+    (dst / "config.json").write_text(json.dumps(outer, indent=1) + "\n")
+    weights = {f"language_model.{k}": v for k, v in mx.load(str(src / "model.safetensors")).items()}
+    weights["vision_tower.vision_model.embeddings.patch_embedding.weight"] = mx.zeros((8, 3, 2, 2))
+    mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
 def write_quantized(src: Path, dst: Path, group_size: int):
     """The folder 4-bit quantized as mlx_lm.convert does it (quantize_model, the family's
     quant_predicate)."""
@@ -428,6 +479,24 @@ def main():
         ref["exercises"] += f"; as a GGUF (F32 tensors) written by gguf-py {importlib.metadata.version('gguf')}"
         (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
         print(f"{name}: GGUF of {src}")
+    for name, (overrides, description, seed) in LATER_MODELS.items():
+        d = build(name, overrides, out_dir, tok, mx.random.key(seed))
+        ref = reference(d, sequences, description)
+        ref["seed"] = seed
+        (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, logit std {ref['logit_std_longest']:.3g}, "
+              f"greedy {[c['greedy_ids'] for c in ref['cases']]}"
+              + (f", rope scaling moves logits by {ref['rope_scaling_effect_max_abs']:.3g}" if "rope_scaling_effect_max_abs" in ref else ""))
+    for name, (src, writer) in LATER_LAYOUTS.items():
+        globals()[f"write_{writer}"](out_dir / src, out_dir / name)
+        mine = reference(out_dir / name, sequences, "")
+        ref = json.loads((out_dir / src / "reference.json").read_text())
+        assert mine["cases"] == ref["cases"], f"{name}: mlx-lm gives other logits from this layout"
+        ref["model"] = name
+        ref["layout_from"] = src
+        ref["exercises"] += "; here as a multimodal gemma3 checkpoint (text_config, language_model.*, a vision tower to drop)"
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: {writer} layout of {src}, same logits in mlx-lm")
     watch_routers()
     moe_keys = mx.random.split(mx.random.key(MOE_SEED), len(MOE_MODELS))
     for i, (name, (overrides, description)) in enumerate(MOE_MODELS.items()):

@@ -121,8 +121,10 @@ fn read_config(e: &mut ModelEntry, text: &str) -> Option<QuantizationConfig> {
         }
     };
     e.architecture = json.get("model_type").and_then(|v| v.as_str()).map(str::to_string);
-    // A vision model's config may name a supported text tower; refuse it for what it is.
-    if let Some(why) = vision_parts(&json) {
+    // A vision model's config may name a supported text tower; refuse it for what it is,
+    // except Gemma 3's, whose text model the engine runs alone (its vision tower unread).
+    let gemma3 = json.get("model_type").and_then(|v| v.as_str()) == Some("gemma3");
+    if let Some(why) = vision_parts(&json).filter(|_| !gemma3) {
         e.refuse(why);
         return None;
     }
@@ -221,7 +223,9 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     let extra = match cfg.arch {
         Arch::Qwen2 => q + 2 * kv,
         Arch::Qwen3 | Arch::Qwen3Moe => 2 * cfg.head_dim as u64,
-        Arch::Llama | Arch::Mistral | Arch::Mixtral => 0,
+        // q/k norms and the norms after attention and the MLP.
+        Arch::Gemma3 => 2 * cfg.head_dim as u64 + 2 * h,
+        Arch::Llama | Arch::Mistral | Arch::Mixtral | Arch::Phi3 => 0,
     };
     let attention = h * q + 2 * h * kv + q * h + 2 * h + extra;
     let mlps: u64 = (0..cfg.num_layers)

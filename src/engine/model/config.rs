@@ -1,12 +1,14 @@
-//! The hyper-parameters of a llama-family transformer, read from a GGUF header or an
-//! HF `config.json`; a mixture-of-experts family adds its [`MoeConfig`] (its own keys,
-//! read by its family file: [`super::qwen3_moe`], [`super::mixtral`]).
+//! The hyper-parameters of a transformer, read from a GGUF header or an HF `config.json`:
+//! llama's, plus what a family's file ([`super::qwen3_moe`], [`super::mixtral`],
+//! [`super::phi3`], [`super::gemma3`]) reads from its own keys: a mixture-of-experts
+//! family's [`MoeConfig`], another family's [`LayerStyle`].
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 pub use super::switch::MoeConfig;
 
-/// Architectures sharing the llama block layout (pre-norm, RoPE, GQA, SwiGLU MLP).
+/// Architectures: llama's block layout (pre-norm, RoPE, GQA, SwiGLU MLP) and the families
+/// that vary it through [`MoeConfig`] and [`LayerStyle`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -18,6 +20,10 @@ pub enum Arch {
     Qwen3Moe,
     /// llama's attention with a mixture of experts in every layer ([`super::mixtral`]).
     Mixtral,
+    /// llama with fused projections, partial and LongRoPE-scaled rotation ([`super::phi3`]).
+    Phi3,
+    /// Gemma 3's sandwich norms, GELU, local/global attention ([`super::gemma3`]).
+    Gemma3,
 }
 
 impl Arch {
@@ -29,7 +35,12 @@ impl Arch {
             "qwen3" => Arch::Qwen3,
             "qwen3_moe" => Arch::Qwen3Moe,
             "mixtral" => Arch::Mixtral,
-            other => bail!("unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral)"),
+            "phi3" => Arch::Phi3,
+            // The multimodal checkpoints' text model is the same (their vision tower is not read).
+            "gemma3" | "gemma3_text" => Arch::Gemma3,
+            other => bail!(
+                "unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma3)"
+            ),
         })
     }
 
@@ -41,6 +52,8 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Mixtral => "mixtral",
+            Arch::Phi3 => "phi3",
+            Arch::Gemma3 => "gemma3",
         }
     }
 }
@@ -74,6 +87,56 @@ pub struct RopeConfig {
     pub llama3_scaling: Option<Llama3RopeScaling>,
     /// Linear position scaling (`rope_scaling.type == "linear"`): positions are multiplied by this.
     pub position_scale: f32,
+    /// Rotated dimensions when fewer than `head_dim` (phi3's `partial_rotary_factor`).
+    pub dims: Option<i32>,
+    /// The rotated part of q and k is multiplied by this first (LongRoPE's attention factor).
+    pub input_scale: f32,
+    /// Per-pair periods a config spells out (LongRoPE's `long_factor` × `theta^(2i/dims)`).
+    pub periods: Option<Vec<f32>>,
+}
+
+impl RopeConfig {
+    /// Unscaled rotation at `theta` over the whole head.
+    pub fn plain(theta: f32, traditional: bool) -> RopeConfig {
+        RopeConfig { theta, traditional, llama3_scaling: None, position_scale: 1.0, dims: None, input_scale: 1.0, periods: None }
+    }
+}
+
+/// The layer nonlinearity of a dense MLP (`act(gate) * up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// `gelu_approx` (tanh), Gemma's.
+    GeluApprox,
+}
+
+/// Gemma 3's local attention: most layers see only the last `window` positions, with their
+/// own RoPE base.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalAttention {
+    pub window: i32,
+    pub rope_theta: f32,
+    /// Per layer: local (true) or global.
+    pub layers: Vec<bool>,
+}
+
+/// Where a family's layers differ from llama's; [`LayerStyle::llama`] for llama's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerStyle {
+    /// Attention scores' scale; None: `1/sqrt(head_dim)`.
+    pub attn_scale: Option<f32>,
+    pub local: Option<LocalAttention>,
+    pub activation: Activation,
+    /// Embeddings are multiplied by this.
+    pub embed_scale: Option<f32>,
+    /// Norms on the attention's and the MLP's outputs too, before each residual add.
+    pub sandwich_norms: bool,
+}
+
+impl LayerStyle {
+    pub fn llama() -> LayerStyle {
+        LayerStyle { attn_scale: None, local: None, activation: Activation::Silu, embed_scale: None, sandwich_norms: false }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -92,6 +155,7 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// The experts of a mixture-of-experts family; None for dense models.
     pub moe: Option<MoeConfig>,
+    pub style: LayerStyle,
 }
 
 impl ModelConfig {
@@ -112,6 +176,16 @@ impl ModelConfig {
         }
         if let Some(moe) = &self.moe {
             moe.validate()?;
+        }
+        if let Some(d) = self.rope.dims {
+            if d <= 0 || d > self.head_dim || d % 2 != 0 {
+                bail!("bad rotary dims {d} for head_dim {}", self.head_dim);
+            }
+        }
+        if let Some(local) = &self.style.local {
+            if local.window <= 0 || local.layers.len() != self.num_layers {
+                bail!("bad local attention: window {}, {} layer flags for {} layers", local.window, local.layers.len(), self.num_layers);
+            }
         }
         Ok(())
     }
@@ -179,9 +253,14 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
     }
     let kind: ModelType = serde_json::from_str(json).context("config.json")?;
     let arch = Arch::parse(&kind.model_type).context("config.json model_type")?;
+    if arch == Arch::Gemma3 {
+        // Its own keys and defaults (mlx-lm's), nested under text_config when multimodal.
+        return super::gemma3::config(json);
+    }
     let hf: HfConfig = serde_json::from_str(json).context("config.json")?;
-    let mut rope = RopeConfig { theta: hf.rope_theta, traditional: hf.rope_traditional, llama3_scaling: None, position_scale: 1.0 };
-    if let Some(scaling) = &hf.rope_scaling {
+    let mut rope = RopeConfig::plain(hf.rope_theta, hf.rope_traditional);
+    // phi3 reads its own scaling (LongRoPE) in phi3::adjust.
+    if let Some(scaling) = hf.rope_scaling.as_ref().filter(|_| arch != Arch::Phi3) {
         if !scaling.is_null() {
             let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
             match kind {
@@ -224,15 +303,18 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
             Arch::Mixtral => Some(super::mixtral::moe_config(json, hf.num_hidden_layers, hf.intermediate_size)?),
             _ => None,
         },
+        style: LayerStyle::llama(),
     };
-    if arch == Arch::Mixtral {
-        super::mixtral::adjust(&mut cfg);
+    match arch {
+        Arch::Mixtral => super::mixtral::adjust(&mut cfg),
+        Arch::Phi3 => super::phi3::adjust(&mut cfg, json)?,
+        _ => {}
     }
     cfg.validate()?;
     Ok((cfg, quant))
 }
 
-fn parse_quantization(q: &serde_json::Value) -> Result<QuantizationConfig> {
+pub fn parse_quantization(q: &serde_json::Value) -> Result<QuantizationConfig> {
     let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_i64()).map(|x| x as i32);
     let mut out = QuantizationConfig {
         group_size: num(q, "group_size").context("quantization.group_size")?,

@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use mlx_rs::{io::GgufFile, Array, Dtype};
 
-use super::config::{Arch, ModelConfig, RopeConfig};
+use super::config::{Arch, LayerStyle, ModelConfig, RopeConfig};
 use super::linear::{Quantized, Weight};
 use super::validate::GgufSummary;
 use super::{rope, TensorMap};
@@ -108,6 +108,10 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
         // llama.cpp names it qwen3moe, with its own expert tensors; not read yet.
         bail!("mixture-of-experts GGUF ('{arch_name}') is not supported yet: use an MLX or Hugging Face folder");
     }
+    if matches!(arch, Arch::Phi3 | Arch::Gemma3) {
+        // llama.cpp's layouts for these (fused phi3 tensors, gemma's norms) are not read yet.
+        bail!("{arch_name} GGUF is not supported yet: use an MLX or Hugging Face folder");
+    }
     let m = |k: &str| h.number(&format!("{arch_name}.{k}")).map(|v| v as f32);
     let req = |k: &str| -> Result<f32> { m(k).with_context(|| format!("GGUF lacks {arch_name}.{k}")) };
     let hidden = req("embedding_length")? as i32;
@@ -134,15 +138,14 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
         vocab_size: vocab,
         rms_norm_eps: m("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
         rope: RopeConfig {
-            theta: m("rope.freq_base").unwrap_or(10000.0),
-            traditional: false,
-            llama3_scaling: None,
             position_scale: 1.0 / m("rope.scaling.factor").filter(|f| *f > 0.0).unwrap_or(1.0),
+            ..RopeConfig::plain(m("rope.freq_base").unwrap_or(10000.0), false)
         },
         // No output head: the embedding doubles as it.
         tie_word_embeddings: !h.tensor_infos.iter().any(|t| t.name == "output.weight"),
         max_position_embeddings: m("context_length").map(|v| v as usize).unwrap_or(4096),
         moe: None,
+        style: LayerStyle::llama(),
     };
     config.validate()?;
     Ok(config)

@@ -1,7 +1,8 @@
 //! Loads an MLX / Hugging Face model folder: `config.json` + `*.safetensors`, including
 //! mlx-community quantized folders (`.weight`/`.scales`/`.biases` per module) and
 //! mixture-of-experts folders in either layout (experts one by one, stacked at load, or
-//! stacked as mlx-community ships them).
+//! stacked as mlx-community ships them), and the families whose checkpoints need more
+//! (phi3's fused projections, gemma3's multimodal names and `1 + weight` norms).
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -29,6 +30,11 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
         raw.extend(Array::load_safetensors(f).with_context(|| format!("reading {}", f.display()))?);
     }
 
+    match config.arch {
+        config::Arch::Phi3 => super::phi3::split_fused(&mut raw, &config)?,
+        config::Arch::Gemma3 => super::gemma3::text_weights(&mut raw),
+        _ => {}
+    }
     if let Some(moe) = &config.moe {
         match config.arch {
             config::Arch::Mixtral => super::mixtral::stack_experts(&mut raw, moe)?,
@@ -39,7 +45,7 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
     let mut t = TensorMap::default();
     let modules: Vec<String> = raw.keys().filter_map(|k| k.strip_suffix(".weight").map(str::to_string)).collect();
     for module in modules {
-        let Some(name) = canonical_name(&module) else {
+        let Some(name) = canonical_name(&module, config.arch) else {
             tracing::debug!("ignoring tensor {module}.weight");
             continue;
         };
@@ -61,11 +67,15 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
     if !t.weights.contains_key("lm_head") {
         config.tie_word_embeddings = true;
     }
+    if config.arch == config::Arch::Gemma3 {
+        super::gemma3::shift_norms(&mut t)?;
+    }
     Ok((config, t))
 }
 
-/// HF module path -> canonical name (see [`TensorMap`]).
-fn canonical_name(module: &str) -> Option<String> {
+/// HF module path -> canonical name (see [`TensorMap`]). Gemma's
+/// `post_attention_layernorm` norms the attention's output; llama's the MLP's input.
+fn canonical_name(module: &str, arch: config::Arch) -> Option<String> {
     match module {
         "model.embed_tokens" => return Some("embed".into()),
         "model.norm" => return Some("norm".into()),
@@ -76,7 +86,10 @@ fn canonical_name(module: &str) -> Option<String> {
     let (layer, part) = rest.split_once('.')?;
     let part = match part {
         "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" if arch == config::Arch::Gemma3 => "post_attn_norm",
         "post_attention_layernorm" => "mlp_norm",
+        "pre_feedforward_layernorm" => "mlp_norm",
+        "post_feedforward_layernorm" => "post_mlp_norm",
         "self_attn.q_proj" => "q",
         "self_attn.k_proj" => "k",
         "self_attn.v_proj" => "v",
@@ -105,7 +118,8 @@ fn canonical_name(module: &str) -> Option<String> {
 mod tests {
     #[test]
     fn maps_hf_names() {
-        use super::canonical_name as c;
+        use crate::engine::model::config::Arch;
+        let c = |m: &str| super::canonical_name(m, Arch::Llama);
         assert_eq!(c("model.layers.3.self_attn.k_proj").as_deref(), Some("layers.3.k"));
         assert_eq!(c("model.layers.3.post_attention_layernorm").as_deref(), Some("layers.3.mlp_norm"));
         assert_eq!(c("lm_head").as_deref(), Some("lm_head"));
@@ -114,5 +128,9 @@ mod tests {
         assert_eq!(c("model.layers.1.block_sparse_moe.gate").as_deref(), Some("layers.1.router"));
         assert_eq!(c("model.layers.1.block_sparse_moe.switch_mlp.up_proj").as_deref(), Some("layers.1.experts.up"));
         assert_eq!(c("model.layers.3.self_attn.rotary_emb.inv_freq"), None);
+        let g = |m: &str| super::canonical_name(m, Arch::Gemma3);
+        assert_eq!(g("model.layers.3.post_attention_layernorm").as_deref(), Some("layers.3.post_attn_norm"));
+        assert_eq!(g("model.layers.3.pre_feedforward_layernorm").as_deref(), Some("layers.3.mlp_norm"));
+        assert_eq!(g("model.layers.3.post_feedforward_layernorm").as_deref(), Some("layers.3.post_mlp_norm"));
     }
 }

@@ -1,14 +1,16 @@
-//! A layer's MLP: the dense SwiGLU (gate|up fused into one matmul, then down) or a sparse
-//! mixture of experts ([`super::switch`]), as the family's config makes each layer.
+//! A layer's MLP: the dense gated one (gate|up fused into one matmul, `act(gate) * up`, then
+//! down; SiLU, or Gemma's GELU) or a sparse mixture of experts ([`super::switch`]), as the
+//! family's config makes each layer.
 use anyhow::{ensure, Result};
 use mlx_rs::{fast, nn, Array};
 
+use super::config::Activation;
 use super::linear::{Linear, Weight};
 use super::switch::{MoeConfig, SparseMoe, SwitchGlu, SwitchLinear};
 use super::{Projections, TensorMap};
 
 pub enum Mlp {
-    Dense { gate_up: Projections, down: Linear },
+    Dense { gate_up: Projections, down: Linear, activation: Activation },
     Sparse(SparseMoe),
 }
 
@@ -17,29 +19,46 @@ impl Mlp {
     /// the norm, down with the SwiGLU and the residual), else seven.
     pub fn forward_add(&self, h: &Array, norm: &Array, eps: f32) -> Result<Array> {
         match self {
-            Mlp::Dense { gate_up, down } => {
-                if let Projections::Fused { linear, .. } = gate_up {
+            Mlp::Dense { gate_up, down, activation } => {
+                if let (Projections::Fused { linear, .. }, Activation::Silu) = (gate_up, activation) {
                     if linear.fuses() && down.fuses() {
                         return down.forward_swiglu_add(&linear.forward_normed(h, norm, eps)?, h);
                     }
                 }
-                let gu = gate_up.forward_normed(h, norm, eps)?;
-                down.forward_add(&nn::silu(&gu[0])?.multiply(&gu[1])?, h)
+                down.forward_add(&Self::gated(gate_up, *activation, h, norm, eps)?, h)
             }
             Mlp::Sparse(moe) => Ok(h.add(&moe.forward(&fast::rms_norm(h, Some(norm), eps)?)?)?),
         }
     }
 
+    /// `mlp(rms_norm(h))`, without the residual (for norms on the output: Gemma's).
+    pub fn forward_normed(&self, h: &Array, norm: &Array, eps: f32) -> Result<Array> {
+        match self {
+            Mlp::Dense { gate_up, down, activation } => down.forward(&Self::gated(gate_up, *activation, h, norm, eps)?),
+            Mlp::Sparse(moe) => moe.forward(&fast::rms_norm(h, Some(norm), eps)?),
+        }
+    }
+
+    /// `act(gate) * up` of `rms_norm(h)`.
+    fn gated(gate_up: &Projections, activation: Activation, h: &Array, norm: &Array, eps: f32) -> Result<Array> {
+        let gu = gate_up.forward_normed(h, norm, eps)?;
+        let gate = match activation {
+            Activation::Silu => nn::silu(&gu[0])?,
+            Activation::GeluApprox => nn::gelu_approximate(&gu[0])?,
+        };
+        Ok(gate.multiply(&gu[1])?)
+    }
+
     pub fn nbytes(&self) -> usize {
         match self {
-            Mlp::Dense { gate_up, down } => gate_up.nbytes() + down.weight.nbytes(),
+            Mlp::Dense { gate_up, down, .. } => gate_up.nbytes() + down.weight.nbytes(),
             Mlp::Sparse(moe) => moe.nbytes(),
         }
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
-            Mlp::Dense { gate_up, down } => {
+            Mlp::Dense { gate_up, down, .. } => {
                 let mut all = gate_up.arrays();
                 all.extend(down.weight.arrays());
                 all

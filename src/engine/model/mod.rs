@@ -1,16 +1,20 @@
-//! A llama-family transformer in MLX: llama (SmolLM2, Llama 3.x), mistral, qwen2
-//! (q/k/v biases) and qwen3 (q/k norms); GQA, tied or untied embeddings; each layer's MLP
-//! dense or, in mixture-of-experts families ([`qwen3_moe`], [`mixtral`]), sparse ([`mlp`],
-//! [`switch`]).
+//! A decoder-only transformer in MLX, built from shared pieces as mlx-lm's `models/` are:
+//! llama (SmolLM2, Llama 3.x), mistral, qwen2 (q/k/v biases) and qwen3 (q/k norms); GQA,
+//! tied or untied embeddings; each layer's MLP dense or, in mixture-of-experts families
+//! ([`qwen3_moe`], [`mixtral`]), sparse ([`mlp`], [`switch`]). Other families' files say how
+//! their layers differ ([`config::LayerStyle`]): [`phi3`] (partial, LongRoPE rotation),
+//! [`gemma3`] (sandwich norms, GELU, local attention windows).
 //!
 //! Loaders ([`gguf`], [`hf`]) turn a file or folder into canonical [`TensorMap`] names;
 //! [`Model::assemble`] applies the weight format and fuses projections.
 pub mod config;
+pub mod gemma3;
 pub mod gguf;
 pub mod hf;
 pub mod linear;
 pub mod mixtral;
 mod mlp;
+pub mod phi3;
 pub mod qwen3_moe;
 pub mod rope;
 pub mod switch;
@@ -65,7 +69,8 @@ impl WeightFormat {
 }
 
 /// Tensors by canonical name: `embed`, `norm`, `lm_head`, `rope_periods`, and per layer
-/// `layers.{i}.{attn_norm,mlp_norm,q,k,v,o,q_norm,k_norm,gate,up,down}`, or for a sparse
+/// `layers.{i}.{attn_norm,mlp_norm,q,k,v,o,q_norm,k_norm,gate,up,down}` (sandwich-normed
+/// families add `post_attn_norm`, `post_mlp_norm`), or for a sparse
 /// MLP `layers.{i}.{router,experts.gate,experts.up,experts.down}` (experts stacked on a
 /// leading axis). Projections carry their bias under `{name}.bias`.
 #[derive(Default)]
@@ -153,12 +158,25 @@ struct Block {
     k_norm: Option<Array>,
     o: Linear,
     mlp: Mlp,
+    /// Norms on the attention's and the MLP's outputs (Gemma's sandwich), both or neither.
+    post_norms: Option<[Array; 2]>,
 }
 
 impl Block {
-    /// `h + mlp(rms_norm(h))`.
+    /// `h + mlp(rms_norm(h))`, the MLP's output normed too when sandwiched.
     fn mlp(&self, h: &Array, eps: f32) -> Result<Array> {
-        self.mlp.forward_add(h, &self.mlp_norm, eps)
+        match &self.post_norms {
+            None => self.mlp.forward_add(h, &self.mlp_norm, eps),
+            Some([_, post]) => Ok(h.add(fast::rms_norm(&self.mlp.forward_normed(h, &self.mlp_norm, eps)?, Some(post), eps)?)?),
+        }
+    }
+
+    /// `h + o(attention)`, the output normed too when sandwiched.
+    fn attention_out(&self, o: &Array, h: &Array, eps: f32) -> Result<Array> {
+        match &self.post_norms {
+            None => self.o.forward_add(o, h),
+            Some([post, _]) => Ok(h.add(fast::rms_norm(&self.o.forward(o)?, Some(post), eps)?)?),
+        }
     }
 }
 
@@ -233,7 +251,8 @@ impl Model {
                 Some(moe) => Mlp::sparse(&mut t, i, moe, c.hidden_size, &weight, &router)?,
                 None => {
                     let gate_up = vec![linear(&mut t, &p("gate"), c.intermediate_size)?, linear(&mut t, &p("up"), c.intermediate_size)?];
-                    Mlp::Dense { gate_up: Projections::new(gate_up)?, down: linear(&mut t, &p("down"), c.hidden_size)? }
+                    let down = linear(&mut t, &p("down"), c.hidden_size)?;
+                    Mlp::Dense { gate_up: Projections::new(gate_up)?, down, activation: c.style.activation }
                 }
             };
             blocks.push(Block {
@@ -244,6 +263,10 @@ impl Model {
                 k_norm: t.vectors.remove(&p("k_norm")).map(vector).transpose()?,
                 o: linear(&mut t, &p("o"), c.hidden_size)?,
                 mlp,
+                post_norms: match c.style.sandwich_norms {
+                    true => Some([vector(t.take_vector(&p("post_attn_norm"))?)?, vector(t.take_vector(&p("post_mlp_norm"))?)?]),
+                    false => None,
+                },
             });
         }
         let lm_head = match t.weights.remove("lm_head") {
@@ -254,16 +277,18 @@ impl Model {
             }
             _ => None,
         };
-        let rope_periods = match (t.vectors.remove("rope_periods"), &c.rope.llama3_scaling) {
-            (Some(p), _) => Some(p.as_dtype(Dtype::Float32)?),
-            (None, Some(s)) => {
+        let rope_periods = match (t.vectors.remove("rope_periods"), &c.rope.llama3_scaling, &c.rope.periods) {
+            (Some(p), _, _) => Some(p.as_dtype(Dtype::Float32)?),
+            (None, Some(s), _) => {
                 let p = rope::llama3_periods(c.head_dim, c.rope.theta, s);
                 Some(Array::from_slice(&p, &[p.len() as i32]))
             }
-            (None, None) => None,
+            (None, None, Some(p)) => Some(Array::from_slice(p, &[p.len() as i32])),
+            (None, None, None) => None,
         };
         let norm = vector(t.take_vector("norm")?)?;
-        let cpu_attention = !on_gpu && dtype == Dtype::Float32 && super::cpu_backend::has_decode_attention();
+        // mlxbar's CPU decode attention sees every position: not for local windows.
+        let cpu_attention = !on_gpu && dtype == Dtype::Float32 && c.style.local.is_none() && super::cpu_backend::has_decode_attention();
         let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods, cpu_attention };
         model.eval_weights(progress)?;
         Ok(model)
@@ -281,7 +306,7 @@ impl Model {
         let layers = self.blocks.len().max(1) as f64;
         for (i, b) in self.blocks.iter().enumerate() {
             all.extend([&b.attn_norm, &b.mlp_norm]);
-            all.extend(b.q_norm.iter().chain(b.k_norm.iter()));
+            all.extend(b.q_norm.iter().chain(b.k_norm.iter()).chain(b.post_norms.iter().flatten()));
             all.extend(b.qkv.arrays());
             all.extend(b.o.weight.arrays());
             all.extend(b.mlp.arrays());
@@ -297,7 +322,7 @@ impl Model {
             .blocks
             .iter()
             .map(|b| {
-                let qk_norms: usize = b.q_norm.iter().chain(b.k_norm.iter()).map(|n| n.nbytes()).sum();
+                let qk_norms: usize = b.q_norm.iter().chain(b.k_norm.iter()).chain(b.post_norms.iter().flatten()).map(|n| n.nbytes()).sum();
                 b.attn_norm.nbytes() + b.mlp_norm.nbytes() + qk_norms + b.qkv.nbytes() + b.o.weight.nbytes() + b.mlp.nbytes()
             })
             .sum();
@@ -330,7 +355,7 @@ impl Model {
         let starts: Vec<i32> = lens.iter().scan(0, |acc, &l| Some(std::mem::replace(acc, *acc + l))).collect();
         let total: i32 = lens.iter().sum();
         let ids = Array::from_slice(&parts.concat(), &[total]);
-        let mut h = self.embed.lookup(&ids)?.reshape(&[1, total, c.hidden_size])?;
+        let mut h = self.embed(&ids)?.reshape(&[1, total, c.hidden_size])?;
         let offsets: Vec<i32> = caches.iter().map(|k| k.offset()).collect();
         for (i, b) in self.blocks.iter().enumerate() {
             let qkv = b.qkv.forward_normed(&h, &b.attn_norm, c.rms_norm_eps)?;
@@ -342,7 +367,7 @@ impl Model {
                 outs.push(self.attention(&mine, cache, i, offsets[p], l)?);
             }
             let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 1)? };
-            h = b.o.forward_add(&o, &h)?;
+            h = b.attention_out(&o, &h, c.rms_norm_eps)?;
             h = b.mlp(&h, c.rms_norm_eps)?;
         }
         for (cache, &l) in caches.iter_mut().zip(&lens) {
@@ -366,14 +391,22 @@ impl Model {
     fn attention(&self, qkv: &[Array], cache: &mut KvCache, layer: usize, offset: i32, len: i32) -> Result<Array> {
         let c = &self.config;
         let b = &self.blocks[layer];
-        let (q, k, v) = self.heads(b, qkv, [1, len], |a| self.rope(a, offset))?;
+        let (q, k, v) = self.heads(b, qkv, [1, len], |a| self.rope(a, offset, layer))?;
         let (keys, values) = cache.update(layer, &k, &v)?;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let o = if len > 1 {
+        let scale = self.attn_scale();
+        let o = match self.window(layer).filter(|w| offset + len > *w) {
+            // A local layer past its window: each query sees its last `w` positions only.
+            Some(w) => {
+                let queries = ops::arange::<_, i32>(offset, offset + len, None)?.reshape(&[len, 1])?;
+                let keys_at = ops::arange::<_, i32>(0, offset + len, None)?.reshape(&[1, offset + len])?;
+                let mask = keys_at.le(&queries)?.logical_and(&keys_at.gt(&queries.subtract(Array::from_int(w))?)?)?;
+                fast::scaled_dot_product_attention(&q, &keys, &values, scale, &mask, None)?
+            }
             // Causal mask aligned to the end of the keys, so cached prefixes are visible.
-            fast::scaled_dot_product_attention(&q, &keys, &values, scale, fast::ScaledDotProductAttentionMask::Causal, None)?
-        } else {
-            fast::scaled_dot_product_attention(&q, &keys, &values, scale, None, None)?
+            None if len > 1 => {
+                fast::scaled_dot_product_attention(&q, &keys, &values, scale, fast::ScaledDotProductAttentionMask::Causal, None)?
+            }
+            None => fast::scaled_dot_product_attention(&q, &keys, &values, scale, None, None)?,
         };
         Ok(o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, len, c.num_heads * c.head_dim])?)
     }
@@ -413,9 +446,22 @@ impl Model {
         anyhow::ensure!(n > 0 && kv.ids().len() == tokens.len(), "one batch row per token");
         let (positions, mask) = kv.prepare_step()?;
         let ids = Array::from_slice(tokens, &[n]);
-        let mut h = self.embed.lookup(&ids)?.reshape(&[1, n, c.hidden_size])?;
+        let mut h = self.embed(&ids)?.reshape(&[1, n, c.hidden_size])?;
+        // Local layers' rows see their last `window` positions only.
+        let local_mask = match &c.style.local {
+            Some(local) => {
+                let columns = ops::arange::<_, i32>(0, mask.shape()[3], None)?.reshape(&[1, 1, 1, -1])?;
+                let oldest = positions.subtract(Array::from_int(local.window))?.reshape(&[n, 1, 1, 1])?;
+                Some(mask.logical_and(&columns.gt(&oldest)?)?)
+            }
+            None => None,
+        };
         for (i, b) in self.blocks.iter().enumerate() {
-            h = self.batched_attention(b, &h, kv, i, &positions, &mask)?;
+            let mask = match (&local_mask, self.window(i)) {
+                (Some(m), Some(_)) => m,
+                _ => &mask,
+            };
+            h = self.batched_attention(b, &h, kv, i, &positions, mask)?;
             h = b.mlp(&h, c.rms_norm_eps)?;
         }
         kv.advance();
@@ -435,8 +481,8 @@ impl Model {
         let n = positions.shape()[0];
         let qkv = b.qkv.forward_normed(h, &b.attn_norm, c.rms_norm_eps)?;
         // The batch as n sequences of one token, each row rotated by its own position.
-        let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, positions))?;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, positions, layer))?;
+        let scale = self.attn_scale();
         let o = if self.cpu_attention {
             let (keys, values) = kv.write(layer, &k, &v, positions)?;
             super::cpu_backend::decode_attention(&q, keys, values, positions, scale)?
@@ -445,18 +491,15 @@ impl Model {
             let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
             o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?
         };
-        b.o.forward_add(&o, h)
+        b.attention_out(&o, h, c.rms_norm_eps)
     }
 
     /// RoPE for `x` `[B, heads, 1, head_dim]` with row i at position `offsets[i]`
     /// (MLX's array-offset RoPE, which mlx-rs does not wrap yet).
-    fn rope_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
-        let r = &self.config.rope;
-        let (base, freqs) = match &self.rope_periods {
-            Some(p) => (None, Some(p)),
-            None => (Some(r.theta), None),
-        };
-        let base = mlx_sys::mlx_optional_float { value: base.unwrap_or(0.0), has_value: base.is_some() };
+    fn rope_rows(&self, x: &Array, offsets: &Array, layer: usize) -> Result<Array> {
+        let r = self.layer_rope(layer);
+        let x = &self.rope_input(x)?;
+        let base = mlx_sys::mlx_optional_float { value: r.theta.unwrap_or(0.0), has_value: r.theta.is_some() };
         let stream = mlx_rs::Stream::thread_local_or_default();
         // SAFETY: every handle passed is alive for the call; the result is a new array
         // owned by the returned Array.
@@ -466,12 +509,12 @@ impl Model {
             let rc = mlx_sys::mlx_fast_rope_dynamic(
                 &mut res,
                 x.as_ptr(),
-                self.config.head_dim,
+                r.dims,
                 r.traditional,
                 base,
                 r.position_scale,
                 offsets.as_ptr(),
-                freqs.map_or(no_freqs, |f| f.as_ptr()),
+                r.periods.map_or(no_freqs, |f| f.as_ptr()),
                 stream.as_ptr(),
             );
             mlx_sys::mlx_array_free(no_freqs);
@@ -490,12 +533,70 @@ impl Model {
         2 * c.num_layers * c.num_kv_heads as usize * c.head_dim as usize * elem
     }
 
-    fn rope(&self, x: &Array, offset: i32) -> Result<Array> {
-        let r = &self.config.rope;
-        let dims = self.config.head_dim;
-        Ok(match &self.rope_periods {
-            Some(p) => fast::rope(x, dims, r.traditional, None, r.position_scale, offset, p)?,
-            None => fast::rope(x, dims, r.traditional, r.theta, r.position_scale, offset, None)?,
+    fn rope(&self, x: &Array, offset: i32, layer: usize) -> Result<Array> {
+        let r = self.layer_rope(layer);
+        let x = &self.rope_input(x)?;
+        Ok(match r.periods {
+            Some(p) => fast::rope(x, r.dims, r.traditional, None, r.position_scale, offset, p)?,
+            None => fast::rope(x, r.dims, r.traditional, r.theta, r.position_scale, offset, None)?,
         })
     }
+
+    /// Layer `layer`'s rotation: the model's, or a local layer's own base, unscaled.
+    fn layer_rope(&self, layer: usize) -> LayerRope<'_> {
+        let r = &self.config.rope;
+        let dims = r.dims.unwrap_or(self.config.head_dim);
+        match (&self.config.style.local, &self.rope_periods) {
+            (Some(local), _) if local.layers[layer] => {
+                LayerRope { dims, traditional: r.traditional, theta: Some(local.rope_theta), periods: None, position_scale: 1.0 }
+            }
+            (_, Some(p)) => LayerRope { dims, traditional: r.traditional, theta: None, periods: Some(p), position_scale: r.position_scale },
+            (_, None) => LayerRope { dims, traditional: r.traditional, theta: Some(r.theta), periods: None, position_scale: r.position_scale },
+        }
+    }
+
+    /// q or k with its rotated part scaled by LongRoPE's attention factor, when there is one.
+    fn rope_input(&self, x: &Array) -> Result<Array> {
+        let r = &self.config.rope;
+        if r.input_scale == 1.0 {
+            return Ok(x.clone());
+        }
+        let scale = Array::from_f32(r.input_scale).as_dtype(x.dtype())?;
+        Ok(match r.dims {
+            Some(d) => {
+                let (rotated, rest) = (x.index((.., .., .., ..d)), x.index((.., .., .., d..)));
+                ops::concatenate(&[rotated.multiply(&scale)?, rest], -1)?
+            }
+            None => x.multiply(&scale)?,
+        })
+    }
+
+    /// Attention scores' scale: the family's, else `1/sqrt(head_dim)`.
+    fn attn_scale(&self) -> f32 {
+        self.config.style.attn_scale.unwrap_or(1.0 / (self.config.head_dim as f32).sqrt())
+    }
+
+    /// The window of a local layer, None for a global one.
+    fn window(&self, layer: usize) -> Option<i32> {
+        self.config.style.local.as_ref().filter(|l| l.layers[layer]).map(|l| l.window)
+    }
+
+    /// Token embeddings, scaled as the family scales them (in their own dtype).
+    fn embed(&self, ids: &Array) -> Result<Array> {
+        let h = self.embed.lookup(ids)?;
+        Ok(match self.config.style.embed_scale {
+            Some(s) => h.multiply(Array::from_f32(s).as_dtype(h.dtype())?)?,
+            None => h,
+        })
+    }
+}
+
+/// One layer's RoPE parameters ([`Model::layer_rope`]).
+struct LayerRope<'a> {
+    dims: i32,
+    traditional: bool,
+    /// The base, or per-pair `periods`.
+    theta: Option<f32>,
+    periods: Option<&'a Array>,
+    position_scale: f32,
 }
