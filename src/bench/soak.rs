@@ -42,6 +42,10 @@ const DRAIN_DEADLINE: Duration = Duration::from_secs(60);
 /// Share of the run whose memory samples are ignored for growth and slope (model load,
 /// caches filling).
 const WARMUP_FRACTION: f64 = 0.1;
+/// Share of the run whose rests the slope verdict skips: glibc's arenas and MLX's buffers
+/// settle over the first minutes of load. Measured (15 minutes, 2 cores, SmolLM2 packed):
+/// RSS less the caches at rest 302 MB at minute 3, then 330, 333, 334, 333, 332 MB to the end.
+const REST_WARMUP_FRACTION: f64 = 1.0 / 3.0;
 /// Scrapes of the idle server per rest; their median is the rest's point.
 const REST_SAMPLES: usize = 3;
 /// Share of stream requests that disconnect at a random point.
@@ -688,7 +692,11 @@ impl SoakReport {
         } else {
             let points: Vec<String> = self.rests.iter().map(|r| format!("{:.0} MB at {:.0} s", r.mb, r.t)).collect();
             let slope = self.rest_slope_mb_per_hour.map_or("- (fewer than two rests after the warm-up)".into(), |v| format!("{v:+.1} MB/h"));
-            s += &format!("\n**RSS − caches at rest** (load paused, server drained): {}; slope {slope}\n", points.join(", "));
+            s += &format!(
+                "\n**RSS − caches at rest** (load paused, server drained): {}; slope after the first {:.0}% of the run {slope}\n",
+                points.join(", "),
+                REST_WARMUP_FRACTION * 100.0
+            );
         }
         if !t.problems.is_empty() {
             s += "\nfirst problems:\n";
@@ -824,7 +832,7 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     let max_waiting = samples.iter().filter_map(|s| s.waiting).fold(0.0, f64::max) as u64;
     let queue_capacity = args.target.is_none().then_some(args.queue_capacity as u64);
     let seconds = start.elapsed().as_secs_f64();
-    let rest_slope_mb_per_hour = rest_slope(&rests, seconds, WARMUP_FRACTION);
+    let rest_slope_mb_per_hour = rest_slope(&rests, seconds, REST_WARMUP_FRACTION);
     let failures = verdict(
         &tally,
         scrapes_failed,
@@ -949,14 +957,16 @@ mod tests {
 
     #[test]
     fn the_rest_slope_skips_the_warm_up_and_needs_two_rests() {
-        // The first rest (during the warm-up) is high: the caches were still filling.
-        let rests = [(30.0, 500.0), (120.0, 300.0), (240.0, 302.0), (360.0, 301.0), (600.0, 305.0)].map(|(t, mb)| RestPoint { t, mb });
-        let s = rest_slope(&rests, 600.0, 0.1).unwrap();
-        assert!(s > 0.0 && s < 40.0, "{s}");
+        // The 15-minute run of 2026-12-03: the first rest is low, the allocator still settling.
+        let rests = [(170.0, 302.0), (422.0, 330.0), (568.0, 333.0), (732.0, 334.0), (876.0, 333.0), (920.0, 332.0)]
+            .map(|(t, mb)| RestPoint { t, mb });
+        assert!(rest_slope(&rests, 920.0, 0.1).unwrap() > 100.0, "with it, the settling reads as a leak");
+        let s = rest_slope(&rests, 920.0, REST_WARMUP_FRACTION).unwrap();
+        assert!(s.abs() < 20.0, "{s}");
         // A steady 10 MB per rest every 2 minutes is 300 MB/h.
         let leaking: Vec<RestPoint> = (1..=5).map(|i| RestPoint { t: 120.0 * i as f64, mb: 300.0 + 10.0 * i as f64 }).collect();
         assert!((rest_slope(&leaking, 600.0, 0.1).unwrap() - 300.0).abs() < 1e-6);
-        assert_eq!(rest_slope(&rests[..2], 600.0, 0.1), None);
+        assert_eq!(rest_slope(&rests[..2], 920.0, REST_WARMUP_FRACTION), None);
     }
 
     #[test]

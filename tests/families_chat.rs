@@ -1,0 +1,76 @@
+//! The families beyond llama's, served: one server lists the tiny fixtures
+//! (tests/data/tiny, whose logits tests/architectures.rs checks against mlx-lm's classes) as
+//! runnable with their architecture, loads each on request, and a greedy chat through
+//! `/v1/chat/completions` (its chat template, the engine's batched decode) answers what the
+//! model computes step by step on the rendered prompt: a mixture of experts (qwen3_moe),
+//! phi3, and gemma3 from a multimodal checkpoint (local attention: the prompt passes its
+//! window).
+use std::path::Path;
+
+use mlx_rs::Device;
+use mlxbar::engine::batch_kv::BatchKv;
+use mlxbar::engine::chat_template::ChatMessage;
+use mlxbar::engine::{loader, sampling::argmax, WeightFormat};
+use mlxbar::{Config, Server};
+use serde_json::{json, Value};
+
+const MAX_TOKENS: usize = 12;
+
+/// The greedy continuation of `ids` (at most `MAX_TOKENS`, ending before a stop id), as
+/// `Model::forward` then `Model::decode` compute it.
+fn engine_greedy(dir: &Path, content: &str) -> (usize, String) {
+    Device::set_default(&Device::cpu());
+    let (model, codec, _) = loader::load(dir, WeightFormat::Float32).unwrap();
+    let prompt = codec.template.as_ref().unwrap().render(&[ChatMessage::new("user", content)], &[], true).unwrap();
+    let ids = codec.encode(&prompt).unwrap();
+    let mut cache = model.new_cache();
+    let mut next = argmax(model.forward(&ids, &mut cache).unwrap().as_slice::<f32>());
+    let mut batch = BatchKv::default();
+    batch.join(0, cache).unwrap();
+    let mut out = vec![];
+    while out.len() < MAX_TOKENS && !codec.stop_ids.contains(&next) {
+        out.push(next);
+        next = argmax(model.decode(&[next], &mut batch).unwrap().as_slice::<f32>());
+    }
+    (ids.len(), codec.decode(&out).unwrap())
+}
+
+/// Folder (and model id) -> the architecture the library must report.
+const FAMILIES: [(&str, &str); 3] = [("qwen3-moe", "qwen3_moe"), ("phi3", "phi3"), ("gemma3-multimodal", "gemma3")];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_family_chats_through_the_server() {
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny");
+    let content = "Tell me about the lighthouse keeper.";
+    let config = Config {
+        port: 0,
+        model: Some(tiny.join("qwen3-moe")),
+        models_dirs: vec![tiny.clone()],
+        weight_format: WeightFormat::Float32,
+        data_dir: Some(tempfile::tempdir().unwrap().keep()),
+        ..Config::default()
+    };
+    let server = Server::start(config).await.unwrap();
+    server.wait_ready().await.unwrap();
+    let base = format!("http://{}", server.local_addr());
+    let models: Value = reqwest::get(format!("{base}/api/models")).await.unwrap().json().await.unwrap();
+    for (id, arch) in FAMILIES {
+        let entry = models["models"].as_array().unwrap().iter().find(|m| m["id"] == id).unwrap_or_else(|| panic!("{id} listed")).clone();
+        assert_eq!((entry["architecture"].as_str(), entry["runnable"].as_bool()), (Some(arch), Some(true)), "{entry}");
+
+        let (prompt_tokens, want) = tokio::task::spawn_blocking({
+            let dir = tiny.join(id);
+            move || engine_greedy(&dir, content)
+        })
+        .await
+        .unwrap();
+        assert!(!want.is_empty());
+        let body = json!({"model": id, "messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS, "temperature": 0});
+        let r = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{id}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some(prompt_tokens as u64), "{id}: {v}");
+        assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(want.as_str()), "{id}: {v}");
+    }
+    server.shutdown().await;
+}
