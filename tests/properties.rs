@@ -852,8 +852,9 @@ proptest! {
             _ => None,
         };
         prop_assert_eq!(core.format, format);
-        prop_assert_eq!(&echo.params["tool_choice"], req.get("tool_choice").unwrap_or(&json!("auto")));
-        prop_assert_eq!(&echo.params["text"]["format"], req["text"].get("format").unwrap_or(&json!({"type": "text"})));
+        let (auto, text) = (json!("auto"), json!({"type": "text"}));
+        prop_assert_eq!(&echo.params["tool_choice"], req.get("tool_choice").unwrap_or(&auto));
+        prop_assert_eq!(&echo.params["text"]["format"], req["text"].get("format").unwrap_or(&text));
         let Input::Chat(messages) = core.input else { panic!("a chat") };
         let got: Kept = messages
             .iter()
