@@ -10,14 +10,16 @@ use std::process::Command;
 
 #[test]
 fn the_openai_sdk_creates_streams_calls_functions_and_parses_responses() {
-    let base = common::start_server(mlxbar::Config { default_temperature: 0.0, ..common::test_config() });
+    // With an API key, as the SDK sends it (`Authorization: Bearer`): the route is guarded like the others.
+    let key = "openai-responses-test-key";
+    let base = common::start_server(mlxbar::Config { default_temperature: 0.0, api_key: Some(key.into()), ..common::test_config() });
     let root = env!("CARGO_MANIFEST_DIR");
     let venv = Command::new("bash").arg(format!("{root}/scripts/sdk-venv.sh")).output().expect("running scripts/sdk-venv.sh");
     assert!(venv.status.success(), "creating the SDK venv failed:\n{}", String::from_utf8_lossy(&venv.stderr));
     let python = String::from_utf8(venv.stdout).unwrap().trim().to_string();
     let run = Command::new(&python)
         .arg(format!("{root}/tests/sdk/openai_responses.py"))
-        .args([&base, common::QUESTION, common::ANSWER, common::FAIL_MARKER])
+        .args([&base, common::QUESTION, common::ANSWER, common::FAIL_MARKER, key])
         .output()
         .expect("running the SDK checks");
     let out = String::from_utf8_lossy(&run.stdout);

@@ -5,10 +5,10 @@ trip (function_call, function_call_output, answer) with tool_choice "required" a
 tool, whole and streamed, text.format through responses.parse with a Pydantic model,
 include=["message.output_text.logprobs"], max_output_tokens cutting the answer
 (status "incomplete"), the stateless refusals (previous_response_id, store) and the SDK's
-own errors, and response.failed when the engine fails mid-stream.
+own errors (a wrong key is an AuthenticationError), and response.failed when the engine fails mid-stream.
 
 Run by tests/openai_responses.rs:
-`python openai_responses.py <base_url> <question> <answer> <fault_marker>`. Prints one line
+`python openai_responses.py <base_url> <question> <answer> <fault_marker> <api_key>`. Prints one line
 per check and exits non-zero if any failed.
 """
 import json
@@ -20,8 +20,8 @@ from checks import check, finish
 from openai import OpenAI
 from pydantic import BaseModel
 
-BASE, QUESTION, ANSWER, FAULT = sys.argv[1:5]
-client = OpenAI(base_url=BASE + "/v1", api_key="not-needed-on-loopback", max_retries=0)
+BASE, QUESTION, ANSWER, FAULT, KEY = sys.argv[1:6]
+client = OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0)
 MODEL = "default"
 
 
@@ -215,6 +215,16 @@ def an_unknown_model_is_not_found():
         raise AssertionError("an unknown model was answered")
     except openai.NotFoundError as e:
         assert e.body["code"] == "model_not_found" and e.body["param"] == "model", e.body
+
+
+@check
+def a_wrong_key_is_an_authentication_error():
+    wrong = OpenAI(base_url=BASE + "/v1", api_key="wrong", max_retries=0)
+    try:
+        wrong.responses.create(model=MODEL, input=QUESTION)
+        raise AssertionError("a wrong key was let in")
+    except openai.AuthenticationError as e:
+        assert e.body["code"] == "invalid_api_key", e.body
 
 
 @check
