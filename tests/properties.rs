@@ -795,7 +795,11 @@ fn responses_expected(req: &Value) -> Kept {
     for item in items {
         match item.get("type").and_then(Value::as_str).unwrap_or("message") {
             "function_call" => {
-                let call = (item["call_id"].as_str().unwrap().into(), item["name"].as_str().unwrap().into(), serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap());
+                let call = (
+                    item["call_id"].as_str().unwrap().into(),
+                    item["name"].as_str().unwrap().into(),
+                    serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap(),
+                );
                 match out.last_mut() {
                     Some(last) if last.0 == "assistant" => last.2.push(call),
                     _ => out.push(("assistant".into(), String::new(), vec![call], None)),
