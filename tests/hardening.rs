@@ -1,5 +1,5 @@
 //! The local API against hostile pages, overload and faults, through real sockets on the
-//! real engine: drive-by requests, /health's redaction, bounded metric labels, the queue
+//! real engine: drive-by requests, /health's redaction, /v1/responses's refusals, bounded metric labels, the queue
 //! bound, a dead or stalled engine and its reload, a client leaving during prefill, an
 //! unwritable data dir. (Process-level cases, SIGTERM and a taken port, are in
 //! tests/process.rs; the memory limit in tests/memory_limit.rs.)
@@ -29,6 +29,23 @@ fn sample(text: &str, series: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' '))).map(|v| v.parse().unwrap()).unwrap_or(f64::NAN)
 }
 
+/// A POST that declares a `length`-byte JSON body and sends one byte of it.
+async fn post_declaring(url: &str, length: usize) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let u = reqwest::Url::parse(url).unwrap();
+    let mut sock = tokio::net::TcpStream::connect((u.host_str().unwrap(), u.port().unwrap())).await.unwrap();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n{{",
+        u.path()
+    );
+    sock.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), sock.read_to_end(&mut raw)).await.expect("an answer in time").unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (text[9..12].parse().unwrap(), serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
 fn chat(content: &str, max_tokens: u32) -> Value {
     json!({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0})
 }
@@ -55,6 +72,7 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
         ("/api/bench", r#"{"profile":"standard"}"#),
         ("/api/alerts/memory_pressure_warn/snooze", r#"{"seconds":604800}"#),
         ("/v1/chat/completions", r#"{"messages":[{"role":"user","content":"hi"}]}"#),
+        ("/v1/responses", r#"{"input":"hi"}"#),
     ] {
         let r = http
             .post(format!("{base}{path}"))
@@ -96,8 +114,8 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
             .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
             .sum::<f64>()
     };
-    assert_eq!(refused(&after, "403") - refused(&before, "403"), 6.0);
-    assert_eq!(refused(&after, "415") - refused(&before, "415"), 3.0);
+    assert_eq!(refused(&after, "403") - refused(&before, "403"), 8.0);
+    assert_eq!(refused(&after, "415") - refused(&before, "415"), 4.0);
     // The same request the SDKs send still works: JSON, no Origin.
     let r = http.post(format!("{base}/v1/chat/completions")).json(&chat("Hi", 2)).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -359,5 +377,44 @@ async fn request_limits_are_clear_400s() {
         assert_eq!(r.status(), 400, "{extra}");
         let e: Value = r.json().await.unwrap();
         assert_eq!(e["error"]["param"], param, "{extra}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn responses_refuse_bad_bodies_in_openais_shape() {
+    let base = common::server();
+    let url = format!("{base}/v1/responses");
+    // Past the body limit: refused on the declared length, before the upload.
+    let (status, e) = post_declaring(&url, 1 << 30).await;
+    assert_eq!((status, e["error"]["code"].as_str()), (413, Some("payload_too_large")), "{e}");
+    for (body, param, names) in [
+        (json!({"input": 5}), None, "input"),
+        (json!({"input": "hi", "temperature": "hot"}), None, "temperature"),
+        (json!({"input": "hi", "bogus": 1}), None, "bogus"),
+        (json!({"input": "hi", "store": true}), Some("store"), "store"),
+        (json!({"input": "hi", "previous_response_id": "resp_1"}), Some("previous_response_id"), "previous_response_id"),
+        (json!({"input": []}), Some("input"), "at least one item"),
+        (json!({"input": [{"role": "robot", "content": "x"}]}), Some("input"), "input[0].role"),
+        (json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}), Some("input"), "input_image"),
+        (json!({"input": [{"type": "item_reference", "id": "msg_1"}]}), Some("input"), "item references"),
+        (json!({"input": "hi", "tools": [{"type": "web_search"}]}), Some("tools"), "web_search"),
+        (json!({"input": "hi", "tool_choice": "required"}), Some("tool_choice"), "needs 'tools'"),
+        (json!({"input": "hi", "include": ["file_search_call.results"]}), Some("include"), "file_search_call.results"),
+        (json!({"input": "hi", "text": {"format": {"type": "yaml"}}}), Some("text"), "yaml"),
+        (json!({"input": "hi", "max_output_tokens": 0}), Some("max_output_tokens"), "max_output_tokens"),
+        (
+            json!({"input": "hi", "text": {"format": {"type": "json_object"}}, "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}),
+            Some("text.format"),
+            "text.format",
+        ),
+    ] {
+        let r = client().post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["type"], "invalid_request_error", "{body}: {e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains(names), "{body}: {e}");
+        if let Some(param) = param {
+            assert_eq!(e["error"]["param"], param, "{body}: {e}");
+        }
     }
 }

@@ -717,3 +717,165 @@ proptest! {
         }
     }
 }
+
+// ------------------------------------------------------------ the Responses translator
+
+/// A well-formed Responses input item: a message (a string or text parts), a function call
+/// or a call's output.
+fn responses_item() -> impl Strategy<Value = Value> {
+    let role = prop::sample::select(vec!["user", "system", "developer", "assistant"]);
+    let message = (role, prop::option::of(prop::collection::vec(any::<String>(), 1..4)), any::<String>(), any::<bool>()).prop_map(
+        |(role, parts, text, typed)| {
+            let kind = if role == "assistant" { "output_text" } else { "input_text" };
+            let content = match parts {
+                Some(parts) => Value::Array(parts.into_iter().map(|t| json!({"type": kind, "text": t})).collect()),
+                None => json!(text),
+            };
+            let mut m = json!({"role": role, "content": content});
+            if typed {
+                m["type"] = json!("message");
+            }
+            m
+        },
+    );
+    let call = ("[a-zA-Z0-9]{1,12}", "[a-z_]{1,12}", any::<i64>()).prop_map(|(id, name, n)| {
+        json!({"type": "function_call", "call_id": format!("call_{id}"), "name": name, "arguments": json!({"n": n}).to_string()})
+    });
+    let output = ("[a-zA-Z0-9]{1,12}", any::<String>())
+        .prop_map(|(id, out)| json!({"type": "function_call_output", "call_id": format!("call_{id}"), "output": out}));
+    prop_oneof![3 => message, 1 => call, 1 => output]
+}
+
+fn responses_request() -> impl Strategy<Value = Value> {
+    let input = prop_oneof![any::<String>().prop_map(Value::String), prop::collection::vec(responses_item(), 1..6).prop_map(Value::Array)];
+    let choice = prop::option::of(prop_oneof![
+        prop::sample::select(vec!["auto", "required", "none"]).prop_map(Value::from),
+        Just(json!({"type": "function", "name": "f"})),
+    ]);
+    let format = prop::option::of(prop_oneof![
+        Just(json!({"type": "text"})),
+        Just(json!({"type": "json_object"})),
+        Just(json!({"type": "json_schema", "name": "s", "strict": true, "schema": {"type": "object"}})),
+    ]);
+    (input, prop::option::of(any::<String>()), prop::option::of(1u32..4096), prop::option::of(0u32..=20), choice, format, any::<bool>())
+        .prop_map(|(input, instructions, max, top_logprobs, choice, format, stream)| {
+            let mut req = json!({"model": "default", "input": input, "stream": stream});
+            if let Some(i) = instructions {
+                req["instructions"] = json!(i);
+            }
+            if let Some(m) = max {
+                req["max_output_tokens"] = json!(m);
+            }
+            if let Some(n) = top_logprobs {
+                req["include"] = json!(["message.output_text.logprobs"]);
+                req["top_logprobs"] = json!(n);
+            }
+            if let Some(c) = choice {
+                req["tools"] = json!([{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": null}]);
+                req["tool_choice"] = c;
+            }
+            if let Some(f) = format {
+                req["text"] = json!({"format": f});
+            }
+            req
+        })
+}
+
+/// What the core should receive from a Responses request (as [`Kept`]): instructions first,
+/// developer as system, each call joined to the assistant turn before it.
+fn responses_expected(req: &Value) -> Kept {
+    let mut out: Kept = vec![];
+    if let Some(s) = req.get("instructions").and_then(Value::as_str) {
+        out.push(("system".into(), s.into(), vec![], None));
+    }
+    let Some(items) = req["input"].as_array() else {
+        out.push(("user".into(), req["input"].as_str().unwrap().into(), vec![], None));
+        return out;
+    };
+    for item in items {
+        match item.get("type").and_then(Value::as_str).unwrap_or("message") {
+            "function_call" => {
+                let call = (
+                    item["call_id"].as_str().unwrap().into(),
+                    item["name"].as_str().unwrap().into(),
+                    serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap(),
+                );
+                match out.last_mut() {
+                    Some(last) if last.0 == "assistant" => last.2.push(call),
+                    _ => out.push(("assistant".into(), String::new(), vec![call], None)),
+                }
+            }
+            "function_call_output" => {
+                out.push(("tool".into(), item["output"].as_str().unwrap().into(), vec![], Some(item["call_id"].as_str().unwrap().into())))
+            }
+            _ => {
+                let role = match item["role"].as_str().unwrap() {
+                    "developer" => "system",
+                    r => r,
+                };
+                let text = match &item["content"] {
+                    Value::Array(parts) => parts.iter().map(|p| p["text"].as_str().unwrap()).collect(),
+                    t => t.as_str().unwrap().to_string(),
+                };
+                out.push((role.into(), text, vec![], None));
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Every well-formed request translates, keeping each message's role, text, calls and
+    /// the call each output answers, in order; max_output_tokens, the tools' mode, the
+    /// format, logprobs and stream come through, and the Response repeats tool_choice and text.
+    #[test]
+    fn responses_requests_translate_keeping_what_they_say(req in responses_request()) {
+        use mlxbar::api::responses::{request::ResponsesRequest, translate};
+        use mlxbar::engine::tools::ToolMode;
+        use mlxbar::inference::{Input, OutputFormat};
+        let parsed: ResponsesRequest = serde_json::from_value(req.clone()).unwrap();
+        let (core, echo) = translate::translate(parsed).unwrap();
+        prop_assert_eq!(core.max_tokens, req["max_output_tokens"].as_u64().map(|n| n as usize));
+        prop_assert_eq!(core.stream, req["stream"] == true);
+        prop_assert_eq!(core.logprobs, req["top_logprobs"].as_u64().map(|n| n as usize));
+        prop_assert_eq!(echo.logprobs, core.logprobs.is_some());
+        let mode = core.tools.as_ref().map(|t| t.mode.clone());
+        let expected_mode = match &req["tool_choice"] {
+            Value::Null => None,
+            Value::String(s) if s == "none" => None,
+            Value::String(s) if s == "required" => Some(ToolMode::Required),
+            Value::String(_) => Some(ToolMode::Auto),
+            _ => Some(ToolMode::Named("f".into())),
+        };
+        prop_assert_eq!(mode, expected_mode);
+        let format = match req["text"]["format"]["type"].as_str() {
+            Some("json_object") => Some(OutputFormat::JsonObject),
+            Some("json_schema") => Some(OutputFormat::JsonSchema(json!({"type": "object"}))),
+            _ => None,
+        };
+        prop_assert_eq!(core.format, format);
+        let (auto, text) = (json!("auto"), json!({"type": "text"}));
+        prop_assert_eq!(&echo.params["tool_choice"], req.get("tool_choice").unwrap_or(&auto));
+        prop_assert_eq!(&echo.params["text"]["format"], req["text"].get("format").unwrap_or(&text));
+        let Input::Chat(messages) = core.input else { panic!("a chat") };
+        let got: Kept = messages
+            .iter()
+            .map(|m| {
+                let calls = m.tool_calls.iter().map(|c| (c.id.clone(), c.name.clone(), serde_json::from_str(&c.arguments).unwrap())).collect();
+                (m.role.as_str().to_string(), m.text(), calls, m.tool_call_id.clone())
+            })
+            .collect();
+        prop_assert_eq!(got, responses_expected(&req));
+    }
+
+    /// Any JSON at all: a request or an error, never a panic.
+    #[test]
+    fn any_json_is_a_responses_request_or_an_error(v in prop_oneof![json_value(), responses_request()]) {
+        use mlxbar::api::responses::{request::ResponsesRequest, translate};
+        if let Ok(parsed) = serde_json::from_value::<ResponsesRequest>(v) {
+            let _ = translate::translate(parsed);
+        }
+    }
+}

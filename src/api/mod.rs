@@ -1,6 +1,6 @@
-//! The HTTP API: the OpenAI and Anthropic dialects (`openai/`, `anthropic/`, each over the
-//! neutral core in `crate::inference`), health, metrics, alerts and bench routes, with the
-//! security layers.
+//! The HTTP API: the OpenAI Chat Completions, OpenAI Responses and Anthropic Messages
+//! dialects (`openai/`, `responses/`, `anthropic/`, each over the neutral core in
+//! `crate::inference`), health, metrics, alerts and bench routes, with the security layers.
 pub mod alerts;
 pub mod anthropic;
 pub mod bench;
@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod models;
 pub mod openai;
 pub mod pull;
+pub mod responses;
 pub mod security;
 pub mod snapshot;
 pub mod ui;
@@ -68,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::chat::chat_completions))
         .route("/v1/completions", post(openai::completions::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/responses", post(responses::responses))
         .route_layer(middleware::from_fn_with_state(state.clone(), bench::gate));
     let mut app = Router::new()
         .route("/", get(ui::index))
@@ -95,7 +97,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/models/pull", post(pull::start))
         .route("/api/models/pulls", get(pull::list))
         .route("/api/models/pulls/{id}", delete(pull::cancel))
-        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/messages, /health, /metrics, /api/models, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
+        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /health, /metrics, /api/models, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
