@@ -6,7 +6,8 @@
 //! Mixture-of-experts models (qwen3_moe, mixtral) are checked the same way in both
 //! checkpoint layouts, and 4-bit quantized against mlx-lm's quantized model; phi3
 //! (LongRoPE, partial rotation) and gemma3 (local attention windows the longer sequences
-//! pass) as dense models, gemma3 also from a multimodal checkpoint.
+//! pass) as dense models, gemma3 also from a multimodal checkpoint; gpt_oss (sinks, windows,
+//! YaRN, biased experts) float.
 use std::path::{Path, PathBuf};
 
 use mlx_rs::Device;
@@ -156,7 +157,7 @@ fn check_as(name: &str, format: WeightFormat, tolerance: f32) -> [f32; 3] {
 }
 
 /// The folders each test below covers; a new folder without a test fails here.
-const MODELS: [&str; 17] = [
+const MODELS: [&str; 18] = [
     "llama3-rope",
     "llama3-rope-gguf",
     "llama-gqa-untied",
@@ -174,6 +175,7 @@ const MODELS: [&str; 17] = [
     "phi3",
     "gemma3",
     "gemma3-multimodal",
+    "gpt-oss",
 ];
 
 #[test]
@@ -309,4 +311,11 @@ fn gemma3_with_sandwich_norms_and_local_attention() {
 #[test]
 fn gemma3_from_a_multimodal_checkpoint() {
     check("gemma3-multimodal");
+}
+
+/// Sinks in every softmax, layer 0 local (window 8), YaRN, biased router and experts with
+/// gpt-oss's clamped SwiGLU.
+#[test]
+fn gpt_oss_with_sinks_windows_yarn_and_biased_experts() {
+    check("gpt-oss");
 }

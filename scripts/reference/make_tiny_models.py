@@ -112,6 +112,15 @@ LATER_MOE_MODELS = {
     }, "mixtral: 8 experts in every layer, top-2 of the router logits then softmax over those two, "
        "head_dim = hidden / heads, GQA, untied; experts stacked as mlx-lm saves them "
        "(block_sparse_moe.switch_mlp.*)", SEED + 31),
+    "gpt-oss": ({
+        "model_type": "gpt_oss", "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 10000.0,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": 8,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                         "beta_fast": 32.0, "beta_slow": 1.0},
+    }, "gpt_oss: q/k/v/o biases, per-head attention sinks, layer 0 local (window 8) and layer 1 global, "
+       "YaRN RoPE (factor 4), 8 biased experts in every layer behind a biased router (top-2 logits, then a "
+       "softmax over those two), gpt-oss's clamped SwiGLU, GQA, untied; experts stacked as mlx-lm saves them "
+       "(mlp.experts.*_proj)", SEED + 61),
 }
 # Dense families added later, each seeded on its own so the folders before them stay
 # byte-identical: name -> (config overrides, what it exercises, seed).
@@ -181,6 +190,8 @@ def randomize(model, key, gemma=False):
     for (name, p), k in zip(params, keys):
         if name.endswith("norm.weight") or "layernorm" in name:
             v = norm_center + 0.2 * mx.random.normal(p.shape, key=k)
+        elif name.endswith("sinks"):
+            v = mx.random.normal(p.shape, key=k)
         elif name.endswith(".bias"):
             v = 0.5 * mx.random.normal(p.shape, key=k)
         elif "embed_tokens" in name or "lm_head" in name:
@@ -279,7 +290,7 @@ def reference(d: Path, sequences, description):
         b = run(plain, longest)[0][-1]
         ref["rope_scaling_effect_max_abs"] = float(mx.max(mx.abs(a - b)))
         assert ref["rope_scaling_effect_max_abs"] > 0.05, ref["rope_scaling_effect_max_abs"]
-    if config.get("model_type") == "gemma3_text":
+    if config.get("model_type") in ("gemma3_text", "gpt_oss"):
         # So must the local window: the same model attending globally everywhere differs.
         wide, _ = load_model(d, model_config={"sliding_window": 4096})
         a = run(model, sequences[-1])[0][-1]
@@ -381,7 +392,7 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
 def watch_routers():
     """Records, for every token mlx-lm routes, the gap between its k-th and (k+1)-th router
     probability (the family's own block runs unchanged)."""
-    from mlx_lm.models import mixtral, qwen3_moe
+    from mlx_lm.models import gpt_oss, mixtral, qwen3_moe
 
     def watch(block, gaps, k):
         original = block.__call__
@@ -396,6 +407,7 @@ def watch_routers():
     # qwen3_moe picks the top-k probabilities, mixtral the top-k logits.
     watch(qwen3_moe.Qwen3MoeSparseMoeBlock, lambda m, x: mx.softmax(m.gate(x), axis=-1, precise=True), lambda m: m.top_k)
     watch(mixtral.MixtralSparseMoeBlock, lambda m, x: m.gate(x), lambda m: m.num_experts_per_tok)
+    watch(gpt_oss.MLPBlock, lambda m, x: m.router(x), lambda m: m.num_experts_per_tok)
 
 
 def write_hf_layout(src: Path, dst: Path):

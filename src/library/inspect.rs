@@ -225,6 +225,8 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
         Arch::Qwen3 | Arch::Qwen3Moe => 2 * cfg.head_dim as u64,
         // q/k norms and the norms after attention and the MLP.
         Arch::Gemma3 => 2 * cfg.head_dim as u64 + 2 * h,
+        // q/k/v/o biases and the sinks.
+        Arch::GptOss => q + 2 * kv + h + cfg.num_heads as u64,
         Arch::Llama | Arch::Mistral | Arch::Mixtral | Arch::Phi3 => 0,
     };
     let attention = h * q + 2 * h * kv + q * h + 2 * h + extra;

@@ -1,6 +1,6 @@
 //! The hyper-parameters of a transformer, read from a GGUF header or an HF `config.json`:
 //! llama's, plus what a family's file ([`super::qwen3_moe`], [`super::mixtral`],
-//! [`super::phi3`], [`super::gemma3`]) reads from its own keys: a mixture-of-experts
+//! [`super::phi3`], [`super::gemma3`], [`super::gpt_oss`]) reads from its own keys: a mixture-of-experts
 //! family's [`MoeConfig`], another family's [`LayerStyle`].
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -24,6 +24,9 @@ pub enum Arch {
     Phi3,
     /// Gemma 3's sandwich norms, GELU, local/global attention ([`super::gemma3`]).
     Gemma3,
+    /// gpt-oss: attention sinks, alternating local/global layers, biased experts
+    /// ([`super::gpt_oss`]).
+    GptOss,
 }
 
 impl Arch {
@@ -38,8 +41,9 @@ impl Arch {
             "phi3" => Arch::Phi3,
             // The multimodal checkpoints' text model is the same (their vision tower is not read).
             "gemma3" | "gemma3_text" => Arch::Gemma3,
+            "gpt_oss" => Arch::GptOss,
             other => bail!(
-                "unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma3)"
+                "unsupported architecture '{other}' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma3, gpt_oss)"
             ),
         })
     }
@@ -54,6 +58,7 @@ impl Arch {
             Arch::Mixtral => "mixtral",
             Arch::Phi3 => "phi3",
             Arch::Gemma3 => "gemma3",
+            Arch::GptOss => "gpt_oss",
         }
     }
 }
@@ -102,20 +107,24 @@ impl RopeConfig {
     }
 }
 
-/// The layer nonlinearity of a dense MLP (`act(gate) * up`).
+/// How a gated MLP (dense or each expert) combines its gate and up projections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
+    /// `silu(gate) * up`.
     Silu,
-    /// `gelu_approx` (tanh), Gemma's.
+    /// `gelu_approx(gate) * up` (tanh), Gemma's.
     GeluApprox,
+    /// gpt-oss's: `(clip(up, ±7) + 1) * g * sigmoid(1.702 g)` with `g = min(gate, 7)`.
+    SwigluOai,
 }
 
-/// Gemma 3's local attention: most layers see only the last `window` positions, with their
-/// own RoPE base.
+/// Local attention: some layers see only the last `window` positions (Gemma 3's five in
+/// six, with their own RoPE base; gpt-oss's every other one, with the global RoPE).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalAttention {
     pub window: i32,
-    pub rope_theta: f32,
+    /// Local layers' RoPE base, unscaled; None: the same rotation as the global layers.
+    pub rope_theta: Option<f32>,
     /// Per layer: local (true) or global.
     pub layers: Vec<bool>,
 }
@@ -131,11 +140,20 @@ pub struct LayerStyle {
     pub embed_scale: Option<f32>,
     /// Norms on the attention's and the MLP's outputs too, before each residual add.
     pub sandwich_norms: bool,
+    /// A learned per-head logit in every softmax of attention (`layers.{i}.sinks`).
+    pub attention_sinks: bool,
 }
 
 impl LayerStyle {
     pub fn llama() -> LayerStyle {
-        LayerStyle { attn_scale: None, local: None, activation: Activation::Silu, embed_scale: None, sandwich_norms: false }
+        LayerStyle {
+            attn_scale: None,
+            local: None,
+            activation: Activation::Silu,
+            embed_scale: None,
+            sandwich_norms: false,
+            attention_sinks: false,
+        }
     }
 }
 
@@ -253,9 +271,11 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
     }
     let kind: ModelType = serde_json::from_str(json).context("config.json")?;
     let arch = Arch::parse(&kind.model_type).context("config.json model_type")?;
-    if arch == Arch::Gemma3 {
+    match arch {
         // Its own keys and defaults (mlx-lm's), nested under text_config when multimodal.
-        return super::gemma3::config(json);
+        Arch::Gemma3 => return super::gemma3::config(json),
+        Arch::GptOss => return super::gpt_oss::config(json),
+        _ => {}
     }
     let hf: HfConfig = serde_json::from_str(json).context("config.json")?;
     let mut rope = RopeConfig::plain(hf.rope_theta, hf.rope_traditional);

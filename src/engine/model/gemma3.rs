@@ -146,12 +146,13 @@ pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
             attn_scale: Some(k.query_pre_attn_scalar.powf(-0.5)),
             local: Some(LocalAttention {
                 window: k.sliding_window,
-                rope_theta: k.rope_local_base_freq,
+                rope_theta: Some(k.rope_local_base_freq),
                 layers: (0..k.num_hidden_layers).map(|i| (i + 1) % k.sliding_window_pattern != 0).collect(),
             }),
             activation: Activation::GeluApprox,
             embed_scale: Some(bf16_round((k.hidden_size as f32).sqrt())),
             sandwich_norms: true,
+            attention_sinks: false,
         },
     };
     cfg.validate()?;

@@ -38,6 +38,8 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
     if let Some(moe) = &config.moe {
         match config.arch {
             config::Arch::Mixtral => super::mixtral::stack_experts(&mut raw, moe)?,
+            // Stacked as mlx-lm saves it (mlp.experts.{gate,up,down}_proj).
+            config::Arch::GptOss => {}
             _ => super::qwen3_moe::stack_experts(&mut raw, moe)?,
         }
     }
@@ -62,6 +64,12 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
         }
         if let Some(b) = raw.remove(&format!("{module}.bias")) {
             t.vectors.insert(format!("{name}.bias"), b);
+        }
+    }
+    // gpt-oss's per-head attention sinks: a bare tensor, not a module's weight.
+    for key in raw.keys().filter(|k| k.ends_with(".self_attn.sinks")).cloned().collect::<Vec<_>>() {
+        if let Some(layer) = key.strip_prefix("model.layers.").and_then(|r| r.split_once('.')).map(|(l, _)| l.to_string()) {
+            t.vectors.insert(format!("layers.{layer}.sinks"), raw.remove(&key).unwrap());
         }
     }
     if !t.weights.contains_key("lm_head") {
@@ -104,6 +112,11 @@ fn canonical_name(module: &str, arch: config::Arch) -> Option<String> {
         "mlp.switch_mlp.gate_proj" => "experts.gate",
         "mlp.switch_mlp.up_proj" => "experts.up",
         "mlp.switch_mlp.down_proj" => "experts.down",
+        // gpt-oss's.
+        "mlp.router" => "router",
+        "mlp.experts.gate_proj" => "experts.gate",
+        "mlp.experts.up_proj" => "experts.up",
+        "mlp.experts.down_proj" => "experts.down",
         // mixtral's names for the same.
         "block_sparse_moe.gate" => "router",
         "block_sparse_moe.switch_mlp.gate_proj" => "experts.gate",

@@ -11,6 +11,7 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::config::ModelConfig;
+use super::config::Activation;
 use super::switch::{MoeConfig, Routing};
 
 /// The keys of `config.json` this family adds to llama's (mlx-lm's defaults).
@@ -37,6 +38,7 @@ pub fn moe_config(json: &str, layers: usize, intermediate_size: i32) -> Result<M
         experts_per_token: k.num_experts_per_tok,
         expert_intermediate_size: intermediate_size,
         routing: Routing::TopKSoftmax,
+        activation: Activation::Silu,
         sparse_layers: vec![true; layers],
     })
 }

@@ -2,7 +2,7 @@
 //! down; SiLU, or Gemma's GELU) or a sparse mixture of experts ([`super::switch`]), as the
 //! family's config makes each layer.
 use anyhow::{ensure, Result};
-use mlx_rs::{fast, nn, Array};
+use mlx_rs::{fast, nn, ops, Array};
 
 use super::config::Activation;
 use super::linear::{Linear, Weight};
@@ -39,14 +39,10 @@ impl Mlp {
         }
     }
 
-    /// `act(gate) * up` of `rms_norm(h)`.
+    /// The gated product of `rms_norm(h)`'s gate and up projections.
     fn gated(gate_up: &Projections, activation: Activation, h: &Array, norm: &Array, eps: f32) -> Result<Array> {
         let gu = gate_up.forward_normed(h, norm, eps)?;
-        let gate = match activation {
-            Activation::Silu => nn::silu(&gu[0])?,
-            Activation::GeluApprox => nn::gelu_approximate(&gu[0])?,
-        };
-        Ok(gate.multiply(&gu[1])?)
+        gated(activation, &gu[0], &gu[1])
     }
 
     pub fn nbytes(&self) -> usize {
@@ -86,8 +82,10 @@ impl Mlp {
             router.out_features(),
             moe.num_experts
         );
+        let router_bias = t.vectors.remove(&p("router.bias"));
         let mut experts = |name: &str, out: i32| -> Result<SwitchLinear> {
-            let l = SwitchLinear(weight(t.take_weight(&p(name))?)?);
+            let bias = t.vectors.remove(&format!("{}.bias", p(name)));
+            let l = SwitchLinear(weight(t.take_weight(&p(name))?)?, bias);
             let want = (moe.num_experts, out);
             ensure!(l.dims() == want, "{}: (experts, rows) {:?}, config says {want:?}", p(name), l.dims());
             Ok(l)
@@ -96,7 +94,25 @@ impl Mlp {
             gate: experts("experts.gate", moe.expert_intermediate_size)?,
             up: experts("experts.up", moe.expert_intermediate_size)?,
             down: experts("experts.down", hidden)?,
+            activation: moe.activation,
         };
-        Ok(Mlp::Sparse(SparseMoe { router, experts, top_k: moe.experts_per_token, routing: moe.routing }))
+        Ok(Mlp::Sparse(SparseMoe { router, router_bias, experts, top_k: moe.experts_per_token, routing: moe.routing }))
     }
+}
+
+/// How a gated MLP combines its gate and up projections ([`Activation`]), dense or expert.
+pub fn gated(activation: Activation, gate: &Array, up: &Array) -> Result<Array> {
+    Ok(match activation {
+        Activation::Silu => nn::silu(gate)?.multiply(up)?,
+        Activation::GeluApprox => nn::gelu_approximate(gate)?.multiply(up)?,
+        Activation::SwigluOai => {
+            // mlx-lm's swiglu_oai: the gate clipped from above only, 1 added to the linear part.
+            const ALPHA: f32 = 1.702;
+            const LIMIT: f32 = 7.0;
+            let g = ops::minimum(gate, Array::from_f32(LIMIT))?;
+            let u = ops::clip(up, (-LIMIT, LIMIT))?;
+            let glu = g.multiply(nn::sigmoid(g.multiply(Array::from_f32(ALPHA))?)?)?;
+            u.add(Array::from_f32(1.0))?.multiply(&glu)?
+        }
+    })
 }

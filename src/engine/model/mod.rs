@@ -3,13 +3,15 @@
 //! tied or untied embeddings; each layer's MLP dense or, in mixture-of-experts families
 //! ([`qwen3_moe`], [`mixtral`]), sparse ([`mlp`], [`switch`]). Other families' files say how
 //! their layers differ ([`config::LayerStyle`]): [`phi3`] (partial, LongRoPE rotation),
-//! [`gemma3`] (sandwich norms, GELU, local attention windows).
+//! [`gemma3`] (sandwich norms, GELU, local attention windows), [`gpt_oss`] (attention sinks,
+//! alternating windows, YaRN, biased experts).
 //!
 //! Loaders ([`gguf`], [`hf`]) turn a file or folder into canonical [`TensorMap`] names;
 //! [`Model::assemble`] applies the weight format and fuses projections.
 pub mod config;
 pub mod gemma3;
 pub mod gguf;
+pub mod gpt_oss;
 pub mod hf;
 pub mod linear;
 pub mod mixtral;
@@ -28,7 +30,7 @@ use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::batch_kv::BatchKv;
 use super::kv_cache::KvCache;
-use config::ModelConfig;
+use config::{LocalAttention, ModelConfig};
 use linear::{expect_shape, Embedding, Linear, Weight};
 use mlp::Mlp;
 
@@ -70,7 +72,7 @@ impl WeightFormat {
 
 /// Tensors by canonical name: `embed`, `norm`, `lm_head`, `rope_periods`, and per layer
 /// `layers.{i}.{attn_norm,mlp_norm,q,k,v,o,q_norm,k_norm,gate,up,down}` (sandwich-normed
-/// families add `post_attn_norm`, `post_mlp_norm`), or for a sparse
+/// families add `post_attn_norm`, `post_mlp_norm`; gpt-oss `sinks`), or for a sparse
 /// MLP `layers.{i}.{router,experts.gate,experts.up,experts.down}` (experts stacked on a
 /// leading axis). Projections carry their bias under `{name}.bias`.
 #[derive(Default)]
@@ -160,6 +162,8 @@ struct Block {
     mlp: Mlp,
     /// Norms on the attention's and the MLP's outputs (Gemma's sandwich), both or neither.
     post_norms: Option<[Array; 2]>,
+    /// Per-head attention sink logits `[heads]` (gpt-oss).
+    sinks: Option<Array>,
 }
 
 impl Block {
@@ -267,6 +271,14 @@ impl Model {
                     true => Some([vector(t.take_vector(&p("post_attn_norm"))?)?, vector(t.take_vector(&p("post_mlp_norm"))?)?]),
                     false => None,
                 },
+                sinks: match c.style.attention_sinks {
+                    true => {
+                        let s = vector(t.take_vector(&p("sinks"))?)?;
+                        anyhow::ensure!(s.shape() == [c.num_heads], "{}: shape {:?}, {} heads", p("sinks"), s.shape(), c.num_heads);
+                        Some(s)
+                    }
+                    false => None,
+                },
             });
         }
         let lm_head = match t.weights.remove("lm_head") {
@@ -288,7 +300,11 @@ impl Model {
         };
         let norm = vector(t.take_vector("norm")?)?;
         // mlxbar's CPU decode attention sees every position: not for local windows.
-        let cpu_attention = !on_gpu && dtype == Dtype::Float32 && c.style.local.is_none() && super::cpu_backend::has_decode_attention();
+        let cpu_attention = !on_gpu
+            && dtype == Dtype::Float32
+            && c.style.local.is_none()
+            && !c.style.attention_sinks
+            && super::cpu_backend::has_decode_attention();
         let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods, cpu_attention };
         model.eval_weights(progress)?;
         Ok(model)
@@ -306,7 +322,7 @@ impl Model {
         let layers = self.blocks.len().max(1) as f64;
         for (i, b) in self.blocks.iter().enumerate() {
             all.extend([&b.attn_norm, &b.mlp_norm]);
-            all.extend(b.q_norm.iter().chain(b.k_norm.iter()).chain(b.post_norms.iter().flatten()));
+            all.extend(b.q_norm.iter().chain(b.k_norm.iter()).chain(b.post_norms.iter().flatten()).chain(b.sinks.iter()));
             all.extend(b.qkv.arrays());
             all.extend(b.o.weight.arrays());
             all.extend(b.mlp.arrays());
@@ -322,7 +338,8 @@ impl Model {
             .blocks
             .iter()
             .map(|b| {
-                let qk_norms: usize = b.q_norm.iter().chain(b.k_norm.iter()).chain(b.post_norms.iter().flatten()).map(|n| n.nbytes()).sum();
+                let qk_norms: usize =
+                    b.q_norm.iter().chain(b.k_norm.iter()).chain(b.post_norms.iter().flatten()).chain(b.sinks.iter()).map(|n| n.nbytes()).sum();
                 b.attn_norm.nbytes() + b.mlp_norm.nbytes() + qk_norms + b.qkv.nbytes() + b.o.weight.nbytes() + b.mlp.nbytes()
             })
             .sum();
@@ -400,13 +417,18 @@ impl Model {
                 let queries = ops::arange::<_, i32>(offset, offset + len, None)?.reshape(&[len, 1])?;
                 let keys_at = ops::arange::<_, i32>(0, offset + len, None)?.reshape(&[1, offset + len])?;
                 let mask = keys_at.le(&queries)?.logical_and(&keys_at.gt(&queries.subtract(Array::from_int(w))?)?)?;
-                fast::scaled_dot_product_attention(&q, &keys, &values, scale, &mask, None)?
+                fast::scaled_dot_product_attention(&q, &keys, &values, scale, &mask, b.sinks.as_ref())?
             }
             // Causal mask aligned to the end of the keys, so cached prefixes are visible.
-            None if len > 1 => {
-                fast::scaled_dot_product_attention(&q, &keys, &values, scale, fast::ScaledDotProductAttentionMask::Causal, None)?
-            }
-            None => fast::scaled_dot_product_attention(&q, &keys, &values, scale, None, None)?,
+            None if len > 1 => fast::scaled_dot_product_attention(
+                &q,
+                &keys,
+                &values,
+                scale,
+                fast::ScaledDotProductAttentionMask::Causal,
+                b.sinks.as_ref(),
+            )?,
+            None => fast::scaled_dot_product_attention(&q, &keys, &values, scale, None, b.sinks.as_ref())?,
         };
         Ok(o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, len, c.num_heads * c.head_dim])?)
     }
@@ -488,7 +510,7 @@ impl Model {
             super::cpu_backend::decode_attention(&q, keys, values, positions, scale)?
         } else {
             let (keys, values) = kv.update(layer, &k, &v, positions)?;
-            let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None)?;
+            let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, b.sinks.as_ref())?;
             o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?
         };
         b.attention_out(&o, h, c.rms_norm_eps)
@@ -547,8 +569,8 @@ impl Model {
         let r = &self.config.rope;
         let dims = r.dims.unwrap_or(self.config.head_dim);
         match (&self.config.style.local, &self.rope_periods) {
-            (Some(local), _) if local.layers[layer] => {
-                LayerRope { dims, traditional: r.traditional, theta: Some(local.rope_theta), periods: None, position_scale: 1.0 }
+            (Some(LocalAttention { rope_theta: Some(theta), layers, .. }), _) if layers[layer] => {
+                LayerRope { dims, traditional: r.traditional, theta: Some(*theta), periods: None, position_scale: 1.0 }
             }
             (_, Some(p)) => LayerRope { dims, traditional: r.traditional, theta: None, periods: Some(p), position_scale: r.position_scale },
             (_, None) => LayerRope { dims, traditional: r.traditional, theta: Some(r.theta), periods: None, position_scale: r.position_scale },

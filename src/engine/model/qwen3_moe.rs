@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use mlx_rs::Array;
 use serde::Deserialize;
 
+use super::config::Activation;
 use super::switch::{MoeConfig, Routing};
 
 /// The keys of `config.json` this family adds to qwen3's.
@@ -42,6 +43,7 @@ pub fn moe_config(json: &str, layers: usize) -> Result<MoeConfig> {
         experts_per_token: k.num_experts_per_tok,
         expert_intermediate_size: k.moe_intermediate_size,
         routing: Routing::Softmax { renormalize: k.norm_topk_prob },
+        activation: Activation::Silu,
         sparse_layers,
     })
 }

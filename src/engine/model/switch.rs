@@ -18,6 +18,7 @@ use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
+use super::config::Activation;
 use super::linear::Weight;
 
 /// Experts of a mixture-of-experts model, from its family's config keys.
@@ -26,8 +27,10 @@ pub struct MoeConfig {
     pub num_experts: i32,
     /// k: experts each token runs through.
     pub experts_per_token: i32,
-    /// Each expert's SwiGLU width.
+    /// Each expert's gated MLP width.
     pub expert_intermediate_size: i32,
+    /// How each expert combines gate and up.
+    pub activation: Activation,
     /// How the router's logits become each token's experts and their weights.
     pub routing: Routing,
     /// Per layer: sparse (experts) or dense (the family's plain MLP).
@@ -100,16 +103,20 @@ pub fn stack_experts(raw: &mut HashMap<String, Array>, experts: i32, block: &str
 const SORT_FROM: usize = 64;
 
 /// One projection of every expert, stacked: `[experts, out, in]` (dense) or MLX affine
-/// quantized with the same leading axis.
-pub struct SwitchLinear(pub Weight);
+/// quantized with the same leading axis; and each expert's bias `[experts, out]` (gpt-oss).
+pub struct SwitchLinear(pub Weight, pub Option<Array>);
 
 impl SwitchLinear {
     /// `x` `[..., 1, in]` through the expert each of `indices` names (`x`'s batch axes
     /// broadcast against `indices`'): `[..., 1, out]`.
     fn apply(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
-        Ok(match &self.0 {
+        let y = match &self.0 {
             Weight::Dense(w) => ops::gather_mm(x, w.swap_axes(-1, -2)?, None, indices, sorted)?,
             Weight::Quantized(q) => ops::gather_qmm(x, &q.weight, &q.scales, &q.biases, None, indices, true, q.group_size, q.bits, sorted)?,
+        };
+        Ok(match &self.1 {
+            Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?)?,
+            None => y,
         })
     }
 
@@ -124,11 +131,12 @@ impl SwitchLinear {
     }
 }
 
-/// mlx-lm's `SwitchGLU`: `down(silu(gate(x)) · up(x))` through each token's chosen experts.
+/// mlx-lm's `SwitchGLU`: `down(act(gate(x), up(x)))` through each token's chosen experts.
 pub struct SwitchGlu {
     pub gate: SwitchLinear,
     pub up: SwitchLinear,
     pub down: SwitchLinear,
+    pub activation: Activation,
 }
 
 impl SwitchGlu {
@@ -140,7 +148,7 @@ impl SwitchGlu {
         let expert = |x: &Array, idx: &Array, sorted: bool| -> Result<Array> {
             let up = self.up.apply(x, idx, sorted)?;
             let gate = self.gate.apply(x, idx, sorted)?;
-            self.down.apply(&mlx_rs::nn::silu(&gate)?.multiply(&up)?, idx, sorted)
+            self.down.apply(&super::mlp::gated(self.activation, &gate, &up)?, idx, sorted)
         };
         if (t * k) as usize >= SORT_FROM {
             // Pairs in expert order: rows of x repeated per pair, the result put back.
@@ -157,19 +165,20 @@ impl SwitchGlu {
     }
 
     pub fn nbytes(&self) -> usize {
-        [&self.gate, &self.up, &self.down].iter().map(|l| l.0.nbytes()).sum()
+        [&self.gate, &self.up, &self.down].iter().map(|l| l.0.nbytes() + l.1.as_ref().map_or(0, |b| b.nbytes())).sum()
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
-        [&self.gate, &self.up, &self.down].into_iter().flat_map(|l| l.0.arrays()).collect()
+        [&self.gate, &self.up, &self.down].into_iter().flat_map(|l| l.0.arrays().into_iter().chain(l.1.as_ref())).collect()
     }
 }
 
 /// A sparse MLP: router, top-k, experts, weighted sum (mlx-lm's `Qwen3MoeSparseMoeBlock`,
 /// `MixtralSparseMoeBlock`).
 pub struct SparseMoe {
-    /// `[experts, hidden]`: one logit per expert.
+    /// `[experts, hidden]`: one logit per expert; plus a bias per expert (gpt-oss).
     pub router: Weight,
+    pub router_bias: Option<Array>,
     pub experts: SwitchGlu,
     pub top_k: i32,
     pub routing: Routing,
@@ -190,6 +199,10 @@ impl SparseMoe {
     /// Each token's top-k experts `[T, k]` (uint32) and their weights `[T, k]`.
     pub fn route(&self, x: &Array) -> Result<(Array, Array)> {
         let logits = self.router.apply(x)?;
+        let logits = match &self.router_bias {
+            Some(b) => logits.add(b)?,
+            None => logits,
+        };
         let gates = match self.routing {
             Routing::Softmax { .. } => ops::softmax_axis(&logits, -1, true)?,
             Routing::TopKSoftmax => logits,
@@ -207,11 +220,12 @@ impl SparseMoe {
     }
 
     pub fn nbytes(&self) -> usize {
-        self.router.nbytes() + self.experts.nbytes()
+        self.router.nbytes() + self.router_bias.as_ref().map_or(0, |b| b.nbytes()) + self.experts.nbytes()
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
         let mut all = self.router.arrays();
+        all.extend(self.router_bias.as_ref());
         all.extend(self.experts.arrays());
         all
     }
@@ -239,11 +253,17 @@ mod tests {
                 Weight::Quantized(Quantized { weight, scales, biases, group_size: 32, bits: 4, cpu_kernel: false })
             } else {
                 Weight::Dense(w)
-            })
+            }, None)
         };
         SparseMoe {
             router: Weight::Dense(normal(&[EXPERTS, HIDDEN], 0.3, 1)),
-            experts: SwitchGlu { gate: stack(WIDTH, HIDDEN, 2), up: stack(WIDTH, HIDDEN, 3), down: stack(HIDDEN, WIDTH, 4) },
+            router_bias: None,
+            experts: SwitchGlu {
+                gate: stack(WIDTH, HIDDEN, 2),
+                up: stack(WIDTH, HIDDEN, 3),
+                down: stack(HIDDEN, WIDTH, 4),
+                activation: Activation::Silu,
+            },
             top_k: 2,
             routing,
         }

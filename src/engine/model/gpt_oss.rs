@@ -1,0 +1,180 @@
+//! gpt_oss (gpt-oss-20b, gpt-oss-120b), as mlx-lm's `models/gpt_oss.py` defines it: q/k/v/o
+//! biases, a learned per-head attention sink in every softmax, layers alternating between
+//! a local window (`sliding_window`) and global attention (`layer_types`), YaRN RoPE on all
+//! of them, and in every layer a mixture of experts with a biased router (top-k logits,
+//! then a softmax over those k), biased experts and gpt-oss's clamped SwiGLU. Weights load
+//! from MLX folders as mlx-lm saves them (experts stacked: `mlp.experts.{gate,up,down}_proj`).
+//! Not yet: the MXFP4 experts of OpenAI's and mlx-community's checkpoints (MLX's `mxfp4`
+//! quantization mode: refused by name at load), and the harmony chat format's tool calls.
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use super::config::{Activation, Arch, LayerStyle, LocalAttention, ModelConfig, QuantizationConfig, RopeConfig};
+use super::rope::{yarn, YarnScaling};
+use super::switch::{MoeConfig, Routing};
+
+#[derive(Deserialize)]
+struct Keys {
+    #[serde(default = "d::layers")]
+    num_hidden_layers: usize,
+    #[serde(default = "d::experts")]
+    num_local_experts: i32,
+    #[serde(default = "d::per_token")]
+    num_experts_per_tok: i32,
+    #[serde(default = "d::vocab")]
+    vocab_size: i32,
+    #[serde(default = "d::eps")]
+    rms_norm_eps: f32,
+    #[serde(default = "d::hidden")]
+    hidden_size: i32,
+    #[serde(default = "d::hidden")]
+    intermediate_size: i32,
+    #[serde(default = "d::head_dim")]
+    head_dim: i32,
+    #[serde(default = "d::heads")]
+    num_attention_heads: i32,
+    #[serde(default = "d::kv_heads")]
+    num_key_value_heads: i32,
+    #[serde(default = "d::window")]
+    sliding_window: i32,
+    #[serde(default = "d::theta")]
+    rope_theta: f32,
+    rope_scaling: Option<serde_json::Value>,
+    layer_types: Option<Vec<String>>,
+    #[serde(default = "d::ctx")]
+    max_position_embeddings: usize,
+}
+
+/// mlx-lm's `gpt_oss.ModelArgs` defaults.
+mod d {
+    pub fn layers() -> usize {
+        36
+    }
+    pub fn experts() -> i32 {
+        128
+    }
+    pub fn per_token() -> i32 {
+        4
+    }
+    pub fn vocab() -> i32 {
+        201088
+    }
+    pub fn eps() -> f32 {
+        1e-5
+    }
+    pub fn hidden() -> i32 {
+        2880
+    }
+    pub fn head_dim() -> i32 {
+        64
+    }
+    pub fn heads() -> i32 {
+        64
+    }
+    pub fn kv_heads() -> i32 {
+        8
+    }
+    pub fn window() -> i32 {
+        128
+    }
+    pub fn theta() -> f32 {
+        150000.0
+    }
+    pub fn ctx() -> usize {
+        131072
+    }
+}
+
+/// The model config of a gpt_oss config.json, and its quantization (affine only for now).
+pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
+    let outer: serde_json::Value = serde_json::from_str(json).context("config.json")?;
+    let k: Keys = serde_json::from_value(outer.clone()).context("config.json (gpt_oss keys)")?;
+    let mut rope = RopeConfig::plain(k.rope_theta, false);
+    if let Some(s) = k.rope_scaling.as_ref().filter(|s| !s.is_null()) {
+        match s.get("rope_type").or_else(|| s.get("type")).and_then(|t| t.as_str()).unwrap_or("default") {
+            "yarn" => {
+                let y: YarnScaling = serde_json::from_value(s.clone()).context("rope_scaling (yarn)")?;
+                let (periods, scale) = yarn(k.head_dim, k.rope_theta, &y);
+                rope.periods = Some(periods);
+                rope.input_scale = scale;
+            }
+            "default" => {}
+            other => bail!("unsupported gpt_oss rope_scaling type '{other}' (supported: yarn)"),
+        }
+    }
+    let layers = match k.layer_types {
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => bail!("unknown layer type '{other}'"),
+            })
+            .collect::<Result<Vec<bool>>>()?,
+        None => (0..k.num_hidden_layers).map(|i| i % 2 == 0).collect(),
+    };
+    let quant = match outer.get("quantization") {
+        Some(q) if q.is_object() => Some(super::config::parse_quantization(q)?),
+        _ => None,
+    };
+    let cfg = ModelConfig {
+        arch: Arch::GptOss,
+        hidden_size: k.hidden_size,
+        num_layers: k.num_hidden_layers,
+        num_heads: k.num_attention_heads,
+        num_kv_heads: k.num_key_value_heads,
+        head_dim: k.head_dim,
+        intermediate_size: k.intermediate_size,
+        vocab_size: k.vocab_size,
+        rms_norm_eps: k.rms_norm_eps,
+        rope,
+        tie_word_embeddings: false,
+        max_position_embeddings: k.max_position_embeddings,
+        moe: Some(MoeConfig {
+            num_experts: k.num_local_experts,
+            experts_per_token: k.num_experts_per_tok,
+            expert_intermediate_size: k.intermediate_size,
+            routing: Routing::TopKSoftmax,
+            activation: Activation::SwigluOai,
+            sparse_layers: vec![true; k.num_hidden_layers],
+        }),
+        style: LayerStyle {
+            local: Some(LocalAttention { window: k.sliding_window, rope_theta: None, layers }),
+            attention_sinks: true,
+            ..LayerStyle::llama()
+        },
+    };
+    cfg.validate()?;
+    Ok((cfg, quant))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gpt-oss-20b's config.json, trimmed to what it sets.
+    const GPT_OSS_20B: &str = r#"{"model_type":"gpt_oss","num_hidden_layers":24,"num_local_experts":32,
+        "num_experts_per_tok":4,"vocab_size":201088,"hidden_size":2880,"intermediate_size":2880,"head_dim":64,
+        "num_attention_heads":64,"num_key_value_heads":8,"sliding_window":128,"rope_theta":150000,
+        "rope_scaling":{"beta_fast":32.0,"beta_slow":1.0,"factor":32.0,"original_max_position_embeddings":4096,
+        "rope_type":"yarn","truncate":false}}"#;
+
+    #[test]
+    fn gpt_oss_20b_alternates_local_and_global_layers_with_yarn() {
+        let (c, q) = config(GPT_OSS_20B).unwrap();
+        assert!(q.is_none());
+        let local = c.style.local.as_ref().unwrap();
+        assert_eq!((local.window, local.rope_theta, &local.layers[..4]), (128, None, &[true, false, true, false][..]));
+        // YaRN at factor 32: the attention factor 0.1 ln 32 + 1, the shortest period kept,
+        // the longest interpolated 32x.
+        assert!((c.rope.input_scale - (0.1 * 32f32.ln() + 1.0)).abs() < 1e-6);
+        let p = c.rope.periods.as_ref().unwrap();
+        assert_eq!((p.len(), p[0]), (32, 1.0));
+        assert!((p[31] / 150000f32.powf(62.0 / 64.0) - 32.0).abs() < 1e-3);
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.activation), (32, 4, Activation::SwigluOai));
+        let mxfp4 = GPT_OSS_20B.replace(r#""truncate":false}"#, r#""truncate":false},"quantization":{"group_size":32,"bits":4,"mode":"mxfp4"}"#);
+        let err = format!("{:#}", config(&mxfp4).unwrap_err());
+        assert!(err.contains("mxfp4"), "{err}");
+    }
+}
