@@ -88,6 +88,10 @@ impl Server {
             Err(e) => return Err(e).with_context(|| format!("binding {}", config.addr())),
         };
         let addr = listener.local_addr()?;
+        let (ollama_port, ollama_listener) = match config.ollama_port {
+            Some(port) => crate::ollama_port::bind(port).await,
+            None => (crate::ollama_port::OllamaPort::Off, None),
+        };
         let telemetry = Telemetry::start(std::time::Duration::from_secs(1));
         let gate_telemetry = telemetry.clone();
         let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
@@ -167,12 +171,20 @@ impl Server {
             stopping: stopping_rx,
             live,
             prepare,
+            ollama_port,
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         };
         let app = api::router(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
         let limits = transport::Limits::from_config(&state.config);
+        // The Ollama port serves the same router; it stops when the server starts stopping.
+        if let Some(listener) = ollama_listener {
+            let mut stopping = state.stopping.clone();
+            tokio::spawn(transport::serve(listener, app.clone(), limits, state.metrics.clone(), async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            }));
+        }
         let task = tokio::spawn(transport::serve(listener, app, limits, state.metrics.clone(), async {
             let _ = stopped.await;
         }));

@@ -234,7 +234,7 @@ impl Metrics {
     pub fn init_model(&self, model: &str) {
         self.admission_refused_total.with_label_values(&["memory_pressure"]);
         self.admission_refused_total.with_label_values(&["bench_running"]);
-        for endpoint in ["chat", "completions", crate::api::anthropic::ENDPOINT] {
+        for endpoint in ["chat", "completions", crate::api::anthropic::ENDPOINT, crate::api::ollama::CHAT, crate::api::ollama::GENERATE] {
             for stream in ["true", "false"] {
                 for result in ["stop", "length", "cancelled", "error"] {
                     self.requests_total.with_label_values(&[model, endpoint, stream, result]);
