@@ -43,7 +43,7 @@ def openai_answer():
 def final_counts(r):
     assert r.done and r.done_reason == "stop", r
     assert r.eval_count == 11 and r.prompt_eval_count > 0, r
-    assert r.total_duration >= r.eval_duration > 0 and r.prompt_eval_duration > 0 and r.load_duration > 0, r
+    assert r.total_duration >= r.eval_duration > 0 and r.prompt_eval_duration >= 0 and r.load_duration > 0, r
     datetime.fromisoformat(r.created_at.replace("Z", "+00:00"))
 
 
