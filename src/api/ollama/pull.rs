@@ -46,17 +46,18 @@ fn line(v: Value) -> Bytes {
     Bytes::from(bytes)
 }
 
-/// Where the pull is, as Ollama says it; None while nothing changed since `last`.
-fn status(p: &PullProgress, last: Option<&PullProgress>) -> Option<Value> {
+/// Where the pull is, as Ollama says it; nothing while nothing changed since `last`. A
+/// finished pull reports its bytes one last time (when they moved since the last line), so
+/// a client's bar reaches its end even when the files came faster than a tick.
+fn status(p: &PullProgress, last: Option<&PullProgress>) -> Vec<Value> {
+    let moved = last.is_none_or(|l| (l.bytes_done, &l.file, l.bytes_total) != (p.bytes_done, &p.file, p.bytes_total));
+    let progress = |name: &str| json!({"status": format!("downloading {name}"), "digest": name, "total": p.bytes_total, "completed": p.bytes_done});
     match p.state {
-        PullState::Done => Some(json!({"status": "success"})),
-        PullState::Failed => Some(json!({"error": p.error.clone().unwrap_or_else(|| "the pull failed".into())})),
-        PullState::Cancelled => Some(json!({"error": "the pull was cancelled"})),
-        PullState::Running => {
-            let changed = last.is_none_or(|l| (l.bytes_done, &l.file, l.bytes_total) != (p.bytes_done, &p.file, p.bytes_total));
-            let file = p.file.as_deref().filter(|_| changed)?;
-            Some(json!({"status": format!("downloading {file}"), "digest": file, "total": p.bytes_total, "completed": p.bytes_done}))
-        }
+        PullState::Done if moved && p.bytes_total.is_some() => vec![progress(&p.repo), json!({"status": "success"})],
+        PullState::Done => vec![json!({"status": "success"})],
+        PullState::Failed => vec![json!({"error": p.error.clone().unwrap_or_else(|| "the pull failed".into())})],
+        PullState::Cancelled => vec![json!({"error": "the pull was cancelled"})],
+        PullState::Running => p.file.as_deref().filter(|_| moved).map(progress).into_iter().collect(),
     }
 }
 
@@ -65,10 +66,10 @@ async fn next(pulls: &Pulls, id: &str, last: Option<&PullProgress>) -> (Vec<Valu
     loop {
         let Some(p) = pulls.get(id) else { return (vec![json!({"error": "the pull's record is gone"})], None) };
         let out = status(&p, last);
-        match (p.state == PullState::Running, out) {
-            (true, None) => tokio::time::sleep(TICK).await,
-            (true, Some(out)) => return (vec![out], Some(p)),
-            (false, out) => return (out.into_iter().collect(), None),
+        match (p.state == PullState::Running, out.is_empty()) {
+            (true, true) => tokio::time::sleep(TICK).await,
+            (true, false) => return (out, Some(p)),
+            (false, _) => return (out, None),
         }
     }
 }

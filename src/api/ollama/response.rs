@@ -104,3 +104,19 @@ pub fn loaded(shape: Shape, model: &str, unloaded: bool) -> Value {
     o.insert("done_reason".into(), json!(if unloaded { "unload" } else { "load" }));
     Value::Object(o)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_carry_parsed_arguments() {
+        let call = ToolCall { id: "call_1".into(), name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() };
+        let o = chunk(Shape::Chat, "m:latest", "", &[call], &[]);
+        assert_eq!(o["message"]["tool_calls"], json!([{"id": "call_1", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]));
+        let raw = ToolCall { id: "c".into(), name: "f".into(), arguments: "not json".into() };
+        assert_eq!(chunk(Shape::Chat, "m", "", &[raw], &[])["message"]["tool_calls"][0]["function"]["arguments"], json!({"_raw": "not json"}));
+        let g = chunk(Shape::Generate, "m", "hi", &[], &[]);
+        assert_eq!((g["response"].as_str(), g.get("message"), g["done"].as_bool()), (Some("hi"), None, Some(false)));
+    }
+}
