@@ -63,7 +63,10 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
         let ollama = path.starts_with("/api/") && !path.starts_with("/api/bench") && !path.starts_with("/api/alerts");
         let code = |e: &Value, code: &str| match ollama {
             // {"error": "message"}: the words say what the code says.
-            true => assert!(e["error"].as_str().is_some_and(|m| m.contains(if code == "origin_not_allowed" { "rigin" } else { "Content-Type" })), "{path}: {e}"),
+            true => assert!(
+                e["error"].as_str().is_some_and(|m| m.contains(if code == "origin_not_allowed" { "rigin" } else { "Content-Type" })),
+                "{path}: {e}"
+            ),
             false => assert_eq!(e["error"]["code"], code, "{path}: {e}"),
         };
         let r = http
@@ -380,13 +383,20 @@ async fn request_limits_are_clear_400s() {
 async fn the_ollama_routes_answer_bad_input_in_ollamas_shape() {
     let base = common::server();
     let limit = mlxbar::Config::default().max_body_bytes;
-    let post = |path: &'static str, body: String| client().post(format!("{base}{path}")).header("content-type", "application/json").body(body).send();
+    let post = |path: &'static str, body: String| {
+        client().post(format!("{base}{path}")).header("content-type", "application/json").body(body).send()
+    };
     let user = json!([{"role": "user", "content": "hi"}]);
     for (path, body, status, needle) in [
         ("/api/chat", json!({"model": "default", "messages": "hi"}).to_string(), 400, "messages"),
         ("/api/chat", json!({"model": 7, "messages": user}).to_string(), 400, "model"),
         ("/api/chat", json!({"model": "default", "messages": user, "stream": "yes"}).to_string(), 400, "stream"),
-        ("/api/chat", json!({"model": "default", "messages": user, "options": {"temperature": "hot"}}).to_string(), 400, "options.temperature"),
+        (
+            "/api/chat",
+            json!({"model": "default", "messages": user, "options": {"temperature": "hot"}}).to_string(),
+            400,
+            "options.temperature",
+        ),
         ("/api/chat", json!({"model": "default", "messages": user, "options": {"num_gpu": 1}}).to_string(), 400, "options.num_gpu"),
         ("/api/chat", json!({"model": "default", "messages": user, "bogus": 1}).to_string(), 400, "bogus"),
         ("/api/chat", json!({"model": "default", "messages": [{"role": "robot", "content": "x"}]}).to_string(), 400, "role"),
@@ -398,7 +408,12 @@ async fn the_ollama_routes_answer_bad_input_in_ollamas_shape() {
         ("/api/generate", "{\"model\": \"default\", \"prompt\": ".to_string(), 400, "JSON"),
         ("/api/show", json!({"model": "nobody/nothing"}).to_string(), 404, "nobody/nothing"),
         ("/api/pull", json!({"model": "../../etc"}).to_string(), 400, "Hugging Face"),
-        ("/api/chat", format!("{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "x".repeat(limit)), 413, "limit"),
+        (
+            "/api/chat",
+            format!("{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "x".repeat(limit)),
+            413,
+            "limit",
+        ),
     ] {
         let r = post(path, body).await.unwrap();
         assert_eq!(r.status().as_u16(), status, "{path} {needle}");

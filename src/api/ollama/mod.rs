@@ -90,7 +90,14 @@ fn check_num_ctx(state: &AppState, id: &str, asked: usize) -> Result<(), ApiErro
 
 /// A request with no prompt loads the model and keeps it for `keep_alive`; with
 /// `keep_alive: 0` it unloads the model (if loaded), as Ollama's clients expect.
-async fn load(state: &AppState, id: &str, keep_alive: Option<KeepAlive>, shape: Shape, name: &str, stream: bool) -> Result<Response, ApiError> {
+async fn load(
+    state: &AppState,
+    id: &str,
+    keep_alive: Option<KeepAlive>,
+    shape: Shape,
+    name: &str,
+    stream: bool,
+) -> Result<Response, ApiError> {
     if state.draining.load(Ordering::Relaxed) {
         return Err(ApiError::shutting_down());
     }

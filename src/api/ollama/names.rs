@@ -35,9 +35,11 @@ pub async fn model_id(state: &AppState, name: &str) -> Result<String, ApiError> 
 
 /// Ollama's words for it; the status is what clients look at.
 pub fn not_found(name: &str) -> ApiError {
-    ApiError::not_found(format!("model '{name}' not found; GET /api/tags lists the models this server has (POST /api/pull fetches one from Hugging Face)"))
-        .param("model")
-        .code("model_not_found")
+    ApiError::not_found(format!(
+        "model '{name}' not found; GET /api/tags lists the models this server has (POST /api/pull fetches one from Hugging Face)"
+    ))
+    .param("model")
+    .code("model_not_found")
 }
 
 #[cfg(test)]

@@ -51,7 +51,8 @@ fn line(v: Value) -> Bytes {
 /// a client's bar reaches its end even when the files came faster than a tick.
 fn status(p: &PullProgress, last: Option<&PullProgress>) -> Vec<Value> {
     let moved = last.is_none_or(|l| (l.bytes_done, &l.file, l.bytes_total) != (p.bytes_done, &p.file, p.bytes_total));
-    let progress = |name: &str| json!({"status": format!("downloading {name}"), "digest": name, "total": p.bytes_total, "completed": p.bytes_done});
+    let progress =
+        |name: &str| json!({"status": format!("downloading {name}"), "digest": name, "total": p.bytes_total, "completed": p.bytes_done});
     match p.state {
         PullState::Done if moved && p.bytes_total.is_some() => vec![progress(&p.repo), json!({"status": "success"})],
         PullState::Done => vec![json!({"status": "success"})],

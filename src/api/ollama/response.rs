@@ -113,9 +113,15 @@ mod tests {
     fn calls_carry_parsed_arguments() {
         let call = ToolCall { id: "call_1".into(), name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() };
         let o = chunk(Shape::Chat, "m:latest", "", &[call], &[]);
-        assert_eq!(o["message"]["tool_calls"], json!([{"id": "call_1", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]));
+        assert_eq!(
+            o["message"]["tool_calls"],
+            json!([{"id": "call_1", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}])
+        );
         let raw = ToolCall { id: "c".into(), name: "f".into(), arguments: "not json".into() };
-        assert_eq!(chunk(Shape::Chat, "m", "", &[raw], &[])["message"]["tool_calls"][0]["function"]["arguments"], json!({"_raw": "not json"}));
+        assert_eq!(
+            chunk(Shape::Chat, "m", "", &[raw], &[])["message"]["tool_calls"][0]["function"]["arguments"],
+            json!({"_raw": "not json"})
+        );
         let g = chunk(Shape::Generate, "m", "hi", &[], &[]);
         assert_eq!((g["response"].as_str(), g.get("message"), g["done"].as_bool()), (Some("hi"), None, Some(false)));
     }

@@ -39,7 +39,9 @@ pub fn ndjson(generation: Generation, shape: Shape, model: String, clock: Clock)
             }
             let (lines, ended) = match generation.next().await {
                 Some(Ok(Output::Text { text, logprobs })) if text.is_empty() && logprobs.is_empty() => (vec![], false),
-                Some(Ok(Output::Text { text, logprobs })) => (vec![line(Value::Object(chunk(shape, &model, &text, &[], &logprobs)))], false),
+                Some(Ok(Output::Text { text, logprobs })) => {
+                    (vec![line(Value::Object(chunk(shape, &model, &text, &[], &logprobs)))], false)
+                }
                 Some(Ok(Output::ToolCallStart { id, name, .. })) => {
                     calls.push(ToolCall { id, name, arguments: String::new() });
                     (vec![], false)

@@ -28,7 +28,17 @@ pub fn chat(req: ChatRequest, model: String) -> Result<Translated, ApiError> {
     let format = format(req.format)?;
     let tools = tools(req.tools)?;
     let messages = conversation(req.messages)?;
-    Ok(core(model, Input::Chat(messages), tools, format, options, req.keep_alive, logprobs(req.logprobs, req.top_logprobs)?, req.stream, super::CHAT))
+    Ok(core(
+        model,
+        Input::Chat(messages),
+        tools,
+        format,
+        options,
+        req.keep_alive,
+        logprobs(req.logprobs, req.top_logprobs)?,
+        req.stream,
+        super::CHAT,
+    ))
 }
 
 /// `chat_template`: whether the model has one; without, the prompt goes to it as text
@@ -103,7 +113,9 @@ fn text_message(role: Role, text: String) -> Message {
 fn check_think(think: Option<&Value>, model: &str) -> Result<(), ApiError> {
     match think {
         None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(()),
-        Some(_) => Err(bad(format!("think: \"{model}\" does not support thinking (mlxbar's models do not think); send think: false or leave it out"))),
+        Some(_) => Err(bad(format!(
+            "think: \"{model}\" does not support thinking (mlxbar's models do not think); send think: false or leave it out"
+        ))),
     }
 }
 
@@ -264,10 +276,18 @@ mod tests {
         assert!(refusal(json!({"model": "m", "think": true, "messages": []})).contains("does not support thinking"));
         assert!(refusal(json!({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})).contains("images"));
         assert!(refusal(json!({"model": "m", "format": 3, "messages": []})).contains("format"));
-        assert!(chat_of(json!({"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})).is_err());
+        assert!(
+            chat_of(json!({"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})).is_err()
+        );
         let generate = |v: Value| generate(serde_json::from_value(v).unwrap(), "m".into(), true).map(|_| ()).map_err(|e| e.message);
         for field in ["suffix", "template", "raw", "context"] {
-            let value = if field == "raw" { json!(true) } else if field == "context" { json!([1, 2]) } else { json!("x") };
+            let value = if field == "raw" {
+                json!(true)
+            } else if field == "context" {
+                json!([1, 2])
+            } else {
+                json!("x")
+            };
             let err = generate(json!({"model": "m", "prompt": "p", field: value})).unwrap_err();
             assert!(err.starts_with(field), "{err}");
         }
