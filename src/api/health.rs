@@ -56,7 +56,7 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl I
         "restart_required": models.restart_required(),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
         // The second address for Ollama clients: "off", {"listening": addr} or {"failed": why}.
-        "ollama_port": state.ollama_port,
+        "ollama_port": state.ollama_port.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     });
     (status, Json(body))
 }

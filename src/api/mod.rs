@@ -58,8 +58,8 @@ pub struct AppState {
     pub live: Arc<live::Feed>,
     /// Bounded threads for preparing requests (schemas, templates, tokenizing, grammars).
     pub prepare: Arc<crate::inference::prepare::Prepare>,
-    /// The second address for Ollama clients (`ollama_port`), as it came out.
-    pub ollama_port: crate::ollama_port::OllamaPort,
+    /// The second address for Ollama clients (`ollama_port`), as it is now.
+    pub ollama_port: Arc<std::sync::Mutex<crate::ollama_port::OllamaPort>>,
     pub started: Instant,
     pub started_unix: u64,
 }
