@@ -68,7 +68,14 @@ pub struct Switch {
 
 impl Switch {
     /// `port`: where it listens when on; `status` is shared with `/health`.
-    pub fn new(port: u16, status: Arc<Mutex<OllamaPort>>, app: Router, limits: Limits, metrics: Arc<Metrics>, state: Arc<StateStore>) -> Switch {
+    pub fn new(
+        port: u16,
+        status: Arc<Mutex<OllamaPort>>,
+        app: Router,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        state: Arc<StateStore>,
+    ) -> Switch {
         Switch { port, status, app, limits, metrics, state, running: tokio::sync::Mutex::new(None) }
     }
 
@@ -128,7 +135,11 @@ mod tests {
         let OllamaPort::Listening(addr) = taken else { panic!("{taken:?}") };
         let port = addr.port();
         let state = StateStore::in_memory();
-        let limits = Limits { max_connections: 4, header_read_timeout: std::time::Duration::from_secs(5), body_read_timeout: std::time::Duration::from_secs(5) };
+        let limits = Limits {
+            max_connections: 4,
+            header_read_timeout: std::time::Duration::from_secs(5),
+            body_read_timeout: std::time::Duration::from_secs(5),
+        };
         let status = Arc::new(Mutex::new(OllamaPort::Off));
         let switch = Switch::new(port, status.clone(), Router::new(), limits, Arc::new(Metrics::with_per_request(false)), state.clone());
         assert!(matches!(switch.set(true, true).await, OllamaPort::Failed(_)), "the port is taken");

@@ -18,10 +18,10 @@ use crate::engine::LoadState;
 use crate::library::{inspect, Library, ModelEntry, ModelFormat, ModelSource, Sources, Watcher};
 use crate::metrics::Metrics;
 use crate::model_store;
+use crate::ollama_port::{OllamaPort, Switch, OLLAMA_DEFAULT_PORT};
 use crate::registry::{Models, Parts};
 use crate::telemetry::memory::PressureLevel;
 use crate::telemetry::Telemetry;
-use crate::ollama_port::{OllamaPort, Switch, OLLAMA_DEFAULT_PORT};
 use crate::transport;
 
 /// What the menu-bar icon shows at a glance.
