@@ -5,6 +5,7 @@
 //! ```toml
 //! host = "127.0.0.1"
 //! port = 8080
+//! ollama_port = 11434             # also answer on 127.0.0.1:<port> (Ollama's address) for Ollama clients; off by default
 //! model = "/path/to/model.gguf"   # or an MLX/HF folder; default: SmolLM2-135M-Instruct Q4_1
 //! models_dirs = ["~/models"]      # more folders scanned for models (besides the hub cache, LM Studio's, mlxbar's)
 //! weight_format = "auto"          # auto | float32 | native
@@ -62,6 +63,9 @@ use crate::engine::WeightFormat;
 pub struct Config {
     pub host: IpAddr,
     pub port: u16,
+    /// Also serve the API on 127.0.0.1:<port> (Ollama's default is 11434) for clients that
+    /// only know Ollama's address; None: off. 0 picks a free port (`/health` says which).
+    pub ollama_port: Option<u16>,
     pub model: Option<PathBuf>,
     /// More folders the model library scans (`.gguf` files, MLX folders, hub-cache repos).
     pub models_dirs: Vec<PathBuf>,
@@ -141,6 +145,7 @@ impl Default for Config {
         Config {
             host: IpAddr::from([127, 0, 0, 1]),
             port: 8080,
+            ollama_port: None,
             model: None,
             models_dirs: vec![],
             weight_format: WeightFormat::Auto,
@@ -211,6 +216,9 @@ pub struct ServeArgs {
     /// Port to bind [default: 8080]; 0 picks a free one
     #[arg(long, env = "MLXBAR_PORT")]
     pub port: Option<u16>,
+    /// Also answer on 127.0.0.1:PORT for Ollama clients (Ollama's is 11434) [default: off]
+    #[arg(long, env = "MLXBAR_OLLAMA_PORT")]
+    pub ollama_port: Option<u16>,
     /// How weights are held: float32 is fastest on the CPU device, native (quantized) on Metal
     #[arg(long, value_enum)]
     pub weight_format: Option<WeightFormat>,
@@ -262,6 +270,9 @@ impl Config {
         }
         if let Some(v) = args.port {
             config.port = v;
+        }
+        if let Some(v) = args.ollama_port {
+            config.ollama_port = Some(v);
         }
         if let Some(v) = args.weight_format {
             config.weight_format = v;

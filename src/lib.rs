@@ -10,6 +10,7 @@ pub mod inference;
 pub mod library;
 pub mod metrics;
 pub mod model_store;
+pub mod ollama_port;
 pub mod private_fs;
 pub mod registry;
 pub mod server;

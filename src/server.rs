@@ -18,6 +18,7 @@ use crate::engine::LoadState;
 use crate::library::{inspect, Library, ModelEntry, ModelFormat, ModelSource, Sources, Watcher};
 use crate::metrics::Metrics;
 use crate::model_store;
+use crate::ollama_port::{OllamaPort, Switch, OLLAMA_DEFAULT_PORT};
 use crate::registry::{Models, Parts};
 use crate::telemetry::memory::PressureLevel;
 use crate::telemetry::Telemetry;
@@ -64,6 +65,8 @@ pub struct Server {
     stopping: tokio::sync::watch::Sender<bool>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    /// The second address for Ollama clients (`ollama_port`, the menu bar's switch).
+    ollama: Arc<Switch>,
 }
 
 impl Server {
@@ -167,16 +170,31 @@ impl Server {
             stopping: stopping_rx,
             live,
             prepare,
+            ollama_port: Arc::new(std::sync::Mutex::new(OllamaPort::Off)),
             started: Instant::now(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         };
         let app = api::router(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
         let limits = transport::Limits::from_config(&state.config);
+        // The Ollama port serves the same router: on as the menu bar last left it, else as
+        // the config says.
+        let ollama = Arc::new(Switch::new(
+            state.config.ollama_port.unwrap_or(OLLAMA_DEFAULT_PORT),
+            state.ollama_port.clone(),
+            app.clone(),
+            limits,
+            state.metrics.clone(),
+            models.state_store().clone(),
+        ));
+        let saved = models.state_store().get().ollama_port;
+        if saved.unwrap_or(state.config.ollama_port.is_some()) {
+            ollama.set(true, false).await;
+        }
         let task = tokio::spawn(transport::serve(listener, app, limits, state.metrics.clone(), async {
             let _ = stopped.await;
         }));
-        Ok(Server { addr, state, models, telemetry, alerts, paused, monitor, _watcher: watcher, stopping, stop: Some(stop), task })
+        Ok(Server { addr, state, models, telemetry, alerts, paused, monitor, _watcher: watcher, stopping, stop: Some(stop), task, ollama })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -206,6 +224,11 @@ impl Server {
             bench_running: self.state.bench.active().is_some(),
             stalled: crate::api::health::status_word(&self.state) == "stalled",
         }
+    }
+
+    /// The Ollama port (127.0.0.1:`ollama_port`, else 11434): the menu bar turns it on and off.
+    pub fn ollama_port(&self) -> &Arc<Switch> {
+        &self.ollama
     }
 
     /// Bench runs: start one from the menu bar with `server.bench().start("quick")`.
@@ -255,6 +278,7 @@ impl Server {
         let _ = self.stopping.send(true);
         let models = self.models.clone();
         let _ = tokio::task::spawn_blocking(move || models.shutdown()).await;
+        self.ollama.set(false, false).await;
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }

@@ -1,5 +1,5 @@
-//! What the API sets that must survive a restart: alert snoozes, model pins and the
-//! keep-alives set through `POST /api/models/{id}/load`. One small JSON file,
+//! What the API sets that must survive a restart: alert snoozes, model pins, the
+//! keep-alives set through `POST /api/models/{id}/load` and the menu bar's Ollama port switch. One small JSON file,
 //! `state.json` in the data dir, written whole on every change (atomically, user-only,
 //! the directory synced: see `private_fs`). A file that is not such a JSON is reported,
 //! renamed aside (`state.json.corrupt-<unix seconds>`, kept for the user to look at) and
@@ -25,6 +25,8 @@ pub struct Persisted {
     pub pins: BTreeMap<String, bool>,
     /// Model id -> its keep-alive, set through the API.
     pub keep_alive: BTreeMap<String, KeepAlive>,
+    /// The Ollama port turned on or off from the menu bar; over the config's `ollama_port`.
+    pub ollama_port: Option<bool>,
 }
 
 pub struct StateStore {

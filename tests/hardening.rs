@@ -1,7 +1,7 @@
 //! The local API against hostile pages, overload and faults, through real sockets on the
 //! real engine: drive-by requests, /health's redaction, /v1/responses's refusals, bounded metric labels, the queue
 //! bound, a dead or stalled engine and its reload, a client leaving during prefill, an
-//! unwritable data dir. (Process-level cases, SIGTERM and a taken port, are in
+//! unwritable data dir; the Ollama routes' bad input in Ollama's error shape. (Process-level cases, SIGTERM and a taken port, are in
 //! tests/process.rs; the memory limit in tests/memory_limit.rs.)
 mod common;
 
@@ -73,7 +73,20 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
         ("/api/alerts/memory_pressure_warn/snooze", r#"{"seconds":604800}"#),
         ("/v1/chat/completions", r#"{"messages":[{"role":"user","content":"hi"}]}"#),
         ("/v1/responses", r#"{"input":"hi"}"#),
+        // Ollama's routes, Ollama's clients' bodies (their errors in Ollama's shape).
+        ("/api/chat", r#"{"model":"default","messages":[{"role":"user","content":"hi"}]}"#),
+        ("/api/generate", r#"{"model":"default","prompt":"hi"}"#),
+        ("/api/pull", r#"{"model":"org/name"}"#),
     ] {
+        let ollama = path.starts_with("/api/") && !path.starts_with("/api/bench") && !path.starts_with("/api/alerts");
+        let code = |e: &Value, code: &str| match ollama {
+            // {"error": "message"}: the words say what the code says.
+            true => assert!(
+                e["error"].as_str().is_some_and(|m| m.contains(if code == "origin_not_allowed" { "rigin" } else { "Content-Type" })),
+                "{path}: {e}"
+            ),
+            false => assert_eq!(e["error"]["code"], code, "{path}: {e}"),
+        };
         let r = http
             .post(format!("{base}{path}"))
             .header("content-type", "text/plain;charset=UTF-8")
@@ -85,11 +98,11 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
             .unwrap();
         assert_eq!(r.status(), 403, "{path}");
         let e: Value = r.json().await.unwrap();
-        assert_eq!(e["error"]["code"], "origin_not_allowed", "{path}: {e}");
+        code(&e, "origin_not_allowed");
         // Without an Origin (curl) the wrong type is a 415, in the same error shape.
         let r = http.post(format!("{base}{path}")).header("content-type", "text/plain").body(body).send().await.unwrap();
         assert_eq!(r.status(), 415, "{path}");
-        assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "unsupported_media_type");
+        code(&r.json::<Value>().await.unwrap(), "unsupported_media_type");
         // JSON from another port of localhost: another origin.
         let r = http
             .post(format!("{base}{path}"))
@@ -101,7 +114,9 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
             .unwrap();
         assert_eq!(r.status(), 403, "{path}");
     }
-    // Nothing happened: no bench job, no snooze, no generation counted.
+    // Nothing happened: no bench job, no snooze, no generation counted, no pull.
+    let (_, pulls) = get_json(&format!("{base}/api/models/pulls")).await;
+    assert_eq!(pulls["data"], json!([]), "{pulls}");
     let (_, jobs) = get_json(&format!("{base}/api/bench")).await;
     assert!(jobs["active"].is_null(), "{jobs}");
     let (_, alerts) = get_json(&format!("{base}/api/alerts")).await;
@@ -114,8 +129,8 @@ async fn drive_by_requests_from_web_pages_change_nothing() {
             .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
             .sum::<f64>()
     };
-    assert_eq!(refused(&after, "403") - refused(&before, "403"), 8.0);
-    assert_eq!(refused(&after, "415") - refused(&before, "415"), 4.0);
+    assert_eq!(refused(&after, "403") - refused(&before, "403"), 17.0);
+    assert_eq!(refused(&after, "415") - refused(&before, "415"), 7.0);
     // The same request the SDKs send still works: JSON, no Origin.
     let r = http.post(format!("{base}/v1/chat/completions")).json(&chat("Hi", 2)).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -417,4 +432,55 @@ async fn responses_refuse_bad_bodies_in_openais_shape() {
             assert_eq!(e["error"]["param"], param, "{body}: {e}");
         }
     }
+}
+
+/// The Ollama routes: bad input is a 400 (too large a 413) in Ollama's shape,
+/// `{"error": "message"}` naming what is wrong, before any model work.
+#[tokio::test]
+async fn the_ollama_routes_answer_bad_input_in_ollamas_shape() {
+    let base = common::server();
+    let limit = mlxbar::Config::default().max_body_bytes;
+    let post = |path: &'static str, body: String| {
+        client().post(format!("{base}{path}")).header("content-type", "application/json").body(body).send()
+    };
+    let user = json!([{"role": "user", "content": "hi"}]);
+    for (path, body, status, needle) in [
+        ("/api/chat", json!({"model": "default", "messages": "hi"}).to_string(), 400, "messages"),
+        ("/api/chat", json!({"model": 7, "messages": user}).to_string(), 400, "model"),
+        ("/api/chat", json!({"model": "default", "messages": user, "stream": "yes"}).to_string(), 400, "stream"),
+        (
+            "/api/chat",
+            json!({"model": "default", "messages": user, "options": {"temperature": "hot"}}).to_string(),
+            400,
+            "options.temperature",
+        ),
+        ("/api/chat", json!({"model": "default", "messages": user, "options": {"num_gpu": 1}}).to_string(), 400, "options.num_gpu"),
+        ("/api/chat", json!({"model": "default", "messages": user, "bogus": 1}).to_string(), 400, "bogus"),
+        ("/api/chat", json!({"model": "default", "messages": [{"role": "robot", "content": "x"}]}).to_string(), 400, "role"),
+        ("/api/chat", json!({"model": "default", "messages": user, "keep_alive": "soon"}).to_string(), 400, "keep_alive"),
+        ("/api/chat", json!({"model": "default", "messages": user, "tools": [{"type": "web"}]}).to_string(), 400, "tools[0].type"),
+        ("/api/generate", json!({"model": "default", "prompt": "hi", "images": ["aGk="]}).to_string(), 400, "images"),
+        ("/api/generate", json!({"model": "default", "prompt": "hi", "suffix": "end"}).to_string(), 400, "suffix"),
+        ("/api/generate", json!({"model": "default", "prompt": "hi", "format": 3}).to_string(), 400, "format"),
+        ("/api/generate", "{\"model\": \"default\", \"prompt\": ".to_string(), 400, "JSON"),
+        ("/api/show", json!({"model": "nobody/nothing"}).to_string(), 404, "nobody/nothing"),
+        ("/api/pull", json!({"model": "../../etc"}).to_string(), 400, "Hugging Face"),
+        (
+            "/api/chat",
+            format!("{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "x".repeat(limit)),
+            413,
+            "limit",
+        ),
+    ] {
+        let r = post(path, body).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{path} {needle}");
+        let e: Value = r.json().await.unwrap();
+        let message = e["error"].as_str().unwrap_or_else(|| panic!("{path} {needle}: not Ollama's shape: {e}"));
+        assert!(message.contains(needle), "{path}: {needle} not in {message}");
+        assert_eq!(e.as_object().unwrap().len(), 1, "{e}");
+    }
+    // Routes Ollama has and mlxbar does not: 501, in the same shape.
+    let r = client().delete(format!("{base}/api/delete")).json(&json!({"model": "default"})).send().await.unwrap();
+    assert_eq!(r.status(), 501);
+    assert!(r.json::<Value>().await.unwrap()["error"].as_str().unwrap().contains("/api/delete"));
 }

@@ -879,3 +879,93 @@ proptest! {
         }
     }
 }
+
+// ------------------------------------------------------------ the Ollama translator
+
+/// A well-formed Ollama chat: turns of user text, assistant text with calls (arguments as
+/// objects), tool messages naming a call's function; options and format.
+fn ollama_request() -> impl Strategy<Value = Value> {
+    let call = ("[a-z_]{1,12}", any::<i64>()).prop_map(|(name, n)| json!({"function": {"name": name, "arguments": {"n": n}}}));
+    let turn = (any::<String>(), any::<String>(), prop::collection::vec(call, 0..3), any::<String>());
+    (
+        prop::collection::vec(turn, 0..4),
+        any::<String>(),
+        prop::option::of(any::<String>()),
+        prop::option::of((0.0f32..2.0, 1i64..4096, -1i64..100, prop::collection::vec("[a-z]{1,8}", 0..3))),
+        prop::option::of(prop::sample::select(vec!["json", ""])),
+        any::<bool>(),
+    )
+        .prop_map(|(turns, last, system, options, format, stream)| {
+            let mut messages = vec![];
+            if let Some(s) = system {
+                messages.push(json!({"role": "system", "content": s}));
+            }
+            for (u, a, calls, result) in turns {
+                messages.push(json!({"role": "user", "content": u}));
+                let names: Vec<Value> = calls.iter().map(|c| c["function"]["name"].clone()).collect();
+                messages.push(json!({"role": "assistant", "content": a, "tool_calls": calls}));
+                for name in names {
+                    messages.push(json!({"role": "tool", "content": result, "tool_name": name}));
+                }
+            }
+            messages.push(json!({"role": "user", "content": last}));
+            let mut req = json!({"model": "m", "messages": messages, "stream": stream});
+            if let Some((temperature, num_predict, top_k, stop)) = options {
+                req["options"] = json!({"temperature": temperature, "num_predict": num_predict, "top_k": top_k, "stop": stop});
+            }
+            if let Some(f) = format {
+                req["format"] = json!(f);
+            }
+            req
+        })
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Every well-formed chat translates keeping each message's role and text in order, the
+    /// calls (names, arguments) of assistant turns, each tool message linked to a call of
+    /// its function in the turn before, and the options and format as asked.
+    #[test]
+    fn ollama_chats_translate_keeping_what_they_say(req in ollama_request()) {
+        use mlxbar::api::ollama::{request::ChatRequest, translate};
+        use mlxbar::inference::{Input, OutputFormat};
+        let parsed: ChatRequest = serde_json::from_value(req.clone()).unwrap();
+        let t = translate::chat(parsed, "m".into()).unwrap();
+        prop_assert_eq!(t.core.stream, req["stream"] == true);
+        prop_assert_eq!(t.core.model.as_deref(), Some("m"));
+        prop_assert_eq!(t.core.max_tokens, req["options"]["num_predict"].as_u64().map(|n| n as usize));
+        prop_assert_eq!(t.core.sampling.temperature, req["options"]["temperature"].as_f64().map(|f| f as f32));
+        let stop: Vec<String> = req["options"]["stop"].as_array().map(|s| s.iter().map(|v| v.as_str().unwrap().to_string()).collect()).unwrap_or_default();
+        prop_assert_eq!(&t.core.stop, &stop);
+        prop_assert_eq!(t.core.format.clone(), (req["format"] == "json").then_some(OutputFormat::JsonObject));
+        let Input::Chat(messages) = t.core.input else { panic!("a chat") };
+        let sent = req["messages"].as_array().unwrap();
+        prop_assert_eq!(messages.len(), sent.len());
+        let mut last_calls: Vec<(String, String)> = vec![];
+        for (m, s) in messages.iter().zip(sent) {
+            prop_assert_eq!(m.role.as_str(), s["role"].as_str().unwrap());
+            prop_assert_eq!(m.text(), s["content"].as_str().unwrap());
+            let calls: Vec<(String, Value)> = m.tool_calls.iter().map(|c| (c.name.clone(), serde_json::from_str(&c.arguments).unwrap())).collect();
+            let want: Vec<(String, Value)> = s["tool_calls"].as_array().map(|c| c.iter().map(|c| (c["function"]["name"].as_str().unwrap().to_string(), c["function"]["arguments"].clone())).collect()).unwrap_or_default();
+            prop_assert_eq!(calls, want);
+            if m.role.as_str() == "assistant" {
+                last_calls = m.tool_calls.iter().map(|c| (c.id.clone(), c.name.clone())).collect();
+            }
+            if m.role.as_str() == "tool" {
+                let id = m.tool_call_id.clone().expect("a tool message answers a call");
+                let answered = last_calls.iter().find(|(i, _)| *i == id).map(|(_, n)| n.as_str());
+                prop_assert_eq!(answered, s["tool_name"].as_str());
+            }
+        }
+    }
+
+    /// Any JSON at all: a request or an error, never a panic.
+    #[test]
+    fn any_json_is_an_ollama_request_or_an_error(v in prop_oneof![json_value(), ollama_request()]) {
+        use mlxbar::api::ollama::{request::ChatRequest, translate};
+        if let Ok(parsed) = serde_json::from_value::<ChatRequest>(v) {
+            let _ = translate::chat(parsed, "m".into());
+        }
+    }
+}

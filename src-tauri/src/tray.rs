@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mlxbar::engine::LoadState;
+use mlxbar::ollama_port::OllamaPort;
 use mlxbar::telemetry::memory::PressureLevel;
 use tauri::image::Image;
 use tauri::menu::{CheckMenuItem, Menu, MenuBuilder, MenuItem, PredefinedMenuItem};
@@ -16,6 +17,8 @@ use crate::model_menu::ModelMenu;
 use crate::server_slot::{AppStatus, ServerSlot};
 
 const TRAY_ID: &str = "mlxbar";
+/// The menu item that turns the Ollama port (`ollama_port`, else 11434) on and off.
+const OLLAMA_PORT: &str = "ollama_port";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrayState {
@@ -103,6 +106,7 @@ struct MenuItems<R: Runtime> {
     bench: MenuItem<R>,
     models: Arc<ModelMenu<R>>,
     launch_at_login: CheckMenuItem<R>,
+    ollama_port: CheckMenuItem<R>,
 }
 
 impl<R: Runtime> Clone for MenuItems<R> {
@@ -112,6 +116,7 @@ impl<R: Runtime> Clone for MenuItems<R> {
             bench: self.bench.clone(),
             models: self.models.clone(),
             launch_at_login: self.launch_at_login.clone(),
+            ollama_port: self.ollama_port.clone(),
         }
     }
 }
@@ -121,6 +126,8 @@ fn menu<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<(Menu<R>, MenuItems<R>)
     let bench = MenuItem::with_id(app, "bench", "Run quick benchmark", true, None::<&str>)?;
     let models = ModelMenu::new(app)?;
     let launch_at_login = crate::launch_at_login::item(app)?;
+    // Checked once the server says the port serves (see `refresh_loop`).
+    let ollama_port = CheckMenuItem::with_id(app, OLLAMA_PORT, "Answer Ollama clients on Ollama's port", true, false, None::<&str>)?;
     let menu = MenuBuilder::new(app)
         .text("show", "Show mlxbar")
         .separator()
@@ -131,11 +138,12 @@ fn menu<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<(Menu<R>, MenuItems<R>)
         .item(&bench)
         .item(&pause)
         .text("reload", "Reload model")
+        .item(&ollama_port)
         .item(&PredefinedMenuItem::separator(app)?)
         .item(&launch_at_login)
         .text("quit", "Quit mlxbar")
         .build()?;
-    Ok((menu, MenuItems { pause, bench, models, launch_at_login }))
+    Ok((menu, MenuItems { pause, bench, models, launch_at_login, ollama_port }))
 }
 
 pub fn create<R: Runtime>(app: &AppHandle<R>) -> tauri::Result<()> {
@@ -218,6 +226,21 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, items: &MenuItems<R>, id: &str) {
             // Toggles: while paused, generation requests get 503.
             slot.with(|s| s.set_paused(!s.is_paused()));
         }
+        OLLAMA_PORT => {
+            // Flips the second address for Ollama clients; the check mark shows what came of
+            // it, and a port already taken (Ollama itself) is a notification.
+            if let Some(switch) = slot.with(|s| s.ollama_port().clone()) {
+                let (notifier, item) = (app.clone(), items.ollama_port.clone());
+                tauri::async_runtime::spawn(async move {
+                    let on = !matches!(switch.status(), OllamaPort::Listening(_));
+                    let status = switch.set(on, true).await;
+                    let _ = item.set_checked(matches!(status, OllamaPort::Listening(_)));
+                    if let OllamaPort::Failed(why) = status {
+                        crate::notify::show(&notifier, "The Ollama port is not served", &why);
+                    }
+                });
+            }
+        }
         crate::launch_at_login::MENU_ID => crate::launch_at_login::toggle(app, &items.launch_at_login),
         "quit" => {
             // RunEvent::Exit stops the server.
@@ -227,11 +250,12 @@ fn on_menu<R: Runtime>(app: &AppHandle<R>, items: &MenuItems<R>, id: &str) {
     }
 }
 
-/// Updates icon, title, tooltip, the pause and bench items and the model submenu when
-/// they change.
+/// Updates icon, title, tooltip, the pause, bench and Ollama port items and the model
+/// submenu when they change.
 fn refresh_loop<R: Runtime>(app: AppHandle<R>, tray: TrayIcon<R>, items: MenuItems<R>) {
     tauri::async_runtime::spawn(async move {
         let mut shown: Option<(TrayState, Option<String>, String, bool, bool)> = None;
+        let mut ollama_shown: Option<bool> = None;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
@@ -240,6 +264,11 @@ fn refresh_loop<R: Runtime>(app: AppHandle<R>, tray: TrayIcon<R>, items: MenuIte
                 if let Err(e) = items.models.refresh(&app, crate::model_menu::rows(&list)) {
                     tracing::warn!("tray model menu: {e}");
                 }
+            }
+            let serving_ollama = slot.with(|s| matches!(s.ollama_port().status(), OllamaPort::Listening(_)));
+            if serving_ollama.is_some() && serving_ollama != ollama_shown {
+                let _ = items.ollama_port.set_checked(serving_ollama == Some(true));
+                ollama_shown = serving_ollama;
             }
             let status = slot.status();
             let paused = status.server.as_ref().is_some_and(|s| s.paused);

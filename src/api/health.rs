@@ -55,6 +55,8 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl I
         // An engine left behind stuck (its memory held until mlxbar restarts).
         "restart_required": models.restart_required(),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
+        // The second address for Ollama clients: "off", {"listening": addr} or {"failed": why}.
+        "ollama_port": state.ollama_port.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     });
     (status, Json(body))
 }

@@ -1,6 +1,7 @@
-//! The HTTP API: the OpenAI Chat Completions, OpenAI Responses and Anthropic Messages
-//! dialects (`openai/`, `responses/`, `anthropic/`, each over the neutral core in
-//! `crate::inference`), health, metrics, alerts and bench routes, with the security layers.
+//! The HTTP API: the OpenAI Chat Completions, OpenAI Responses, Anthropic Messages and
+//! Ollama dialects (`openai/`, `responses/`, `anthropic/`, `ollama/`, each over the neutral
+//! core in `crate::inference`), health, metrics, alerts and bench routes, with the security
+//! layers.
 pub mod alerts;
 pub mod anthropic;
 pub mod bench;
@@ -13,6 +14,7 @@ pub mod json_errors;
 pub mod live;
 pub mod metrics;
 pub mod models;
+pub mod ollama;
 pub mod openai;
 pub mod pull;
 pub mod responses;
@@ -26,7 +28,7 @@ use std::time::Instant;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method};
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::{middleware, Extension, Router};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
@@ -58,6 +60,8 @@ pub struct AppState {
     pub live: Arc<live::Feed>,
     /// Bounded threads for preparing requests (schemas, templates, tokenizing, grammars).
     pub prepare: Arc<crate::inference::prepare::Prepare>,
+    /// The second address for Ollama clients (`ollama_port`), as it is now.
+    pub ollama_port: Arc<std::sync::Mutex<crate::ollama_port::OllamaPort>>,
     pub started: Instant,
     pub started_unix: u64,
 }
@@ -70,6 +74,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(openai::completions::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/responses", post(responses::responses))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
         .route_layer(middleware::from_fn_with_state(state.clone(), bench::gate));
     let mut app = Router::new()
         .route("/", get(ui::index))
@@ -97,7 +103,19 @@ pub fn router(state: AppState) -> Router {
         .route("/api/models/pull", post(pull::start))
         .route("/api/models/pulls", get(pull::list))
         .route("/api/models/pulls/{id}", delete(pull::cancel))
-        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /health, /metrics, /api/models, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
+        .route("/api/tags", get(ollama::models::tags))
+        .route("/api/show", post(ollama::models::show))
+        .route("/api/ps", get(ollama::models::ps))
+        .route("/api/version", get(ollama::models::version))
+        .route("/api/pull", post(ollama::pull::pull))
+        .route("/api/create", any(ollama::errors::unsupported))
+        .route("/api/push", any(ollama::errors::unsupported))
+        .route("/api/copy", any(ollama::errors::unsupported))
+        .route("/api/delete", any(ollama::errors::unsupported))
+        .route("/api/embed", any(ollama::errors::unsupported))
+        .route("/api/embeddings", any(ollama::errors::unsupported))
+        .route("/api/blobs/{digest}", any(ollama::errors::unsupported))
+        .fallback(|| async { ApiError::not_found("No such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /api/chat, /api/generate, /api/tags, /health, /metrics, /api/models, /api/metrics/snapshot, /api/alerts, /api/bench, /api/history") })
         .method_not_allowed_fallback(|| async {
             let mut e = ApiError::bad_request("Method not allowed for this route");
             e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
@@ -111,6 +129,8 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), security::check_host))
         // Errors on the Anthropic routes, the guards' too, in Anthropic's shape.
         .layer(middleware::from_fn(anthropic::errors::reshape))
+        // ... and on the Ollama routes in Ollama's.
+        .layer(middleware::from_fn(ollama::errors::reshape))
         // Outermost, so requests the guards refuse are counted too.
         .layer(middleware::from_fn_with_state(state.clone(), crate::metrics::http::track));
     // No CORS headers at all unless origins are configured: browsers then refuse

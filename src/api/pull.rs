@@ -38,14 +38,20 @@ pub async fn start(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<Pu
     let mut opts = PullOptions::from_env(&req.model);
     opts.revision = req.revision;
     opts.gguf_file = req.file;
-    match state.pulls.start(opts, state.config.max_concurrent_pulls) {
-        Ok(progress) => Ok((StatusCode::ACCEPTED, Json(progress)).into_response()),
-        Err(e @ PullError::Running(_)) => Err(ApiError::conflict(e.to_string()).param("model").code("pull_running")),
-        Err(e @ PullError::Invalid(_)) => Err(ApiError::bad_request(e.to_string()).code("invalid_pull")),
-        Err(e @ PullError::TooMany { .. }) => {
+    let progress = state.pulls.start(opts, state.config.max_concurrent_pulls).map_err(refused)?;
+    Ok((StatusCode::ACCEPTED, Json(progress)).into_response())
+}
+
+/// A pull that could not start: 409 while one of the same repo runs, 400 for a name that is
+/// not a repo id, 429 while `max_concurrent_pulls` run (Ollama's `/api/pull` answers the same).
+pub fn refused(e: PullError) -> ApiError {
+    match e {
+        PullError::Running(_) => ApiError::conflict(e.to_string()).param("model").code("pull_running"),
+        PullError::Invalid(_) => ApiError::bad_request(e.to_string()).code("invalid_pull"),
+        PullError::TooMany { .. } => {
             let mut err = ApiError::conflict(e.to_string()).code("too_many_pulls");
             (err.status, err.retry_after_secs) = (StatusCode::TOO_MANY_REQUESTS, Some(5));
-            Err(err)
+            err
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The dialect-neutral core every API speaks through. A dialect (today OpenAI's, in
-//! `src/api/openai/`; beside it Anthropic Messages (`src/api/anthropic/`), OpenAI Responses (`src/api/responses/`) and, next, Ollama) translates its
+//! `src/api/openai/`; beside it Anthropic Messages, OpenAI Responses and Ollama, each a folder of `src/api/`) translates its
 //! request into an [`InferenceRequest`] — messages made of content parts, tools and what to
 //! do with them, an output constraint, sampling — and renders the [`Output`] stream (text
 //! deltas, tool-call deltas, one done event) in its own shape. What a request means is

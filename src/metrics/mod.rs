@@ -139,7 +139,7 @@ impl Metrics {
             http_requests_in_flight: reg!(IntGaugeVec::new(Opts::new("http_requests_in_flight", "HTTP requests being handled now."), &["method", "route"])),
             http_connections: reg!(IntGauge::new("http_connections", "HTTP connections open now (at most max_connections).")),
             http_connections_shed_total: reg!(IntCounterVec::new(Opts::new("http_connections_shed_total", "Connections closed to stay within max_connections: evicted (it waited longest on its client; a newcomer took its place) or refused (503: every connection was busy)."), &["reason"])),
-            requests_total: reg!(IntCounterVec::new(Opts::new("requests_total", "Inference requests finished, by endpoint (chat|completions|responses|messages), stream (true|false) and result (stop|length|cancelled|error)."), &["model", "endpoint", "stream", "result"])),
+            requests_total: reg!(IntCounterVec::new(Opts::new("requests_total", "Inference requests finished, by endpoint (chat|completions|responses|messages|ollama_chat|ollama_generate), stream (true|false) and result (stop|length|cancelled|error)."), &["model", "endpoint", "stream", "result"])),
             request_duration_seconds: hist("request_duration_seconds", "End-to-end inference time: queued to last token.", &["model"]),
             time_to_first_token_seconds: hist("time_to_first_token_seconds", "Queued to first generated token (includes queue wait and prefill).", &["model"]),
             inter_token_latency_seconds: hist("inter_token_latency_seconds", "Time between consecutive generated tokens of one request.", &["model"]),
@@ -234,7 +234,15 @@ impl Metrics {
     pub fn init_model(&self, model: &str) {
         self.admission_refused_total.with_label_values(&["memory_pressure"]);
         self.admission_refused_total.with_label_values(&["bench_running"]);
-        for endpoint in ["chat", "completions", crate::api::responses::ENDPOINT, crate::api::anthropic::ENDPOINT] {
+        let endpoints = [
+            "chat",
+            "completions",
+            crate::api::responses::ENDPOINT,
+            crate::api::anthropic::ENDPOINT,
+            crate::api::ollama::CHAT,
+            crate::api::ollama::GENERATE,
+        ];
+        for endpoint in endpoints {
             for stream in ["true", "false"] {
                 for result in ["stop", "length", "cancelled", "error"] {
                     self.requests_total.with_label_values(&[model, endpoint, stream, result]);
