@@ -3,8 +3,8 @@
 //! runnable with their architecture, loads each on request, and a greedy chat through
 //! `/v1/chat/completions` (its chat template, the engine's batched decode) answers what the
 //! model computes step by step on the rendered prompt: a mixture of experts (qwen3_moe),
-//! phi3, and gemma3 from a multimodal checkpoint (local attention: the prompt passes its
-//! window).
+//! phi3, gemma3 from a multimodal checkpoint and gpt_oss (local attention: the prompt passes
+//! their windows).
 use std::path::Path;
 
 use mlx_rs::Device;
@@ -36,7 +36,7 @@ fn engine_greedy(dir: &Path, content: &str) -> (usize, String) {
 }
 
 /// Folder (and model id) -> the architecture the library must report.
-const FAMILIES: [(&str, &str); 3] = [("qwen3-moe", "qwen3_moe"), ("phi3", "phi3"), ("gemma3-multimodal", "gemma3")];
+const FAMILIES: [(&str, &str); 4] = [("qwen3-moe", "qwen3_moe"), ("phi3", "phi3"), ("gemma3-multimodal", "gemma3"), ("gpt-oss", "gpt_oss")];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_family_chats_through_the_server() {
