@@ -107,7 +107,7 @@ fn refused_models_say_why() {
     };
     assert_eq!(
         why("gpt-bigcode-tiny").as_deref(),
-        Some("unsupported architecture 'gpt_bigcode' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral)")
+        Some("unsupported architecture 'gpt_bigcode' (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, phi3, gemma3, gpt_oss)")
     );
     assert_eq!(get(&lib, "gpt-bigcode-tiny").architecture.as_deref(), Some("gpt_bigcode"));
     let vision = why("llava-tiny").unwrap();

@@ -651,6 +651,18 @@ fn anthropic_request() -> impl Strategy<Value = Value> {
 /// (id, name, input), the call it answers).
 type Kept = Vec<(String, String, Vec<(String, String, Value)>, Option<String>)>;
 
+/// What a translator kept of each message: role, text, calls (id, name, arguments), and the
+/// call a tool result answers.
+fn kept(messages: &[mlxbar::inference::Message]) -> Kept {
+    messages
+        .iter()
+        .map(|m| {
+            let calls = m.tool_calls.iter().map(|c| (c.id.clone(), c.name.clone(), serde_json::from_str(&c.arguments).unwrap())).collect();
+            (m.role.as_str().to_string(), m.text(), calls, m.tool_call_id.clone())
+        })
+        .collect()
+}
+
 fn expected(req: &Value) -> Kept {
     let text_of = |v: &Value| v.as_str().map(str::to_string);
     let mut out: Kept = vec![];
@@ -698,13 +710,7 @@ proptest! {
         prop_assert_eq!(core.max_tokens, req["max_tokens"].as_u64().map(|n| n as usize));
         prop_assert_eq!(core.tools.is_some(), req.get("tool_choice").is_some_and(|c| c["type"] != "none"));
         let Input::Chat(messages) = core.input else { panic!("a chat") };
-        let got: Kept = messages
-            .iter()
-            .map(|m| {
-                let calls = m.tool_calls.iter().map(|c| (c.id.clone(), c.name.clone(), serde_json::from_str(&c.arguments).unwrap())).collect();
-                (m.role.as_str().to_string(), m.text(), calls, m.tool_call_id.clone())
-            })
-            .collect();
+        let got = kept(&messages);
         prop_assert_eq!(got, expected(&req));
     }
 
@@ -860,13 +866,7 @@ proptest! {
         prop_assert_eq!(&echo.params["tool_choice"], req.get("tool_choice").unwrap_or(&auto));
         prop_assert_eq!(&echo.params["text"]["format"], req["text"].get("format").unwrap_or(&text));
         let Input::Chat(messages) = core.input else { panic!("a chat") };
-        let got: Kept = messages
-            .iter()
-            .map(|m| {
-                let calls = m.tool_calls.iter().map(|c| (c.id.clone(), c.name.clone(), serde_json::from_str(&c.arguments).unwrap())).collect();
-                (m.role.as_str().to_string(), m.text(), calls, m.tool_call_id.clone())
-            })
-            .collect();
+        let got = kept(&messages);
         prop_assert_eq!(got, responses_expected(&req));
     }
 

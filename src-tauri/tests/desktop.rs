@@ -5,7 +5,8 @@
 //! is notified too, "Reload model" brings a fresh engine up (notified), "Pause serving"
 //! turns requests away with 503 until resumed, the "Model" submenu lists the library's
 //! models, loads one (notified when ready, then checked with its memory) and unloads it,
-//! "Launch at login" writes and removes the XDG autostart entry, and Quit from the menu
+//! "Launch at login" writes and removes the XDG autostart entry, the Ollama port item closes
+//! and reopens Ollama's address, and Quit from the menu
 //! ends the app.
 //!
 //! Needs `cargo build --release -p mlxbar-app` first and Debian's xvfb, dbus, dunst,
@@ -183,10 +184,15 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
             std::fs::copy(&gguf, &second_path).unwrap(); // another file system
         }
     }
-    // An alert that fires on the first request: the notification path end to end.
+    // An alert that fires on the first request: the notification path end to end. The
+    // Ollama port on a free port, not 11434 (an Ollama may run here).
+    let ollama_port = free_port();
     std::fs::write(
         &config,
-        format!("models_dirs = [{:?}]\n[alerts.ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n", models.to_str().unwrap()),
+        format!(
+            "models_dirs = [{:?}]\nollama_port = {ollama_port}\n[alerts.ttft_p90_high]\nthreshold = 0.001\nfor_seconds = 0\n",
+            models.to_str().unwrap()
+        ),
     )
     .unwrap();
     // A user plan named "quick" replaces the built-in one, so the tray's run ends in seconds.
@@ -295,9 +301,9 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
         .unwrap();
     assert!(out.status.success(), "chat request after the reload failed");
 
-    // Tray menu → "Pause serving" (fourth from the bottom: Quit, Launch at login, Reload,
-    // Pause; counted from there because the benchmark item above it is disabled while
-    // paused) turns generation away with 503;
+    // Tray menu → "Pause serving" (fifth from the bottom: Quit, Launch at login, the Ollama
+    // port, Reload, Pause; counted from there because the benchmark item above it is
+    // disabled while paused) turns generation away with 503;
     // the same item, now "Resume serving", lets it through again.
     let chat_status = || {
         let out = Command::new("curl")
@@ -318,14 +324,23 @@ fn the_app_serves_shows_the_popover_from_the_tray_notifies_and_quits() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let paused = |want: bool| get(&format!("{base}/api/metrics/snapshot")).filter(|s| s.contains(&format!("\"paused\":{want}")));
-    desk.tray_menu(&["Up", "Up", "Up", "Up", "Return"]);
+    desk.tray_menu(&["Up", "Up", "Up", "Up", "Up", "Return"]);
     wait_for("the server to pause", Duration::from_secs(10), || paused(true));
     assert_eq!(chat_status(), "503", "a chat request while paused");
-    desk.tray_menu(&["Up", "Up", "Up", "Up", "Return"]);
+    desk.tray_menu(&["Up", "Up", "Up", "Up", "Up", "Return"]);
     wait_for("the server to resume", Duration::from_secs(10), || paused(false));
     assert_eq!(chat_status(), "200", "a chat request after resuming");
 
     models_from_the_menu(&desk, &base, &artifacts);
+
+    // "Answer Ollama clients on Ollama's port" (third from the bottom): on from the config,
+    // so Ollama's routes answer there; clicked, the port closes; clicked again, it serves.
+    let ollama_version = || get(&format!("http://127.0.0.1:{ollama_port}/api/version"));
+    wait_for("the Ollama port from the config", Duration::from_secs(10), || ollama_version().filter(|v| v.contains("version")));
+    desk.tray_menu(&["Up", "Up", "Up", "Return"]);
+    wait_for("the Ollama port to close", Duration::from_secs(10), || ollama_version().is_none().then_some(()));
+    desk.tray_menu(&["Up", "Up", "Up", "Return"]);
+    wait_for("the Ollama port to serve again", Duration::from_secs(10), || ollama_version().filter(|v| v.contains("version")));
 
     // "Launch at login" (second from the bottom; off at first) writes the XDG autostart
     // entry that starts this binary; clicked again, it removes it.

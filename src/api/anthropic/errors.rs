@@ -5,11 +5,10 @@
 //! [`reshape`] rewrites whatever error leaves a route under `/v1/messages`, so no guard
 //! needs to know which dialect asked. The core's messages name OpenAI's fields where the
 //! two differ; they are renamed to Anthropic's here.
-use axum::body::{to_bytes, Body};
 use axum::extract::Request;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{json, Value};
 
 use crate::api::error::ApiError;
@@ -18,9 +17,6 @@ use crate::api::error::ApiError;
 pub fn is_anthropic(path: &str) -> bool {
     path == "/v1/messages" || path.starts_with("/v1/messages/")
 }
-
-/// Largest error body rewritten (ours are a few hundred bytes).
-const MAX_ERROR_BODY: usize = 64 * 1024;
 
 pub fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
@@ -57,22 +53,10 @@ pub fn body(e: &ApiError) -> Value {
 pub async fn reshape(req: Request, next: Next) -> Response {
     let anthropic = is_anthropic(req.uri().path());
     let resp = next.run(req).await;
-    let status = resp.status();
-    if !anthropic || !(status.is_client_error() || status.is_server_error()) {
-        return resp;
+    match anthropic {
+        true => crate::api::json_errors::reshape(resp, |status, message| shaped(status, message)).await,
+        false => resp,
     }
-    let (mut parts, body) = resp.into_parts();
-    let Ok(bytes) = to_bytes(Body::new(body), MAX_ERROR_BODY).await else {
-        return (status, axum::Json(shaped(status, "error"))).into_response();
-    };
-    let message = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-    let new = serde_json::to_vec(&shaped(status, &message)).unwrap_or_default();
-    parts.headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
-    parts.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(parts, Body::from(new))
 }
 
 #[cfg(test)]

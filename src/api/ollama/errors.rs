@@ -6,11 +6,10 @@
 //! routes mlxbar does not have (create, push, copy, delete, blobs, embed) answer 501 Not
 //! Implemented: a client shows the message, and does not take it for a missing model as it
 //! would a 404.
-use axum::body::{to_bytes, Body};
 use axum::extract::Request;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{json, Value};
 
 use crate::api::error::ApiError;
@@ -34,9 +33,6 @@ pub fn is_ollama(path: &str) -> bool {
             | "/api/embeddings"
     ) || path.starts_with("/api/blobs/")
 }
-
-/// Largest error body rewritten (ours are a few hundred bytes).
-const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// The core speaks of OpenAI's fields where Ollama's differ.
 fn ollama_words(message: &str) -> String {
@@ -72,22 +68,10 @@ pub async fn unsupported(req: Request) -> ApiError {
 pub async fn reshape(req: Request, next: Next) -> Response {
     let ollama = is_ollama(req.uri().path());
     let resp = next.run(req).await;
-    let status = resp.status();
-    if !ollama || !(status.is_client_error() || status.is_server_error()) {
-        return resp;
+    match ollama {
+        true => crate::api::json_errors::reshape(resp, |_, message| shaped(message)).await,
+        false => resp,
     }
-    let (mut parts, body) = resp.into_parts();
-    let Ok(bytes) = to_bytes(Body::new(body), MAX_ERROR_BODY).await else {
-        return (status, axum::Json(shaped("error"))).into_response();
-    };
-    let message = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-    let new = serde_json::to_vec(&shaped(&message)).unwrap_or_default();
-    parts.headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
-    parts.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(parts, Body::from(new))
 }
 
 #[cfg(test)]

@@ -294,10 +294,7 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
             }
         }
     }
-    let quant = match &hf.quantization {
-        Some(q) if q.is_object() => Some(parse_quantization(q)?),
-        _ => None,
-    };
+    let quant = quantization(hf.quantization.as_ref())?;
     let mut cfg = ModelConfig {
         arch,
         hidden_size: hf.hidden_size,
@@ -334,7 +331,12 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
     Ok((cfg, quant))
 }
 
-pub fn parse_quantization(q: &serde_json::Value) -> Result<QuantizationConfig> {
+/// A config.json's `quantization` (None when absent or not an object).
+pub fn quantization(q: Option<&serde_json::Value>) -> Result<Option<QuantizationConfig>> {
+    q.filter(|q| q.is_object()).map(parse_quantization).transpose()
+}
+
+fn parse_quantization(q: &serde_json::Value) -> Result<QuantizationConfig> {
     let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_i64()).map(|x| x as i32);
     let mut out = QuantizationConfig {
         group_size: num(q, "group_size").context("quantization.group_size")?,

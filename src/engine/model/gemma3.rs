@@ -122,10 +122,7 @@ pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
             other => bail!("unsupported gemma3 rope_scaling type '{other}' (supported: linear)"),
         }
     }
-    let quant = match outer.get("quantization") {
-        Some(q) if q.is_object() => Some(super::config::parse_quantization(q)?),
-        _ => None,
-    };
+    let quant = super::config::quantization(outer.get("quantization"))?;
     let cfg = ModelConfig {
         arch: Arch::Gemma3,
         hidden_size: k.hidden_size,

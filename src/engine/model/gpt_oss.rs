@@ -113,10 +113,7 @@ pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
             .collect::<Result<Vec<bool>>>()?,
         None => (0..k.num_hidden_layers).map(|i| i % 2 == 0).collect(),
     };
-    let quant = match outer.get("quantization") {
-        Some(q) if q.is_object() => Some(super::config::parse_quantization(q)?),
-        _ => None,
-    };
+    let quant = super::config::quantization(outer.get("quantization"))?;
     let cfg = ModelConfig {
         arch: Arch::GptOss,
         hidden_size: k.hidden_size,
