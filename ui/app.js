@@ -142,6 +142,32 @@ async function snooze(id, seconds) {
   const r = await fetch(`/api/alerts/${encodeURIComponent(id)}/snooze`, opts);
   if (!r.ok) showBanner(`Could not snooze: ${(await r.json()).error?.message ?? r.status}`);
 }
+// ---- the last requests, newest first, with the API that asked ----
+const API_NAMES = {
+  chat: "OpenAI chat", completions: "OpenAI completions", responses: "OpenAI Responses",
+  messages: "Anthropic", ollama_chat: "Ollama chat", ollama_generate: "Ollama generate",
+};
+const RECENT_SHOWN = 4;
+function recentRequests(list) {
+  const ul = $("recent");
+  ul.replaceChildren(...list.slice(-RECENT_SHOWN).reverse().map((r) => {
+    const li = document.createElement("li");
+    li.className = r.result === "error" ? "error" : "";
+    li.dataset.endpoint = r.endpoint;
+    const api = document.createElement("span");
+    api.className = "api";
+    api.textContent = API_NAMES[r.endpoint] ?? r.endpoint;
+    const result = document.createElement("span");
+    result.className = "result";
+    result.textContent = r.result;
+    const sub = document.createElement("span");
+    sub.className = "sub";
+    sub.textContent = `${fmtInt(r.completion_tokens)} tok · TTFT ${fmtSecs(r.ttft_seconds, r.ttft_seconds == null ? 0 : 1)}`;
+    li.append(api, result, sub);
+    return li;
+  }));
+}
+
 function alerts(list) {
   const firing = list.filter((a) => a.firing);
   text("alert-count", firing.length ? `${firing.length} firing` : "none firing");
@@ -517,6 +543,7 @@ function render(s) {
   text("requests-unit", s.totals.requests === 1 ? "request" : "requests");
   text("tokens", fmtInt(s.totals.completion_tokens));
   text("tokens-unit", s.totals.completion_tokens === 1 ? "token" : "tokens");
+  recentRequests(s.requests.recent);
   alerts(s.alerts);
   // the library changed (a download finished, a folder appeared): refetch the picker's list
   if (s.library_generation !== libraryGeneration) {

@@ -120,6 +120,19 @@ test("the popover follows the stream: served counts and timings match /metrics a
   assert.ok(entries >= 1);
   await until("the cache line", async () => (await testid("caches").textContent()).includes(`prefix ${entries} held`));
   assert.match(await testid("itl-p90").textContent(), /^\d+(\.\d+)? (ms|s)$/);
+  // the recent requests say which API asked: an Anthropic request after the OpenAI one
+  const r = await fetch(`${base}/v1/messages`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "default", max_tokens: 4, messages: [{ role: "user", content: "Say hi." }] }),
+  });
+  assert.equal(r.status, 200, await r.text());
+  await until("the Anthropic request at the top of the recent list", async () =>
+    (await page.locator('[data-testid="recent"] li').first().getAttribute("data-endpoint")) === "messages");
+  const rows = await page.locator('[data-testid="recent"] li').allTextContents();
+  assert.match(rows[0], /^Anthropic(stop|length)\d+ tok · TTFT \d+(\.\d+)? (ms|s)$/, rows.join(" | "));
+  assert.ok(rows.slice(1).some((t) => t.startsWith("OpenAI chat")), rows.join(" | "));
+  await shot("popover-recent-requests");
 });
 
 test("a firing alert shows in the popover and can be snoozed from it", async () => {

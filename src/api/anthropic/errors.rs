@@ -54,7 +54,7 @@ pub async fn reshape(req: Request, next: Next) -> Response {
     let anthropic = is_anthropic(req.uri().path());
     let resp = next.run(req).await;
     match anthropic {
-        true => crate::api::json_errors::reshape(resp, |status, message| shaped(status, message)).await,
+        true => crate::api::json_errors::reshape(resp, shaped).await,
         false => resp,
     }
 }
