@@ -32,7 +32,9 @@ fn engine_greedy(dir: &Path, content: &str) -> (usize, String) {
         out.push(next);
         next = argmax(model.decode(&[next], &mut batch).unwrap().as_slice::<f32>());
     }
-    (ids.len(), codec.decode(&out).unwrap())
+    // A byte-level answer cut by max_tokens may end inside a character: the server's text
+    // stream holds those bytes back (they never complete), a whole decode shows U+FFFD.
+    (ids.len(), codec.decode(&out).unwrap().trim_end_matches('\u{FFFD}').to_string())
 }
 
 /// Folder (and model id) -> the architecture the library must report.
