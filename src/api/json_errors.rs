@@ -5,9 +5,9 @@
 use axum::body::{to_bytes, Body};
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
-use serde_json::Value;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use serde_json::Value;
 
 use super::error::ApiError;
 

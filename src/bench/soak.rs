@@ -304,7 +304,9 @@ pub fn verdict(
                 why.push(format!("RSS less the caches grew {:.0} MB after the warm-up (bound {max_growth_mb:.0} MB)", m.growth_mb));
             }
             if let Some(slope) = rest_slope.filter(|s| *s > max_slope_mb_per_hour) {
-                why.push(format!("RSS less the caches, at rest, rose {slope:.0} MB/h after the warm-up (bound {max_slope_mb_per_hour:.0} MB/h)"));
+                why.push(format!(
+                    "RSS less the caches, at rest, rose {slope:.0} MB/h after the warm-up (bound {max_slope_mb_per_hour:.0} MB/h)"
+                ));
             }
         }
     }
@@ -691,7 +693,8 @@ impl SoakReport {
             s += "\nno rests (--rest-every 0), so no slope verdict\n";
         } else {
             let points: Vec<String> = self.rests.iter().map(|r| format!("{:.0} MB at {:.0} s", r.mb, r.t)).collect();
-            let slope = self.rest_slope_mb_per_hour.map_or("- (fewer than two rests after the warm-up)".into(), |v| format!("{v:+.1} MB/h"));
+            let slope =
+                self.rest_slope_mb_per_hour.map_or("- (fewer than two rests after the warm-up)".into(), |v| format!("{v:+.1} MB/h"));
             s += &format!(
                 "\n**RSS − caches at rest** (load paused, server drained): {}; slope after the first {:.0}% of the run {slope}\n",
                 points.join(", "),

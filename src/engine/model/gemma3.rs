@@ -215,7 +215,9 @@ mod tests {
     #[test]
     fn multimodal_weights_keep_only_the_text_model() {
         let mut raw = HashMap::new();
-        for k in ["language_model.model.norm.weight", "vision_tower.x.weight", "multi_modal_projector.y.weight", "model.embed_tokens.weight"] {
+        for k in
+            ["language_model.model.norm.weight", "vision_tower.x.weight", "multi_modal_projector.y.weight", "model.embed_tokens.weight"]
+        {
             raw.insert(k.to_string(), Array::from_f32(0.0));
         }
         text_weights(&mut raw);

@@ -170,7 +170,8 @@ mod tests {
         assert!((p[31] / 150000f32.powf(62.0 / 64.0) - 32.0).abs() < 1e-3);
         let moe = c.moe.unwrap();
         assert_eq!((moe.num_experts, moe.experts_per_token, moe.activation), (32, 4, Activation::SwigluOai));
-        let mxfp4 = GPT_OSS_20B.replace(r#""truncate":false}"#, r#""truncate":false},"quantization":{"group_size":32,"bits":4,"mode":"mxfp4"}"#);
+        let mxfp4 =
+            GPT_OSS_20B.replace(r#""truncate":false}"#, r#""truncate":false},"quantization":{"group_size":32,"bits":4,"mode":"mxfp4"}"#);
         let err = format!("{:#}", config(&mxfp4).unwrap_err());
         assert!(err.contains("mxfp4"), "{err}");
     }

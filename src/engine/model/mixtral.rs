@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::config::ModelConfig;
 use super::config::Activation;
+use super::config::ModelConfig;
 use super::switch::{MoeConfig, Routing};
 
 /// The keys of `config.json` this family adds to llama's (mlx-lm's defaults).

@@ -338,8 +338,14 @@ impl Model {
             .blocks
             .iter()
             .map(|b| {
-                let qk_norms: usize =
-                    b.q_norm.iter().chain(b.k_norm.iter()).chain(b.post_norms.iter().flatten()).chain(b.sinks.iter()).map(|n| n.nbytes()).sum();
+                let qk_norms: usize = b
+                    .q_norm
+                    .iter()
+                    .chain(b.k_norm.iter())
+                    .chain(b.post_norms.iter().flatten())
+                    .chain(b.sinks.iter())
+                    .map(|n| n.nbytes())
+                    .sum();
                 b.attn_norm.nbytes() + b.mlp_norm.nbytes() + qk_norms + b.qkv.nbytes() + b.o.weight.nbytes() + b.mlp.nbytes()
             })
             .sum();
@@ -573,7 +579,9 @@ impl Model {
                 LayerRope { dims, traditional: r.traditional, theta: Some(*theta), periods: None, position_scale: 1.0 }
             }
             (_, Some(p)) => LayerRope { dims, traditional: r.traditional, theta: None, periods: Some(p), position_scale: r.position_scale },
-            (_, None) => LayerRope { dims, traditional: r.traditional, theta: Some(r.theta), periods: None, position_scale: r.position_scale },
+            (_, None) => {
+                LayerRope { dims, traditional: r.traditional, theta: Some(r.theta), periods: None, position_scale: r.position_scale }
+            }
         }
     }
 

@@ -57,8 +57,7 @@ pub fn adjust(cfg: &mut ModelConfig, json: &str) -> Result<()> {
         Some(s) if s.r#type == "longrope" || s.r#type == "su" => {
             let long = s.long_factor.context("rope_scaling.long_factor")?;
             ensure!(long.len() as i32 == dims / 2, "rope_scaling.long_factor has {} values for {} rotated dims", long.len(), dims);
-            cfg.rope.periods =
-                Some(long.iter().enumerate().map(|(i, f)| f * cfg.rope.theta.powf(2.0 * i as f32 / dims as f32)).collect());
+            cfg.rope.periods = Some(long.iter().enumerate().map(|(i, f)| f * cfg.rope.theta.powf(2.0 * i as f32 / dims as f32)).collect());
             let factor = k.max_position_embeddings / k.original_max_position_embeddings;
             cfg.rope.input_scale = s.long_mscale.unwrap_or(if factor <= 1.0 {
                 1.0

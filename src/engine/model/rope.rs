@@ -34,7 +34,9 @@ pub fn gguf_periods(dims: i32, base: f32, factors: &[f32]) -> Vec<f32> {
 /// correction range `beta_fast`..`beta_slow`, and the attention factor q and k are scaled by.
 pub fn yarn(dims: i32, base: f32, s: &YarnScaling) -> (Vec<f32>, f32) {
     let d = dims as f64;
-    let correction_dim = |rotations: f64| d * (s.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (base as f64).ln());
+    let correction_dim = |rotations: f64| {
+        d * (s.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (base as f64).ln())
+    };
     let low = correction_dim(s.beta_fast).floor().max(0.0);
     let mut high = correction_dim(s.beta_slow).ceil().min(d - 1.0);
     if low == high {

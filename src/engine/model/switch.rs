@@ -248,12 +248,15 @@ mod tests {
     fn moe(packed: bool, routing: Routing) -> SparseMoe {
         let stack = |out: i32, inp: i32, seed: u64| {
             let w = normal(&[EXPERTS, out, inp], 0.15, seed);
-            SwitchLinear(if packed {
-                let (weight, scales, biases) = ops::quantize(&w, 32, 4).unwrap();
-                Weight::Quantized(Quantized { weight, scales, biases, group_size: 32, bits: 4, cpu_kernel: false })
-            } else {
-                Weight::Dense(w)
-            }, None)
+            SwitchLinear(
+                if packed {
+                    let (weight, scales, biases) = ops::quantize(&w, 32, 4).unwrap();
+                    Weight::Quantized(Quantized { weight, scales, biases, group_size: 32, bits: 4, cpu_kernel: false })
+                } else {
+                    Weight::Dense(w)
+                },
+                None,
+            )
         };
         SparseMoe {
             router: Weight::Dense(normal(&[EXPERTS, HIDDEN], 0.3, 1)),
