@@ -12,16 +12,11 @@ fn the_anthropic_sdk_creates_streams_calls_tools_and_counts_tokens() {
     let key = "anthropic-sdk-test-key";
     let base = common::start_server(mlxbar::Config { default_temperature: 0.0, api_key: Some(key.into()), ..common::test_config() });
     let root = env!("CARGO_MANIFEST_DIR");
-    let venv = Command::new("bash").arg(format!("{root}/scripts/sdk-venv.sh")).output().expect("running scripts/sdk-venv.sh");
-    assert!(venv.status.success(), "creating the SDK venv failed:\n{}", String::from_utf8_lossy(&venv.stderr));
-    let python = String::from_utf8(venv.stdout).unwrap().trim().to_string();
+    let python = common::sdk_python();
     let run = Command::new(&python)
         .arg(format!("{root}/tests/sdk/anthropic_messages.py"))
         .args([&base, key])
         .output()
         .expect("running the SDK checks");
-    let out = String::from_utf8_lossy(&run.stdout);
-    println!("{out}{}", String::from_utf8_lossy(&run.stderr));
-    assert!(run.status.success(), "SDK checks failed:\n{out}");
-    assert!(out.contains("all passed"), "{out}");
+    common::assert_sdk_checks_passed(&run);
 }

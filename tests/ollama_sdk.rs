@@ -33,9 +33,7 @@ fn the_ollama_library_chats_generates_lists_and_pulls() {
         ..common::test_config()
     });
     let root = env!("CARGO_MANIFEST_DIR");
-    let venv = Command::new("bash").arg(format!("{root}/scripts/sdk-venv.sh")).output().expect("running scripts/sdk-venv.sh");
-    assert!(venv.status.success(), "creating the SDK venv failed:\n{}", String::from_utf8_lossy(&venv.stderr));
-    let python = String::from_utf8(venv.stdout).unwrap().trim().to_string();
+    let python = common::sdk_python();
     let run = Command::new(&python)
         .arg(format!("{root}/tests/sdk/ollama_api.py"))
         .args([&base, PULLED])
@@ -44,8 +42,5 @@ fn the_ollama_library_chats_generates_lists_and_pulls() {
         .env("ANSWER", common::ANSWER)
         .output()
         .expect("running the SDK checks");
-    let out = String::from_utf8_lossy(&run.stdout);
-    println!("{out}{}", String::from_utf8_lossy(&run.stderr));
-    assert!(run.status.success(), "SDK checks failed:\n{out}");
-    assert!(out.contains("all passed"), "{out}");
+    common::assert_sdk_checks_passed(&run);
 }

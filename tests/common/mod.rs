@@ -135,3 +135,19 @@ pub async fn until<T>(what: &str, secs: u64, mut check: impl AsyncFnMut() -> Opt
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// The python of the official client SDKs' venv (scripts/sdk-venv.sh makes it, idempotently).
+pub fn sdk_python() -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let venv = std::process::Command::new("bash").arg(format!("{root}/scripts/sdk-venv.sh")).output().expect("running scripts/sdk-venv.sh");
+    assert!(venv.status.success(), "creating the SDK venv failed:\n{}", String::from_utf8_lossy(&venv.stderr));
+    String::from_utf8(venv.stdout).unwrap().trim().to_string()
+}
+
+/// An SDK check script's run: its output printed, its exit status 0 and its "all passed".
+pub fn assert_sdk_checks_passed(run: &std::process::Output) {
+    let out = String::from_utf8_lossy(&run.stdout);
+    println!("{out}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "SDK checks failed:\n{out}");
+    assert!(out.contains("all passed"), "{out}");
+}
