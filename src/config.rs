@@ -20,6 +20,7 @@
 //! grafana_url = "http://localhost:3000/d/mlxbar"   # linked from the popover
 //! max_batch = 8                   # sequences decoded together (continuous batching)
 //! kv_budget_tokens = 65536        # running requests × the longest prompt + max_tokens among them (the batch KV is padded); default: from the MLX memory limit
+//! expert_cache_bytes = 2147483648 # mixture-of-experts models stream their experts from disk through a cache this big; default: only when they do not fit the budget, then sized by it
 //! prefix_cache_bytes = 94371840   # KV kept for prompt-prefix reuse; 0 turns it off; default: 2048 tokens of the model's KV, at most RAM/32
 //! mlx_memory_limit_bytes = ...    # default: MLX's, at most 75% of RAM
 //! mlx_cache_limit_bytes = ...     # freed buffers MLX keeps for reuse; default: two engine steps' transient buffers of the largest loaded model, 32-512 MiB, at most RAM/16
@@ -85,6 +86,10 @@ pub struct Config {
     pub kv_budget_tokens: Option<usize>,
     /// None: sized from the model (`registry::budget::prefix_cache_for`).
     pub prefix_cache_bytes: Option<usize>,
+    /// Some: every mixture-of-experts model streams its experts through a cache of at most
+    /// this many bytes; None: only a model whose experts do not fit the budget streams,
+    /// with the room it leaves ([`crate::engine::experts`]).
+    pub expert_cache_bytes: Option<u64>,
     pub mlx_memory_limit_bytes: Option<usize>,
     /// None: sized from the loaded models (`registry::budget::Budget::cache_limit`).
     pub mlx_cache_limit_bytes: Option<usize>,
@@ -161,6 +166,7 @@ impl Default for Config {
             max_batch: 8,
             kv_budget_tokens: None,
             prefix_cache_bytes: None,
+            expert_cache_bytes: None,
             mlx_memory_limit_bytes: None,
             mlx_cache_limit_bytes: None,
             // Longer than a client's pause between requests under load (steady load never
@@ -228,6 +234,10 @@ pub struct ServeArgs {
     /// Sequences decoded together in one batched step [default: 8]
     #[arg(long)]
     pub max_batch: Option<usize>,
+    /// Stream mixture-of-experts models' experts from disk through a cache of this many
+    /// bytes [default: only when they do not fit memory]
+    #[arg(long)]
+    pub expert_cache_bytes: Option<u64>,
     /// Under critical memory pressure, refuse new requests (503) or let them wait [default: refuse]
     #[arg(long, value_enum)]
     pub admission: Option<Admission>,
@@ -282,6 +292,9 @@ impl Config {
         }
         if let Some(v) = args.max_batch {
             config.max_batch = v;
+        }
+        if let Some(v) = args.expert_cache_bytes {
+            config.expert_cache_bytes = Some(v);
         }
         if let Some(v) = args.admission {
             config.admission = v;

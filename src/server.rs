@@ -304,6 +304,7 @@ fn default_entry(library: &Library, path: &std::path::Path) -> ModelEntry {
         chat_template: false,
         shape: None,
         weight_parts: vec![],
+        experts: None,
         runnable: false,
         unsupported_reason: Some(format!("{} could not be read as a model", path.display())),
     })

@@ -36,6 +36,10 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
         // The memory split of a loaded model (weights above; MLX's cache is process-wide).
         m.model_kv_bytes.with_label_values(&[id]).set(view.kv_bytes.unwrap_or(0) as i64);
         m.model_prefix_cache_bytes.with_label_values(&[id]).set(view.prefix_cache_bytes.unwrap_or(0) as i64);
+        match &view.experts {
+            Some(experts) => m.experts.observe(id, experts, &models.drain_expert_loads(id)),
+            None => m.experts.forget(id),
+        }
     }
     m.observe_engine(&models.stats());
     m.observe_batch_sizes(models.decode_steps_by_batch_size());

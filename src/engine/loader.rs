@@ -20,7 +20,10 @@ pub struct ModelInfo {
     pub architecture: &'static str,
     pub weight_format: WeightFormat,
     pub dtype: String,
+    /// Bytes of weights held resident (a streamed model's experts not included).
     pub weight_bytes: usize,
+    /// Set when the model's experts stream from disk through a cache of this many bytes.
+    pub expert_cache_bytes: Option<u64>,
     pub context_length: usize,
     pub vocab_size: i32,
     pub layers: usize,
@@ -37,19 +40,30 @@ pub fn load(path: &Path, format: WeightFormat) -> Result<(Model, TextCodec, Mode
     }
     .map(|s| s.to_string_lossy().into_owned())
     .unwrap_or_else(|| "model".into());
-    load_reporting(path, &id, format, &|_| {})
+    load_reporting(path, &id, format, None, &|_| {})
 }
 
 /// Loads the model at `path` as `id`, telling `progress` how far it has got (0..1): reading
-/// the file is the first tenth, materializing the weights layer by layer the rest.
-pub fn load_reporting(path: &Path, id: &str, format: WeightFormat, progress: &dyn Fn(f64)) -> Result<(Model, TextCodec, ModelInfo)> {
+/// the file is the first tenth, materializing the weights layer by layer the rest. With
+/// `expert_cache` (bytes), a mixture-of-experts folder's experts stream through a cache of
+/// that size instead of loading.
+pub fn load_reporting(
+    path: &Path,
+    id: &str,
+    format: WeightFormat,
+    expert_cache: Option<u64>,
+    progress: &dyn Fn(f64),
+) -> Result<(Model, TextCodec, ModelInfo)> {
     let started = Instant::now();
     let (model, codec, source) = if path.is_dir() {
-        let (config, tensors) = hf::load(path)?;
+        let (config, tensors) = hf::load(path, expert_cache)?;
         let codec = tokenizer::from_hf_dir(path)?;
         progress(0.1);
         (Model::assemble_reporting(config, tensors, format, progress)?, codec, "mlx-folder")
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        if expert_cache.is_some() {
+            bail!("expert streaming reads MLX folders (safetensors), not GGUF files");
+        }
         let loaded = gguf::load(path)?;
         let codec = tokenizer::from_gguf(&loaded.file)?;
         progress(0.1);
@@ -67,6 +81,7 @@ pub fn load_reporting(path: &Path, id: &str, format: WeightFormat, progress: &dy
         weight_format: model.format,
         dtype: format!("{:?}", model.dtype).to_lowercase(),
         weight_bytes: model.nbytes(),
+        expert_cache_bytes: model.expert_stats().map(|s| s.view().budget_bytes),
         context_length: model.config.max_position_embeddings,
         vocab_size: model.config.vocab_size,
         layers: model.config.num_layers,

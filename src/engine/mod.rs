@@ -5,6 +5,7 @@ pub mod batch_kv;
 pub mod chat_template;
 pub mod constraint;
 pub mod cpu_backend;
+pub mod experts;
 mod device_lock;
 #[cfg(feature = "test-hooks")]
 pub mod faults;
@@ -50,6 +51,9 @@ pub struct EngineOptions {
     /// The id clients name the model by (the registry's: `org/name` for hub models).
     pub model_id: String,
     pub weight_format: WeightFormat,
+    /// Some: a mixture-of-experts model's experts stream from disk through a cache of this
+    /// many bytes ([`experts`]); the registry sets it.
+    pub expert_cache_bytes: Option<u64>,
     /// Requests that may wait for the engine; more get "queue full".
     pub queue_capacity: usize,
     /// Sequences decoded together in one batched step.
@@ -133,6 +137,8 @@ pub struct Loaded {
     pub codec: Arc<TextCodec>,
     /// Compiles requests' output constraints against this model's vocabulary.
     pub grammars: Arc<Grammars>,
+    /// A streamed model's expert cache figures.
+    pub experts: Option<Arc<experts::ExpertStats>>,
 }
 
 /// State shared between the engine thread and its handles.
@@ -266,6 +272,17 @@ impl Engine {
     }
 
     /// The loaded model, its codec and grammars.
+    /// A streamed model's expert cache figures; None when its experts are resident (or it
+    /// has none).
+    pub fn expert_view(&self) -> Option<experts::ExpertView> {
+        self.shared.loaded.read().unwrap().as_ref().and_then(|l| l.experts.as_ref().map(|s| s.view()))
+    }
+
+    /// Load times of the expert reads since the last call (for the metrics' histogram).
+    pub fn drain_expert_load_seconds(&self) -> Vec<f64> {
+        self.shared.loaded.read().unwrap().as_ref().and_then(|l| l.experts.as_ref().map(|s| s.drain_load_seconds())).unwrap_or_default()
+    }
+
     pub fn loaded(&self) -> Option<Loaded> {
         self.shared.loaded.read().unwrap().clone()
     }
@@ -461,7 +478,7 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
             faults::stall();
         }
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            loader::load_reporting(&options.model_path, &options.model_id, format, &progress)
+            loader::load_reporting(&options.model_path, &options.model_id, format, options.expert_cache_bytes, &progress)
         }))
     };
     let (model, codec, info) = match loaded {
@@ -489,7 +506,8 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     };
     tracing::debug!("token trie for constrained decoding built in {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
     let codec = Arc::new(codec);
-    *shared.loaded.write().unwrap() = Some(Loaded { info, codec: codec.clone(), grammars });
+    let experts = model.expert_stats();
+    *shared.loaded.write().unwrap() = Some(Loaded { info, codec: codec.clone(), grammars, experts });
     progress(1.0);
     set_state(LoadState::Ready);
     shared.stats.mark_progress();

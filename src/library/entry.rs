@@ -67,6 +67,18 @@ pub struct WeightPart {
     pub elements: u64,
 }
 
+/// The experts of a mixture-of-experts folder, for the memory estimate of streaming them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpertParts {
+    /// Their weights by width, as [`WeightPart`]s.
+    pub parts: Vec<WeightPart>,
+    /// Experts of all sparse layers together.
+    pub count: u64,
+    /// Experts one token runs through across all sparse layers (k per sparse layer): the
+    /// least an expert cache should hold.
+    pub per_token: u64,
+}
+
 /// The transformer's dimensions, for the memory estimate.
 #[derive(Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
@@ -106,6 +118,10 @@ pub struct ModelEntry {
     /// The memory estimate counts each at its own width; empty when the files were not read.
     #[serde(skip)]
     pub weight_parts: Vec<WeightPart>,
+    /// A mixture-of-experts folder's experts (part of `weight_parts`): what streaming them
+    /// leaves on disk. None for dense models and GGUF files (which do not stream).
+    #[serde(skip)]
+    pub experts: Option<ExpertParts>,
     pub runnable: bool,
     /// Why it cannot run, when `runnable` is false.
     pub unsupported_reason: Option<String>,
@@ -176,6 +192,7 @@ mod tests {
                 tie_word_embeddings: true,
             }),
             weight_parts: vec![],
+            experts: None,
             runnable: true,
             unsupported_reason: None,
         };

@@ -18,7 +18,7 @@ use crate::engine::model::config::{from_hf_config, Arch, ModelConfig, Quantizati
 use crate::engine::model::gguf::config_from_header;
 use crate::engine::model::validate::{self, GgufSummary};
 
-use super::entry::{ModelEntry, ModelFormat, ModelSource, Quantization, Shape, WeightPart};
+use super::entry::{ExpertParts, ModelEntry, ModelFormat, ModelSource, Quantization, Shape, WeightPart};
 use super::files;
 
 /// A `.gguf` file or a folder with a `config.json`; None for anything else.
@@ -51,6 +51,7 @@ fn blank(id: String, path: &Path, format: ModelFormat) -> ModelEntry {
         chat_template: false,
         shape: None,
         weight_parts: vec![],
+        experts: None,
         runnable: true,
         unsupported_reason: None,
     }
@@ -93,6 +94,7 @@ pub fn folder(dir: &Path) -> ModelEntry {
         }
     }
     e.weight_parts = folder_parts(&shapes, quant.as_ref());
+    e.experts = expert_parts(&dir.join("config.json"), &shapes, quant.as_ref());
     if !dir.join("tokenizer.json").is_file() {
         e.refuse("no tokenizer.json");
     }
@@ -176,6 +178,20 @@ fn folder_parts(shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&Quantization
         }
     }
     parts(by_width)
+}
+
+/// A mixture-of-experts folder's expert tensors, as [`folder_parts`] counts them.
+fn expert_parts(config: &Path, shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&QuantizationConfig>) -> Option<ExpertParts> {
+    let (cfg, _) = from_hf_config(&files::read_text(config).ok()?).ok()?;
+    let moe = cfg.moe.as_ref()?;
+    let experts: BTreeMap<String, Vec<u64>> =
+        shapes.iter().filter(|(name, _)| crate::engine::experts::locate::is_expert_tensor(name, cfg.arch)).map(|(n, s)| (n.clone(), s.clone())).collect();
+    let sparse = (0..cfg.num_layers).filter(|&l| moe.is_sparse(l)).count() as u64;
+    (!experts.is_empty()).then(|| ExpertParts {
+        parts: folder_parts(&experts, quant),
+        count: sparse * moe.num_experts as u64,
+        per_token: sparse * moe.experts_per_token as u64,
+    })
 }
 
 fn parts(by_width: BTreeMap<Option<(u32, u32)>, u64>) -> Vec<WeightPart> {

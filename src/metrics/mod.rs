@@ -5,6 +5,7 @@
 //! loaded model, `kind`/`endpoint`/`result`/`stream` take fixed values. The mapping from
 //! MLX-Flash and vllm-mlx names is in dashboards/README.md.
 pub mod batch_size;
+pub mod experts;
 pub mod http;
 pub mod inference;
 pub mod live;
@@ -98,6 +99,8 @@ pub struct Metrics {
     pub process_cpu_seconds_total: Counter,
     // alert engine
     pub alerts_firing: IntGaugeVec,
+    /// A streamed mixture-of-experts model's expert cache.
+    pub experts: experts::ExpertMetrics,
 }
 
 /// Latency buckets from 1 ms to ~65 s (doubling).
@@ -222,6 +225,7 @@ impl Metrics {
             process_resident_memory_bytes: reg!(IntGauge::new("process_resident_memory_bytes", "Resident memory of the mlxbar process.")),
             process_cpu_seconds_total: reg!(Counter::new("process_cpu_seconds_total", "CPU time used by the mlxbar process.")),
             alerts_firing: reg!(IntGaugeVec::new(Opts::new("alerts_firing", "1 while the alert (a rule id of the alert engine, see /api/alerts) is firing."), &["alert"])),
+            experts: experts::ExpertMetrics::register(&r),
             registry: r,
             per_request,
             live: Default::default(),

@@ -151,6 +151,9 @@ impl UnloadReason {
 pub struct Plan {
     pub unload: Vec<(String, UnloadReason)>,
     pub kv_bytes: u64,
+    /// Room left beside the weights and `kv_bytes` (what a streamed model's expert cache
+    /// may grow into).
+    pub spare: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -305,7 +308,8 @@ impl Budget {
             count -= 1;
         }
         let spare = room(kept, freed) - need.weights;
-        Ok(Plan { unload, kv_bytes: spare.clamp(need.kv_min, need.kv_preferred.max(need.kv_min)) })
+        let kv_bytes = spare.clamp(need.kv_min, need.kv_preferred.max(need.kv_min));
+        Ok(Plan { unload, kv_bytes, spare: spare.saturating_sub(kv_bytes) })
     }
 }
 
@@ -324,6 +328,20 @@ pub fn weights_as_held(entry: &ModelEntry, format: WeightFormat, on_gpu: bool) -
             parts => parts.iter().map(cpu_bytes).sum(),
         },
     }
+}
+
+/// The bytes `parts` take once loaded in `format` (resolved) on the device: float32, or
+/// packed with float16 scales and biases on the GPU, or as [`cpu_bytes`] on the CPU.
+pub fn parts_as_held(parts: &[WeightPart], format: WeightFormat, on_gpu: bool) -> u64 {
+    parts
+        .iter()
+        .map(|p| match (format, p.quantization) {
+            (WeightFormat::Float32 | WeightFormat::Auto, _) => p.elements * 4,
+            (WeightFormat::Native, Some(q)) if on_gpu => p.elements * q.bits as u64 / 8 + p.elements * 4 / q.group_size.max(1) as u64,
+            (WeightFormat::Native, None) if on_gpu => p.elements * 2,
+            (WeightFormat::Native, _) => cpu_bytes(p),
+        })
+        .sum()
 }
 
 /// What the CPU device holds of `part`: packed values plus a float32 scale and bias a group
@@ -398,7 +416,7 @@ mod tests {
     #[test]
     fn fits_on_an_empty_machine_with_the_preferred_kv() {
         let plan = budget(18 * GB, 2).plan(&SMOL, 21 * GB, &[], false).unwrap();
-        assert_eq!(plan, Plan { unload: vec![], kv_bytes: SMOL.kv_preferred });
+        assert_eq!(plan, Plan { unload: vec![], kv_bytes: SMOL.kv_preferred, spare: 18 * GB - SMOL.preferred() });
     }
 
     #[test]
@@ -503,9 +521,47 @@ mod tests {
             chat_template: false,
             shape,
             weight_parts: vec![],
+            experts: None,
             runnable: true,
             unsupported_reason: None,
         }
+    }
+
+    /// A mixture-of-experts model streams only when it does not fit (or `expert_cache_bytes`
+    /// says so), its cache sized by the room left; one that does not fit even streamed is
+    /// refused with a note saying so.
+    #[test]
+    fn expert_streaming_plans() {
+        use super::super::experts::{plan, Ask};
+        use crate::library::entry::ExpertParts;
+        // 1 GB of float32 experts (100 of 10 MB, 8 a token) beside 100 MB of other weights.
+        let experts = WeightPart { quantization: None, elements: 250 * MB };
+        let moe = ModelEntry {
+            weight_parts: vec![experts.clone(), WeightPart { quantization: None, elements: 25 * MB }],
+            parameters: Some(275 * MB),
+            experts: Some(ExpertParts { parts: vec![experts], count: 100, per_token: 8 }),
+            ..entry(None)
+        };
+        let b = budget(18 * GB, 2);
+        let ask = |available: u64, cap: Option<u64>| Ask {
+            format: WeightFormat::Float32,
+            on_gpu: false,
+            available: b.margin + available,
+            residents: &[],
+            pressure_critical: false,
+            cap,
+        };
+        let cache = |available, cap| plan(&b, &moe, &ask(available, cap)).ok().unwrap().expert_cache;
+        assert_eq!(cache(10 * GB, None), None, "fits: resident");
+        assert_eq!(cache(10 * GB, Some(300 * MB)), Some(300 * MB), "forced");
+        assert_eq!(cache(10 * GB, Some(5 * GB)), Some(1000 * MB), "at most every expert");
+        let streamed = cache(700 * MB, None).unwrap();
+        assert!((80 * MB..=600 * MB).contains(&streamed), "the room left: {streamed}");
+        let (refusal, note) = plan(&b, &moe, &ask(150 * MB, None)).err().unwrap();
+        assert!(matches!(refusal, Refusal::Memory { .. }));
+        assert!(note.unwrap().contains("experts streamed"));
+        let dense = ModelEntry { experts: None, ..moe.clone() };
+        assert_eq!(plan(&b, &dense, &ask(10 * GB, Some(MB))).ok().unwrap().expert_cache, None, "a dense model never streams");
     }
 
     /// A 4-bit 7B on the CPU: packed values plus float32 scales and biases (groups of 64:

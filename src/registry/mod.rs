@@ -9,6 +9,7 @@
 //! unloads models idle past their keep-alive. Pins and keep-alives set through the API are
 //! saved in the data dir's state file and restored on start ([`crate::state_store`]).
 pub mod budget;
+pub mod experts;
 pub mod keep_alive;
 mod lease;
 pub mod slot;
@@ -421,13 +422,23 @@ impl Models {
         }
         let on_gpu = self.device == DeviceKind::Gpu;
         let format = self.config.weight_format.resolve(on_gpu, entry.quantization_pair());
-        let need = self.budget.need(&entry, format, on_gpu);
         let residents = self.residents();
         let available = self.telemetry.latest().memory.as_ref().map(|m| m.available).unwrap_or(u64::MAX / 4);
-        let plan = match self.budget.plan(&need, available, &residents, self.telemetry.pressure_critical()) {
-            Ok(plan) => plan,
-            Err(refusal) => {
-                let message = refusal.message(id, self.budget.max_loaded);
+        let ask = experts::Ask {
+            format,
+            on_gpu,
+            available,
+            residents: &residents,
+            pressure_critical: self.telemetry.pressure_critical(),
+            cap: self.config.expert_cache_bytes,
+        };
+        let (plan, expert_cache) = match experts::plan(&self.budget, &entry, &ask) {
+            Ok(p) => (p.plan, p.expert_cache),
+            Err((refusal, note)) => {
+                let mut message = refusal.message(id, self.budget.max_loaded);
+                if let Some(note) = note {
+                    message = format!("{message}, {note}");
+                }
                 tracing::warn!("{message}");
                 self.metrics.model_loads_total.with_label_values(&[id, "refused"]).inc();
                 lock(&self.refused).insert(id.into(), message.clone());
@@ -442,11 +453,15 @@ impl Models {
             tracing::info!("unloading {victim} ({}) to load {id}", reason.as_str());
             self.unload_locked(victim, *reason, true).await;
         }
+        if let Some(bytes) = expert_cache {
+            tracing::info!("{id}: its experts stream from disk through a {} cache", budget::human(bytes));
+        }
         self.resize_mlx_cache(Some(&entry));
         let options = EngineOptions {
             model_path: entry.path.clone(),
             model_id: id.to_string(),
             weight_format: self.config.weight_format,
+            expert_cache_bytes: expert_cache,
             queue_capacity: self.config.queue_capacity,
             max_batch: self.config.max_batch,
             kv_budget_tokens: self.config.kv_budget_tokens,
@@ -482,8 +497,8 @@ impl Models {
         self.metrics.model_load_seconds.observe(started.elapsed().as_secs_f64());
         match ready {
             Ok(()) => {
-                let weights = engine.model().map_or(need.weights, |m| m.weight_bytes as u64);
-                let memory = weights + plan.kv_bytes;
+                let weights = engine.model().map_or_else(|| self.budget.need(&entry, format, on_gpu).weights, |m| m.weight_bytes as u64);
+                let memory = weights + plan.kv_bytes + expert_cache.unwrap_or(0);
                 if let Some(slot) = lock(&self.slots).get_mut(id) {
                     slot.phase = Phase::Ready(engine);
                     slot.memory_bytes = memory;
@@ -818,6 +833,14 @@ impl Models {
         views
     }
 
+    /// Expert reads timed since the last call, by loaded model (for the metrics' histogram).
+    pub fn drain_expert_loads(&self, id: &str) -> Vec<f64> {
+        match lock(&self.slots).get(id).map(|s| &s.phase) {
+            Some(Phase::Ready(e)) => e.drain_expert_load_seconds(),
+            _ => vec![],
+        }
+    }
+
     pub fn view(&self, requested: &str) -> Result<ModelView, ModelError> {
         let id = self.resolve(Some(requested))?;
         Ok(self.view_of(self.entry(&id)?))
@@ -861,6 +884,7 @@ impl Models {
             requests: engine.as_ref().map_or(0, |e| e.running() + e.waiting()),
             pinned,
             default: id == self.default.id,
+            experts: engine.as_ref().filter(|_| loaded).and_then(|e| e.expert_view()),
             info: engine.and_then(|e| e.model()),
             entry,
         }

@@ -115,4 +115,6 @@ pub struct ModelView {
     pub default: bool,
     /// What the loaded engine reports (format, dtype, weight bytes, load time).
     pub info: Option<ModelInfo>,
+    /// Loaded with its experts streamed: the expert cache's figures.
+    pub experts: Option<crate::engine::experts::ExpertView>,
 }

@@ -11,15 +11,14 @@ use mlx_rs::Array;
 use super::config::{self, ModelConfig};
 use super::linear::{Quantized, Weight};
 use super::TensorMap;
+use crate::engine::experts::{locate, ExpertFiles, StreamSpec};
 
-pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
+/// Loads the folder `dir`; with `expert_cache` (bytes), a mixture-of-experts model's
+/// experts are left on disk for an expert cache of that size ([`crate::engine::experts`]).
+pub fn load(dir: &Path, expert_cache: Option<u64>) -> Result<(ModelConfig, TensorMap)> {
     let config_text = std::fs::read_to_string(dir.join("config.json")).with_context(|| format!("{}/config.json", dir.display()))?;
     let (mut config, quant) = config::from_hf_config(&config_text)?;
-    let mut files: Vec<_> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
+    let files = locate::safetensors_files(dir)?;
     if files.is_empty() {
         bail!("no *.safetensors in {}", dir.display());
     }
@@ -35,7 +34,17 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
         config::Arch::Gemma3 => super::gemma3::text_weights(&mut raw),
         _ => {}
     }
-    if let Some(moe) = &config.moe {
+    let streamed = match (expert_cache, &config.moe) {
+        (Some(budget), Some(moe)) => {
+            let files = ExpertFiles::index(&files, config.arch, moe.num_experts, quant.as_ref())?;
+            // MLX reads a tensor when it is first evaluated: dropped now, experts are never read.
+            raw.retain(|k, _| !locate::is_expert_tensor(k, config.arch));
+            Some(StreamSpec { files, budget })
+        }
+        (Some(_), None) => bail!("an expert cache for {}, which has no experts", dir.display()),
+        _ => None,
+    };
+    if let (Some(moe), None) = (&config.moe, &streamed) {
         match config.arch {
             config::Arch::Mixtral => super::mixtral::stack_experts(&mut raw, moe)?,
             // Stacked as mlx-lm saves it (mlp.experts.{gate,up,down}_proj).
@@ -44,7 +53,7 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
         }
     }
 
-    let mut t = TensorMap::default();
+    let mut t = TensorMap { streamed, ..TensorMap::default() };
     let modules: Vec<String> = raw.keys().filter_map(|k| k.strip_suffix(".weight").map(str::to_string)).collect();
     for module in modules {
         let Some(name) = canonical_name(&module, config.arch) else {
@@ -83,7 +92,7 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, TensorMap)> {
 
 /// HF module path -> canonical name (see [`TensorMap`]). Gemma's
 /// `post_attention_layernorm` norms the attention's output; llama's the MLP's input.
-fn canonical_name(module: &str, arch: config::Arch) -> Option<String> {
+pub(crate) fn canonical_name(module: &str, arch: config::Arch) -> Option<String> {
     match module {
         "model.embed_tokens" => return Some("embed".into()),
         "model.norm" => return Some("norm".into()),

@@ -1,12 +1,15 @@
 //! A layer's MLP: the dense gated one (gate|up fused into one matmul, `act(gate) * up`, then
 //! down; SiLU, or Gemma's GELU) or a sparse mixture of experts ([`super::switch`]), as the
 //! family's config makes each layer.
+use std::sync::Arc;
+
 use anyhow::{ensure, Result};
 use mlx_rs::{fast, nn, ops, Array};
 
 use super::config::Activation;
 use super::linear::{Linear, Weight};
-use super::switch::{MoeConfig, SparseMoe, SwitchGlu, SwitchLinear};
+use super::switch::{Experts, MoeConfig, SparseMoe, SwitchGlu, SwitchLinear};
+use crate::engine::experts::ExpertStore;
 use super::{Projections, TensorMap};
 
 pub enum Mlp {
@@ -63,8 +66,9 @@ impl Mlp {
         }
     }
 
-    /// Layer `layer`'s sparse MLP from `layers.{layer}.router` and `.experts.{gate,up,down}`;
-    /// `weight` converts the experts to the model's format, `router` the router.
+    /// Layer `layer`'s sparse MLP from `layers.{layer}.router` and `.experts.{gate,up,down}`,
+    /// or with its experts in `streamed`'s cache; `weight` converts the experts to the
+    /// model's format, `router` the router.
     pub fn sparse(
         t: &mut TensorMap,
         layer: usize,
@@ -72,6 +76,7 @@ impl Mlp {
         hidden: i32,
         weight: &dyn Fn(Weight) -> Result<Weight>,
         router: &dyn Fn(Weight) -> Result<Weight>,
+        streamed: Option<&Arc<ExpertStore>>,
     ) -> Result<Mlp> {
         let p = |s: &str| format!("layers.{layer}.{s}");
         let router = router(t.take_weight(&p("router"))?)?;
@@ -90,11 +95,17 @@ impl Mlp {
             ensure!(l.dims() == want, "{}: (experts, rows) {:?}, config says {want:?}", p(name), l.dims());
             Ok(l)
         };
-        let experts = SwitchGlu {
-            gate: experts("experts.gate", moe.expert_intermediate_size)?,
-            up: experts("experts.up", moe.expert_intermediate_size)?,
-            down: experts("experts.down", hidden)?,
-            activation: moe.activation,
+        let experts = match streamed {
+            Some(store) => {
+                ensure!(store.has((layer as u32, 0)), "{}: no experts in the files", p("experts"));
+                Experts::Streamed { layer: layer as u32, store: store.clone() }
+            }
+            None => Experts::Resident(SwitchGlu {
+                gate: experts("experts.gate", moe.expert_intermediate_size)?,
+                up: experts("experts.up", moe.expert_intermediate_size)?,
+                down: experts("experts.down", hidden)?,
+                activation: moe.activation,
+            }),
         };
         Ok(Mlp::Sparse(SparseMoe { router, router_bias, experts, top_k: moe.experts_per_token, routing: moe.routing }))
     }

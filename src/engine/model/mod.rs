@@ -23,12 +23,14 @@ pub mod switch;
 pub mod validate;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::batch_kv::BatchKv;
+use super::experts::{ExpertStats, ExpertStore, StreamSpec};
 use super::kv_cache::KvCache;
 use config::{LocalAttention, ModelConfig};
 use linear::{expect_shape, Embedding, Linear, Weight};
@@ -79,6 +81,8 @@ impl WeightFormat {
 pub struct TensorMap {
     pub weights: HashMap<String, Weight>,
     pub vectors: HashMap<String, Array>,
+    /// The experts of a streamed model (then absent from `weights`).
+    pub streamed: Option<StreamSpec>,
 }
 
 impl TensorMap {
@@ -92,6 +96,9 @@ impl TensorMap {
     /// `(bits, group_size)` of the first layer's MLP projections (its experts when sparse),
     /// None when they are float.
     pub fn quantization(&self) -> Option<(i32, i32)> {
+        if let Some(s) = &self.streamed {
+            return s.files.quantization();
+        }
         match self.weights.get("layers.0.gate").or_else(|| self.weights.get("layers.0.experts.gate"))? {
             Weight::Quantized(q) => Some((q.bits, q.group_size)),
             Weight::Dense(_) => None,
@@ -196,6 +203,8 @@ pub struct Model {
     rope_periods: Option<Array>,
     /// Decode steps' attention runs mlxbar's CPU op (`cpu_backend::decode_attention`).
     cpu_attention: bool,
+    /// A streamed model's experts (their cache and its figures).
+    experts: Option<Arc<ExpertStore>>,
 }
 
 impl Model {
@@ -221,12 +230,20 @@ impl Model {
             (WeightFormat::Native, Weight::Quantized(q)) => q.scales.dtype(),
             (WeightFormat::Native, Weight::Dense(w)) => w.dtype(),
         };
-        let weight = |w: Weight| -> Result<Weight> {
+        let weight = move |w: Weight| -> Result<Weight> {
             match format {
                 WeightFormat::Native if on_gpu => w.cast_floats(dtype),
                 WeightFormat::Native => w.for_cpu(),
                 _ => w.into_dense(dtype),
             }
+        };
+        let streamed = match t.streamed.take() {
+            Some(spec) => {
+                let moe = c.moe.as_ref().context("experts to stream in a model without experts")?;
+                let store = ExpertStore::new(spec.files, spec.budget, Box::new(weight), moe.activation, moe.num_experts as u32)?;
+                Some(Arc::new(store))
+            }
+            None => None,
         };
         // A router's choice is discrete: on the CPU it runs float32 whatever the format, so
         // the packed kernel's int8 activations cannot flip which experts a token gets.
@@ -252,7 +269,7 @@ impl Model {
             let p = |s: &str| format!("layers.{i}.{s}");
             let qkv = vec![linear(&mut t, &p("q"), q_out)?, linear(&mut t, &p("k"), kv_out)?, linear(&mut t, &p("v"), kv_out)?];
             let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
-                Some(moe) => Mlp::sparse(&mut t, i, moe, c.hidden_size, &weight, &router)?,
+                Some(moe) => Mlp::sparse(&mut t, i, moe, c.hidden_size, &weight, &router, streamed.as_ref())?,
                 None => {
                     let gate_up = vec![linear(&mut t, &p("gate"), c.intermediate_size)?, linear(&mut t, &p("up"), c.intermediate_size)?];
                     let down = linear(&mut t, &p("down"), c.hidden_size)?;
@@ -305,7 +322,7 @@ impl Model {
             && c.style.local.is_none()
             && !c.style.attention_sinks
             && super::cpu_backend::has_decode_attention();
-        let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods, cpu_attention };
+        let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods, cpu_attention, experts: streamed };
         model.eval_weights(progress)?;
         Ok(model)
     }
@@ -350,6 +367,11 @@ impl Model {
             })
             .sum();
         blocks + self.embed.0.nbytes() + self.norm.nbytes() + self.lm_head.as_ref().map_or(0, |h| h.nbytes())
+    }
+
+    /// A streamed model's expert cache figures; None when every expert is resident.
+    pub fn expert_stats(&self) -> Option<Arc<ExpertStats>> {
+        self.experts.as_ref().map(|s| s.stats.clone())
     }
 
     pub fn new_cache(&self) -> KvCache {

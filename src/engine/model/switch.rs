@@ -13,6 +13,7 @@
 //! eight, against ~2 ms to read the experts once). The fast path is a primitive of ours
 //! beside `cpu_backend::affine_qmm` (see issue 24).
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::ops::indexing::IndexOp;
@@ -20,6 +21,7 @@ use mlx_rs::{ops, Array};
 
 use super::config::Activation;
 use super::linear::Weight;
+use crate::engine::experts::ExpertStore;
 
 /// Experts of a mixture-of-experts model, from its family's config keys.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,16 +142,20 @@ pub struct SwitchGlu {
 }
 
 impl SwitchGlu {
+    /// `x` `[..., 1, hidden]` through the experts `idx` names (broadcast against `x`'s
+    /// batch axes; `sorted` when `idx` ascends): `[..., 1, hidden]`.
+    pub fn experts(&self, x: &Array, idx: &Array, sorted: bool) -> Result<Array> {
+        let up = self.up.apply(x, idx, sorted)?;
+        let gate = self.gate.apply(x, idx, sorted)?;
+        self.down.apply(&super::mlp::gated(self.activation, &gate, &up)?, idx, sorted)
+    }
+
     /// `x` `[T, hidden]`, `indices` `[T, k]` (uint32) -> `[T, k, hidden]`.
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
         let (t, k) = (indices.shape()[0], indices.shape()[1]);
         let hidden = x.shape()[1];
         let x = x.reshape(&[t, 1, 1, hidden])?;
-        let expert = |x: &Array, idx: &Array, sorted: bool| -> Result<Array> {
-            let up = self.up.apply(x, idx, sorted)?;
-            let gate = self.gate.apply(x, idx, sorted)?;
-            self.down.apply(&super::mlp::gated(self.activation, &gate, &up)?, idx, sorted)
-        };
+        let expert = |x: &Array, idx: &Array, sorted: bool| self.experts(x, idx, sorted);
         if (t * k) as usize >= SORT_FROM {
             // Pairs in expert order: rows of x repeated per pair, the result put back.
             let flat = indices.reshape(&[-1])?;
@@ -173,13 +179,29 @@ impl SwitchGlu {
     }
 }
 
+/// A sparse layer's experts: all in memory, or streamed through the model's expert cache.
+pub enum Experts {
+    Resident(SwitchGlu),
+    Streamed { layer: u32, store: Arc<ExpertStore> },
+}
+
+impl Experts {
+    /// `x` `[T, hidden]`, `indices` `[T, k]` (uint32) -> `[T, k, hidden]`.
+    fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        match self {
+            Experts::Resident(glu) => glu.forward(x, indices),
+            Experts::Streamed { layer, store } => store.forward(*layer, x, indices),
+        }
+    }
+}
+
 /// A sparse MLP: router, top-k, experts, weighted sum (mlx-lm's `Qwen3MoeSparseMoeBlock`,
 /// `MixtralSparseMoeBlock`).
 pub struct SparseMoe {
     /// `[experts, hidden]`: one logit per expert; plus a bias per expert (gpt-oss).
     pub router: Weight,
     pub router_bias: Option<Array>,
-    pub experts: SwitchGlu,
+    pub experts: Experts,
     pub top_k: i32,
     pub routing: Routing,
 }
@@ -219,14 +241,21 @@ impl SparseMoe {
         Ok((indices, scores))
     }
 
+    /// Bytes held resident: a streamed layer's experts count with the expert cache.
     pub fn nbytes(&self) -> usize {
-        self.router.nbytes() + self.router_bias.as_ref().map_or(0, |b| b.nbytes()) + self.experts.nbytes()
+        let experts = match &self.experts {
+            Experts::Resident(glu) => glu.nbytes(),
+            Experts::Streamed { .. } => 0,
+        };
+        self.router.nbytes() + self.router_bias.as_ref().map_or(0, |b| b.nbytes()) + experts
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
         let mut all = self.router.arrays();
         all.extend(self.router_bias.as_ref());
-        all.extend(self.experts.arrays());
+        if let Experts::Resident(glu) = &self.experts {
+            all.extend(glu.arrays());
+        }
         all
     }
 }
@@ -261,12 +290,12 @@ mod tests {
         SparseMoe {
             router: Weight::Dense(normal(&[EXPERTS, HIDDEN], 0.3, 1)),
             router_bias: None,
-            experts: SwitchGlu {
+            experts: Experts::Resident(SwitchGlu {
                 gate: stack(WIDTH, HIDDEN, 2),
                 up: stack(WIDTH, HIDDEN, 3),
                 down: stack(HIDDEN, WIDTH, 4),
                 activation: Activation::Silu,
-            },
+            }),
             top_k: 2,
             routing,
         }
@@ -283,6 +312,7 @@ mod tests {
 
     /// Token by token, expert by expert, with plain matmuls: what the block must compute.
     fn reference(m: &SparseMoe, x: &Array) -> Vec<f32> {
+        let Experts::Resident(glu) = &m.experts else { unreachable!("built resident") };
         let (indices, scores) = m.route(x).unwrap();
         let (indices, scores) = (indices.as_type::<u32>().unwrap(), scores);
         let mut out = vec![];
@@ -292,8 +322,8 @@ mod tests {
             for j in 0..m.top_k {
                 let e = indices.index((t, j)).item_cast::<u32>() as i32;
                 let proj = |l: &SwitchLinear, v: &Array| ops::matmul(v, slice(l, e).t()).unwrap();
-                let h = mlx_rs::nn::silu(proj(&m.experts.gate, &row)).unwrap().multiply(proj(&m.experts.up, &row)).unwrap();
-                y = y.add(proj(&m.experts.down, &h).multiply(scores.index((t, j))).unwrap()).unwrap();
+                let h = mlx_rs::nn::silu(proj(&glu.gate, &row)).unwrap().multiply(proj(&glu.up, &row)).unwrap();
+                y = y.add(proj(&glu.down, &h).multiply(scores.index((t, j))).unwrap()).unwrap();
             }
             out.extend_from_slice(y.as_slice::<f32>());
         }

@@ -102,6 +102,16 @@ pub struct SafetensorsSummary {
     pub data_bytes: u64,
     /// Each tensor's shape, by name (the library's memory estimate reads them).
     pub shapes: BTreeMap<String, Vec<u64>>,
+    /// Each tensor's dtype and where its bytes lie in the file (expert streaming reads them).
+    pub ranges: BTreeMap<String, TensorRange>,
+}
+
+/// One safetensors tensor's dtype (as the header names it) and bytes, from the file's start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorRange {
+    pub dtype: String,
+    pub offset: u64,
+    pub len: u64,
 }
 
 /// Checks the GGUF file at `path`; errors name the file.
@@ -472,6 +482,7 @@ pub fn safetensors<R: Read>(reader: R, len: u64) -> Result<SafetensorsSummary> {
     let data_len = len - data_start;
     let mut ranges = Vec::with_capacity(header.len());
     let mut shapes = BTreeMap::new();
+    let mut located = BTreeMap::new();
     for (name, entry) in header {
         if name == "__metadata__" {
             // MLX writes null when there is none.
@@ -502,6 +513,7 @@ pub fn safetensors<R: Read>(reader: R, len: u64) -> Result<SafetensorsSummary> {
             bail!("safetensors truncated: tensor {name} needs bytes {s}..{e} but the file has {len}");
         }
         shapes.insert(name.clone(), e.shape);
+        located.insert(name.clone(), TensorRange { dtype: e.dtype, offset: data_start + begin, len: nbytes });
         ranges.push((begin, end, name));
     }
     ranges.sort();
@@ -510,7 +522,7 @@ pub fn safetensors<R: Read>(reader: R, len: u64) -> Result<SafetensorsSummary> {
             bail!("tensors {} and {} overlap", pair[0].2, pair[1].2);
         }
     }
-    Ok(SafetensorsSummary { header_bytes: n, tensors: ranges.len(), data_bytes: ranges.iter().map(|r| r.1 - r.0).sum(), shapes })
+    Ok(SafetensorsSummary { header_bytes: n, tensors: ranges.len(), data_bytes: ranges.iter().map(|r| r.1 - r.0).sum(), shapes, ranges: located })
 }
 
 #[cfg(test)]

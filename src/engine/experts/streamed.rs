@@ -1,0 +1,165 @@
+//! A sparse layer whose experts are streamed: the router runs as usual; the experts its
+//! tokens chose are taken from the shared [`ExpertCache`] or read from disk, and run with
+//! the same `gather_mm`/`gather_qmm` as the resident layer (over a small stack of just
+//! those experts, indices remapped into it), so a streamed model computes what the
+//! resident one computes. When a step needs more experts than the cache holds (a long
+//! prefill), they run in groups that fit, each group evaluated before the next is loaded,
+//! so the experts in memory never exceed the budget.
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use mlx_rs::{ops, Array};
+
+use super::cache::{ExpertCache, Key, Lookup};
+use super::locate::ExpertFiles;
+use super::stats::ExpertStats;
+use crate::engine::model::config::Activation;
+use crate::engine::model::linear::Weight;
+use crate::engine::model::switch::{SwitchGlu, SwitchLinear};
+
+/// Converts a weight read from disk to the model's format (what `Model::assemble` does to
+/// resident weights).
+pub type Hold = Box<dyn Fn(Weight) -> Result<Weight>>;
+
+/// Everything a streamed model's sparse layers share: the files, the cache, the stats.
+pub struct ExpertStore {
+    files: ExpertFiles,
+    cache: Mutex<ExpertCache<Arc<SwitchGlu>>>,
+    hold: Hold,
+    activation: Activation,
+    pub stats: Arc<ExpertStats>,
+    /// Bytes one expert takes in memory (all alike), measured on the first one read.
+    expert_bytes: u64,
+}
+
+impl ExpertStore {
+    /// A store over `files` with a cache of `budget` bytes. Reads one expert to learn their
+    /// size in memory (it stays cached); a budget that cannot hold one is an error.
+    pub fn new(files: ExpertFiles, budget: u64, hold: Hold, activation: Activation, num_experts: u32) -> Result<ExpertStore> {
+        let layers = files.layers();
+        let first = *layers.first().context("no expert tensors to stream")?;
+        let started = Instant::now();
+        let expert = files.read((first, 0), &hold, activation)?;
+        let expert_bytes = expert.nbytes() as u64;
+        anyhow::ensure!(
+            budget >= expert_bytes,
+            "an expert cache of {budget} bytes cannot hold one expert ({expert_bytes} bytes in memory)"
+        );
+        let stats = Arc::new(ExpertStats::new(budget, &layers, num_experts, expert_bytes));
+        stats.record_load(files.disk_bytes((first, 0)), started.elapsed());
+        let mut cache = ExpertCache::new(budget);
+        cache.get_or_load::<anyhow::Error>((first, 0), 0, &[], || Ok((Arc::new(expert), expert_bytes)))?;
+        stats.set_resident(cache.len(), cache.bytes());
+        Ok(ExpertStore { files, cache: Mutex::new(cache), hold, activation, stats, expert_bytes })
+    }
+
+    pub fn layers(&self) -> Vec<u32> {
+        self.files.layers()
+    }
+
+    pub fn has(&self, key: Key) -> bool {
+        self.files.has(key)
+    }
+
+    /// Layer `layer`'s experts for `x` `[T, hidden]` routed by `indices` `[T, k]` (uint32):
+    /// `[T, k, hidden]`, as [`SwitchGlu::forward`] computes it.
+    pub fn forward(&self, layer: u32, x: &Array, indices: &Array) -> Result<Array> {
+        let (t, k) = (indices.shape()[0], indices.shape()[1]);
+        let hidden = x.shape()[1];
+        let chosen: Vec<u32> = indices.as_type::<u32>()?.as_slice::<u32>().to_vec();
+        self.stats.record_routing(layer, &chosen);
+        // Pairs in expert order (stable), as the resident layer's sorted path takes them.
+        let mut order: Vec<u32> = (0..chosen.len() as u32).collect();
+        order.sort_by_key(|&p| chosen[p as usize]);
+        let per_group = (self.cache_budget() / self.expert_bytes).max(1) as usize;
+        let mut outs = Vec::new();
+        let mut start = 0;
+        while start < order.len() {
+            // The next run of pairs whose distinct experts fit the cache together.
+            let mut group: Vec<u32> = vec![];
+            let mut end = start;
+            while end < order.len() {
+                let e = chosen[order[end] as usize];
+                if group.last() != Some(&e) {
+                    if group.len() == per_group {
+                        break;
+                    }
+                    group.push(e);
+                }
+                end += 1;
+            }
+            let pairs = &order[start..end];
+            let uses = |e: u32| pairs.iter().filter(|&&p| chosen[p as usize] == e).count() as u64;
+            let experts = self.take(layer, &group, &uses)?;
+            let local: Vec<u32> = pairs.iter().map(|&p| group.iter().position(|&e| e == chosen[p as usize]).unwrap() as u32).collect();
+            let rows: Vec<u32> = pairs.iter().map(|&p| p / k as u32).collect();
+            let xs = x.reshape(&[t, 1, hidden])?.take_axis(Array::from_slice(&rows, &[rows.len() as i32]), 0)?;
+            let idx = Array::from_slice(&local, &[local.len() as i32]);
+            let y = stack(&experts)?.experts(&xs, &idx, true)?;
+            // Evaluated here, so this group's experts can leave before the next is read.
+            y.eval()?;
+            outs.push(y);
+            start = end;
+        }
+        let y = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 0)? };
+        let mut inverse = vec![0u32; order.len()];
+        for (sorted, &p) in order.iter().enumerate() {
+            inverse[p as usize] = sorted as u32;
+        }
+        Ok(y.take_axis(Array::from_slice(&inverse, &[inverse.len() as i32]), 0)?.reshape(&[t, k, hidden])?)
+    }
+
+    fn cache_budget(&self) -> u64 {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).budget()
+    }
+
+    /// `group`'s experts of `layer`, from the cache or disk; `uses(e)` selections each.
+    fn take(&self, layer: u32, group: &[u32], uses: &dyn Fn(u32) -> u64) -> Result<Vec<Arc<SwitchGlu>>> {
+        let pinned: Vec<Key> = group.iter().map(|&e| (layer, e)).collect();
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(group.len());
+        for &e in group {
+            let key = (layer, e);
+            let n = uses(e);
+            let (expert, lookup) = cache.get_or_load(key, n, &pinned, || -> Result<_> {
+                let started = Instant::now();
+                let expert = self.files.read(key, &self.hold, self.activation)?;
+                // Materialized now, so the read is timed and its bytes counted here.
+                mlx_rs::transforms::eval(expert.arrays())?;
+                self.stats.record_load(self.files.disk_bytes(key), started.elapsed());
+                let bytes = expert.nbytes() as u64;
+                Ok((Arc::new(expert), bytes))
+            })?;
+            // The first of a step's tokens to ask for a missing expert misses; the others
+            // find it loaded.
+            match lookup {
+                Lookup::Hit => self.stats.record_lookups(n, 0),
+                Lookup::Miss => self.stats.record_lookups(n - 1, 1),
+            }
+            out.push(expert);
+        }
+        self.stats.set_resident(cache.len(), cache.bytes());
+        Ok(out)
+    }
+}
+
+/// One-expert stacks side by side: a `[group, out, in]` stack the gather ops index.
+fn stack(experts: &[Arc<SwitchGlu>]) -> Result<SwitchGlu> {
+    let cat = |pick: fn(&SwitchGlu) -> &SwitchLinear| -> Result<SwitchLinear> {
+        let parts: Vec<&SwitchLinear> = experts.iter().map(|e| pick(e)).collect();
+        let weights: Vec<Weight> = parts.iter().map(|p| p.0.clone()).collect();
+        let weight = Weight::concat_rows(&weights)?.context("experts of one layer in different formats")?;
+        let bias = match parts[0].1 {
+            Some(_) => Some(ops::concatenate(&parts.iter().map(|p| p.1.as_ref().context("bias on some experts only")).collect::<Result<Vec<_>>>()?, 0)?),
+            None => None,
+        };
+        Ok(SwitchLinear(weight, bias))
+    };
+    if experts.len() == 1 {
+        let e = &experts[0];
+        let clone = |l: &SwitchLinear| SwitchLinear(l.0.clone(), l.1.clone());
+        return Ok(SwitchGlu { gate: clone(&e.gate), up: clone(&e.up), down: clone(&e.down), activation: e.activation });
+    }
+    Ok(SwitchGlu { gate: cat(|e| &e.gate)?, up: cat(|e| &e.up)?, down: cat(|e| &e.down)?, activation: experts[0].activation })
+}
