@@ -741,8 +741,9 @@ async fn tool_settings_without_tools_follow_one_rule_on_every_route() {
     let chat_text = |b: &Value| b["choices"][0]["message"]["content"].clone();
     let responses_text = |b: &Value| b["output"][0]["content"][0]["text"].clone();
     let messages_text = |b: &Value| b["content"][0]["text"].clone();
-    type Text = fn(&Value) -> Value;
-    let routes: [(&str, Value, Vec<Value>, Vec<Value>, Text); 3] = [
+    /// A route's request, the settings it accepts and refuses without tools, and where its text is.
+    type Route = (&'static str, Value, Vec<Value>, Vec<Value>, fn(&Value) -> Value);
+    let routes: [Route; 3] = [
         (
             "/v1/chat/completions",
             json!({"messages": ask, "temperature": 0, "max_tokens": 40}),
