@@ -1,4 +1,6 @@
-//! The OpenAI-compatible API through a real socket, on the real engine and default model.
+//! The HTTP API through a real socket, on the real engine and default model: the OpenAI
+//! routes, and the other dialects (Anthropic Messages, OpenAI Responses, Ollama) against them:
+//! the same greedy answers in both weight formats, the same rules for tools.
 mod common;
 
 use std::time::Duration;
@@ -10,7 +12,11 @@ fn client() -> reqwest::Client {
 }
 
 async fn post(path: &str, body: Value) -> (u16, Value) {
-    let resp = client().post(format!("{}{path}", common::server())).json(&body).send().await.unwrap();
+    post_at(common::server(), path, body).await
+}
+
+async fn post_at(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let resp = client().post(format!("{base}{path}")).json(&body).send().await.unwrap();
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap())
 }
@@ -320,9 +326,15 @@ async fn logit_bias_and_penalties_steer_the_answer() {
     assert!(uses(&penalized) < uses(&mild), "penalized {penalized:?} vs {mild:?}");
 }
 
+/// A float32 server, shared by the tests that need float arithmetic.
+fn float32_server() -> &'static str {
+    static BASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BASE.get_or_init(|| common::start_server(common::float32_config()))
+}
+
 /// Logprobs are the model's own: at each greedy step the top-10 logprobs differ from the
 /// first by what the reference logits (Python mlx-lm, float32, tests/data/reference.json)
-/// differ by. A float32 server of its own: the arithmetic the reference runs (the default
+/// differ by. On the float32 server: the arithmetic the reference runs (the default
 /// format's int8 activations move logits by up to ~1, reference.rs); the tolerance is
 /// summation order across implementations (float32 logits agree within 2e-4 in
 /// reference.rs; a difference of two is within twice that, plus the softmax's rounding).
@@ -333,8 +345,7 @@ async fn logprob_values_are_the_models_logit_differences() {
     let steps = case["step_top10"].as_array().unwrap();
     let mut body = json!({"messages": case["messages"], "temperature": 0, "logprobs": true, "top_logprobs": 10});
     body["max_tokens"] = json!(steps.len());
-    let base = common::start_server(common::float32_config());
-    let resp = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+    let resp = client().post(format!("{}/v1/chat/completions", float32_server())).json(&body).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let answer: Value = resp.json().await.unwrap();
     // The last reference step is the end-of-turn token, which ends the answer unshown.
@@ -652,4 +663,276 @@ async fn anthropic_messages_answer_as_the_chat_route_does() {
     let (status, counted) =
         post("/v1/messages/count_tokens", json!({"model": "default", "messages": [{"role": "user", "content": common::QUESTION}]})).await;
     assert_eq!((status, counted["input_tokens"].as_u64()), (200, o["prompt_tokens"].as_u64()), "{counted}");
+}
+
+/// What one route answered, in common terms: the text and the prompt and answer tokens.
+type Said = (String, u64, u64);
+
+/// `QUESTION` greedily through every route that answers a conversation or a prompt, on
+/// `base`: each route's text and token counts (a prompt reused from the prefix cache counts
+/// too).
+async fn greedy_through_every_route(base: &str) -> Vec<(&'static str, Said)> {
+    let ask = json!([{"role": "user", "content": common::QUESTION}]);
+    let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("a count: {v}"));
+    let text = |v: &Value| v.as_str().unwrap_or_else(|| panic!("a text: {v}")).to_string();
+    let mut said = vec![];
+    let (status, b) = post_at(base, "/v1/chat/completions", json!({"messages": ask, "temperature": 0, "max_tokens": 40})).await;
+    assert_eq!(status, 200, "{b}");
+    said.push((
+        "chat",
+        (text(&b["choices"][0]["message"]["content"]), n(&b["usage"]["prompt_tokens"]), n(&b["usage"]["completion_tokens"])),
+    ));
+    // The chat route's prompt as text: SmolLM2's template with its default system message
+    // (the prompt token count says it is the same prompt).
+    let prompt = format!(
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+        common::QUESTION
+    );
+    let (status, b) = post_at(base, "/v1/completions", json!({"prompt": prompt, "temperature": 0, "max_tokens": 40})).await;
+    assert_eq!(status, 200, "{b}");
+    said.push(("completions", (text(&b["choices"][0]["text"]), n(&b["usage"]["prompt_tokens"]), n(&b["usage"]["completion_tokens"]))));
+    let (status, b) = post_at(base, "/v1/messages", json!({"model": "default", "messages": ask, "temperature": 0, "max_tokens": 40})).await;
+    assert_eq!(status, 200, "{b}");
+    let u = &b["usage"];
+    said.push((
+        "messages",
+        (text(&b["content"][0]["text"]), n(&u["input_tokens"]) + n(&u["cache_read_input_tokens"]), n(&u["output_tokens"])),
+    ));
+    let (status, b) = post_at(base, "/v1/responses", json!({"input": common::QUESTION, "temperature": 0, "max_output_tokens": 40})).await;
+    assert_eq!(status, 200, "{b}");
+    said.push((
+        "responses",
+        (text(&b["output"][0]["content"][0]["text"]), n(&b["usage"]["input_tokens"]), n(&b["usage"]["output_tokens"])),
+    ));
+    let options = json!({"temperature": 0, "num_predict": 40});
+    let model = "default";
+    let (status, b) = post_at(base, "/api/chat", json!({"model": model, "messages": ask, "stream": false, "options": options})).await;
+    assert_eq!(status, 200, "{b}");
+    said.push(("ollama chat", (text(&b["message"]["content"]), n(&b["prompt_eval_count"]), n(&b["eval_count"]))));
+    let (status, b) =
+        post_at(base, "/api/generate", json!({"model": model, "prompt": common::QUESTION, "stream": false, "options": options})).await;
+    assert_eq!(status, 200, "{b}");
+    said.push(("ollama generate", (text(&b["response"]), n(&b["prompt_eval_count"]), n(&b["eval_count"]))));
+    said
+}
+
+/// The same prompt greedily through every API gives the OpenAI chat route's text and token
+/// counts, on float32 weights and on the default (packed 4-bit) format: each dialect only
+/// translates.
+#[tokio::test]
+async fn greedy_answers_are_the_same_through_every_api_in_both_formats() {
+    for (format, base) in [("float32", float32_server()), ("default", common::server())] {
+        let said = greedy_through_every_route(base).await;
+        let (_, chat) = &said[0];
+        assert_eq!(chat.0, common::ANSWER, "{format}");
+        for (route, s) in &said {
+            assert_eq!(s, chat, "{format}: {route} against the chat route");
+        }
+    }
+}
+
+/// Tool settings without tools follow one rule on every route: what only allows or limits
+/// calls (`auto`, `none`, parallel calls on or off) holds already when there are no tools and
+/// is accepted, the answer the plain one; what demands a call is a 400 naming `tool_choice`,
+/// in the route's error shape.
+#[tokio::test]
+async fn tool_settings_without_tools_follow_one_rule_on_every_route() {
+    let ask = json!([{"role": "user", "content": common::QUESTION}]);
+    let chat_text = |b: &Value| b["choices"][0]["message"]["content"].clone();
+    let responses_text = |b: &Value| b["output"][0]["content"][0]["text"].clone();
+    let messages_text = |b: &Value| b["content"][0]["text"].clone();
+    /// A route's request, the settings it accepts and refuses without tools, and where its text is.
+    type Route = (&'static str, Value, Vec<Value>, Vec<Value>, fn(&Value) -> Value);
+    let routes: [Route; 3] = [
+        (
+            "/v1/chat/completions",
+            json!({"messages": ask, "temperature": 0, "max_tokens": 40}),
+            vec![
+                json!({"parallel_tool_calls": true}),
+                json!({"parallel_tool_calls": false}),
+                json!({"tool_choice": "auto"}),
+                json!({"tool_choice": "none", "parallel_tool_calls": false}),
+            ],
+            vec![json!({"tool_choice": "required"}), json!({"tool_choice": {"type": "function", "function": {"name": "f"}}})],
+            chat_text,
+        ),
+        (
+            "/v1/responses",
+            json!({"input": common::QUESTION, "temperature": 0, "max_output_tokens": 40}),
+            vec![
+                json!({"parallel_tool_calls": true}),
+                json!({"parallel_tool_calls": false}),
+                json!({"tool_choice": "auto"}),
+                json!({"tool_choice": "none", "parallel_tool_calls": false}),
+            ],
+            vec![json!({"tool_choice": "required"}), json!({"tool_choice": {"type": "function", "name": "f"}})],
+            responses_text,
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "default", "messages": ask, "temperature": 0, "max_tokens": 40}),
+            vec![
+                json!({"tool_choice": {"type": "auto"}}),
+                json!({"tool_choice": {"type": "auto", "disable_parallel_tool_use": true}}),
+                json!({"tool_choice": {"type": "none"}}),
+            ],
+            vec![json!({"tool_choice": {"type": "any"}}), json!({"tool_choice": {"type": "tool", "name": "f"}})],
+            messages_text,
+        ),
+    ];
+    for (path, body, accepted, refused, text) in routes {
+        let with = |extra: &Value| {
+            let mut b = body.clone();
+            b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            b
+        };
+        for extra in &accepted {
+            let (status, b) = post(path, with(extra)).await;
+            assert_eq!(status, 200, "{path} {extra}: {b}");
+            assert_eq!(text(&b), common::ANSWER, "{path} {extra}: {b}");
+        }
+        for extra in &refused {
+            let (status, b) = post(path, with(extra)).await;
+            assert_eq!(status, 400, "{path} {extra}: {b}");
+            let message = b["error"]["message"].as_str().unwrap();
+            assert!(message.contains("tool_choice") && message.contains("needs 'tools'"), "{path} {extra}: {b}");
+        }
+    }
+}
+
+/// A call's arguments are one JSON object in every dialect: parameters that name no type are
+/// decoded as an object (the same object through all four routes, as text on the OpenAI ones,
+/// as an object on Anthropic's and Ollama's, streamed or not), and parameters of another type
+/// are refused on every route, in its error shape.
+#[tokio::test]
+async fn tool_arguments_are_one_object_in_every_dialect() {
+    // No "type": an object all the same.
+    let params = json!({"properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"], "additionalProperties": false});
+    let ask = json!([{"role": "user", "content": "What is the weather like in Paris today?"}]);
+    let chat = |params: &Value| {
+        json!({"messages": ask, "temperature": 0, "max_tokens": 60, "tool_choice": "required", "parallel_tool_calls": false,
+               "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]})
+    };
+    let responses = |params: &Value| {
+        json!({"input": ask, "temperature": 0, "max_output_tokens": 60, "tool_choice": "required", "parallel_tool_calls": false,
+               "tools": [{"type": "function", "name": "get_weather", "parameters": params}]})
+    };
+    let messages = |params: &Value| {
+        json!({"model": "default", "messages": ask, "temperature": 0, "max_tokens": 60,
+               "tool_choice": {"type": "any", "disable_parallel_tool_use": true}, "tools": [{"name": "get_weather", "input_schema": params}]})
+    };
+    // Ollama has no tool choice: one example turn (a question and the assistant's call) makes
+    // the default model's own greedy answer to the next question a call.
+    let ollama = |params: &Value| {
+        json!({"model": "default", "stream": false, "options": {"temperature": 0, "num_predict": 60},
+               "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": params}}],
+               "messages": [
+                   {"role": "user", "content": "What is the weather like in Rome today?"},
+                   {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+                   {"role": "user", "content": "What is the weather like in Paris today?"}]})
+    };
+    let (status, b) = post("/v1/chat/completions", chat(&params)).await;
+    assert_eq!(status, 200, "{b}");
+    let call = &b["choices"][0]["message"]["tool_calls"][0]["function"];
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args.is_object() && args["city"].is_string(), "{b}");
+    let (status, b) = post("/v1/responses", responses(&params)).await;
+    assert_eq!(status, 200, "{b}");
+    let item = b["output"].as_array().unwrap().iter().find(|i| i["type"] == "function_call").unwrap_or_else(|| panic!("{b}"));
+    assert_eq!(serde_json::from_str::<Value>(item["arguments"].as_str().unwrap()).unwrap(), args, "{b}");
+    let (status, b) = post("/v1/messages", messages(&params)).await;
+    assert_eq!(status, 200, "{b}");
+    let use_ = b["content"].as_array().unwrap().iter().find(|c| c["type"] == "tool_use").unwrap_or_else(|| panic!("{b}"));
+    assert_eq!(use_["input"], args, "{b}");
+    // Streamed, the input_json_delta pieces make the same object.
+    let mut streamed = messages(&params);
+    streamed["stream"] = json!(true);
+    let resp = client().post(format!("{}/v1/messages", common::server())).json(&streamed).send().await.unwrap();
+    let pieces: String = common::sse_data(resp)
+        .await
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter(|e| e["delta"]["type"] == "input_json_delta")
+        .map(|e| e["delta"]["partial_json"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(serde_json::from_str::<Value>(&pieces).unwrap(), args);
+    let (status, b) = post("/api/chat", ollama(&params)).await;
+    assert_eq!(status, 200, "{b}");
+    let call = &b["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{b}");
+    assert!(call["arguments"].is_object() && call["arguments"]["city"].is_string(), "{b}");
+
+    // Parameters of another type: refused everywhere, naming the type.
+    let array = json!({"type": "array", "items": {"type": "string"}});
+    for (path, body) in [
+        ("/v1/chat/completions", chat(&array)),
+        ("/v1/responses", responses(&array)),
+        ("/v1/messages", messages(&array)),
+        ("/api/chat", ollama(&array)),
+    ] {
+        let (status, b) = post(path, body).await;
+        assert_eq!(status, 400, "{path}: {b}");
+        let message = if path == "/api/chat" { &b["error"] } else { &b["error"]["message"] };
+        let message = message.as_str().unwrap_or_else(|| panic!("{path}: {b}"));
+        assert!(message.contains("type \"object\"") && message.contains("\"array\""), "{path}: {b}");
+        if path == "/v1/messages" {
+            assert_eq!(b["type"], "error", "{b}");
+        }
+    }
+}
+
+/// Ollama's `options.num_ctx` is the window prompt and answer share, as in Ollama: the answer
+/// ends at its edge (`done_reason: "length"`) whatever `num_predict` asks; a conversation
+/// past it loses its oldest turns, the system message kept, as few as make it fit; a last
+/// message that alone leaves no room is a 400.
+#[tokio::test]
+async fn ollama_num_ctx_is_the_window_prompt_and_answer_share() {
+    let chat = |messages: Value, options: Value| async move {
+        let mut o = json!({"temperature": 0});
+        o.as_object_mut().unwrap().extend(options.as_object().unwrap().clone());
+        post("/api/chat", json!({"model": "default", "messages": messages, "stream": false, "options": o})).await
+    };
+    let counts = |b: &Value| (b["prompt_eval_count"].as_u64().unwrap(), b["eval_count"].as_u64().unwrap());
+    // The answer stops at the window's edge, with or without num_predict.
+    let long = json!([{"role": "user", "content": "Write a very long story about the ocean."}]);
+    for options in [json!({"num_ctx": 64}), json!({"num_ctx": 64, "num_predict": 500})] {
+        let (status, b) = chat(long.clone(), options.clone()).await;
+        assert_eq!((status, b["done_reason"].as_str()), (200, Some("length")), "{options}: {b}");
+        let (prompt, answer) = counts(&b);
+        assert_eq!(prompt + answer, 64, "{options}: {b}");
+    }
+    // A conversation past the window: its oldest turns go, the system message stays.
+    let system = json!({"role": "system", "content": "You are a pirate."});
+    let (old_question, old_answer) = ("Tell me about ships. ".repeat(20), "Ships are big. ".repeat(20));
+    let recent = [json!({"role": "user", "content": "Hi!"}), json!({"role": "assistant", "content": "Ahoy!"})];
+    let question = json!({"role": "user", "content": common::QUESTION});
+    let conversation = json!([system, {"role": "user", "content": old_question}, {"role": "assistant", "content": old_answer}, recent[0], recent[1], question]);
+    let prompt_of = |messages: Value| async move {
+        let (status, b) = chat(messages, json!({"num_predict": 1})).await;
+        assert_eq!(status, 200, "{b}");
+        counts(&b).0
+    };
+    let whole = prompt_of(conversation.clone()).await;
+    let kept = prompt_of(json!([system, recent[0], recent[1], question])).await;
+    let last_only = prompt_of(json!([system, question])).await;
+    let without_system = prompt_of(json!([recent[0], recent[1], question])).await;
+    assert!(last_only < kept && kept < whole && without_system != kept, "{last_only} {kept} {whole} {without_system}");
+    let window = kept + 8; // room for the recent turns, not for the old ones
+    assert!(whole >= window);
+    let (status, b) = chat(conversation.clone(), json!({"num_ctx": window, "num_predict": 4})).await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(counts(&b), (kept, 4), "the old turns went, the recent ones and the system message stayed: {b}");
+    // A last message that alone leaves no room: Ollama's error shape, naming the window.
+    let (status, b) = chat(json!([{"role": "user", "content": "word ".repeat(100)}]), json!({"num_ctx": 50})).await;
+    assert_eq!(status, 400, "{b}");
+    assert!(b["error"].as_str().unwrap().contains("context window of 50 tokens"), "{b}");
+    // Generate has one message: a prompt past the window is refused, one inside it is answered.
+    let (status, b) =
+        post("/api/generate", json!({"model": "default", "prompt": "word ".repeat(100), "stream": false, "options": {"num_ctx": 50}}))
+            .await;
+    assert_eq!(status, 400, "{b}");
+    let (status, b) =
+        post("/api/generate", json!({"model": "default", "prompt": common::QUESTION, "stream": false, "options": {"num_ctx": 40}})).await;
+    assert_eq!((status, b["done_reason"].as_str()), (200, Some("length")), "{b}");
+    assert_eq!(b["prompt_eval_count"].as_u64().unwrap() + b["eval_count"].as_u64().unwrap(), 40, "{b}");
 }

@@ -1,7 +1,8 @@
 //! The official ollama Python library (pinned in scripts/sdk-venv.sh) against the real
 //! server and default model, through `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`,
 //! `/api/ps`, `/api/pull` and the Ollama port (tests/sdk/ollama_api.py): plain and streamed
-//! answers equal to the OpenAI route's, structured output, a tool round trip, keep_alive,
+//! answers equal to the OpenAI route's, structured output, a tool call the model makes and a
+//! tool round trip, num_ctx as the window, keep_alive,
 //! load and unload, errors with their statuses. The pull fetches from the fake hub
 //! (tests/pull/hub.rs) that HF_ENDPOINT points at, set before the server reads it. The API
 //! key goes as the library sends it (`Authorization: Bearer`, from OLLAMA_API_KEY).

@@ -12,6 +12,6 @@ pub mod prompt;
 pub mod request;
 pub mod run;
 
-pub use output::{Answer, Finish, Output, TextLogprobs};
-pub use request::{InferenceRequest, Input, Message, OutputFormat, Part, Role, Sampling, ToolSet};
+pub use output::{arguments_object, Answer, Finish, Output, TextLogprobs};
+pub use request::{InferenceRequest, Input, Message, OutputFormat, Overflow, Part, Role, Sampling, ToolSet};
 pub use run::{start, Generation};

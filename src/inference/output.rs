@@ -53,3 +53,11 @@ pub struct Answer {
     pub finish: Finish,
     pub usage: Completion,
 }
+
+/// A call's arguments as the JSON object the Anthropic and Ollama dialects carry (`input`,
+/// `arguments`; the OpenAI dialects carry the same text as a string). Calls are decoded
+/// against parameters that describe an object (`run::check_tools`) and a call whose text
+/// does not parse is dropped as cut, so every call that reaches a dialect has one.
+pub fn arguments_object(arguments: &str) -> serde_json::Map<String, serde_json::Value> {
+    serde_json::from_str(arguments).unwrap_or_default()
+}

@@ -15,12 +15,26 @@ pub struct InferenceRequest {
     pub sampling: Sampling,
     /// None: up to the context's end.
     pub max_tokens: Option<usize>,
+    /// What a prompt and answer do at the context's edge.
+    pub overflow: Overflow,
     pub stop: Vec<String>,
     /// `Some(n)`: report each token's log-probability and the `n` likeliest alternatives.
     pub logprobs: Option<usize>,
     /// Which dialect and endpoint asked, for the metrics' `endpoint` label.
     pub endpoint: &'static str,
     pub stream: bool,
+}
+
+/// What a request does when its prompt and answer would pass the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// A prompt that with `max_tokens` passes the model's context is refused.
+    Refuse,
+    /// The context is `window` tokens (None: the model's; never more): a conversation past it
+    /// loses its oldest messages (system messages kept, the last message always), and the
+    /// answer ends where the window does (`Finish::Length`). A prompt that still leaves no
+    /// room for a token is refused.
+    Trim { window: Option<usize> },
 }
 
 pub enum Input {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use rand::Rng;
 
 use super::output::{Answer, Finish, Output, TextLogprobs};
-use super::prompt::{prompt_ids, TextLimit};
-use super::request::{InferenceRequest, OutputFormat, ToolSet};
+use super::prompt::{fitted_prompt_ids, prompt_ids, TextLimit};
+use super::request::{InferenceRequest, OutputFormat, Overflow, ToolSet};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::engine::constraint::schema::{self, MAX_SCHEMA_BYTES};
@@ -70,7 +70,11 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
     let loaded = engine.loaded().ok_or_else(|| ApiError::from(SubmitError::Loading))?;
     let sampling = sampling(state, &req, loaded.grammars.n_vocab())?;
     let format_of_calls = loaded.info.tool_format;
-    let (codec, grammars, context) = (loaded.codec.clone(), loaded.grammars.clone(), loaded.info.context_length);
+    let (codec, grammars, model_context) = (loaded.codec.clone(), loaded.grammars.clone(), loaded.info.context_length);
+    let (context, overflow) = match req.overflow {
+        Overflow::Trim { window: Some(window) } => (window.min(model_context), req.overflow),
+        other => (model_context, other),
+    };
     let limit = TextLimit { context, max_token_bytes: grammars.max_token_bytes() };
     let (input, requested) = (req.input, req.max_tokens);
     // The template, the tokenizer and the grammar: the request's heavy lifting before the
@@ -79,8 +83,18 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
         .prepare
         .run(move || -> Result<_, ApiError> {
             let specs = tools.as_ref().map(|t| t.specs.as_slice()).unwrap_or_default();
-            let prompt = prompt_ids(&codec, input, specs, format.as_ref(), limit)?;
-            let max_tokens = check_length(context, &prompt, requested)?;
+            let (prompt, max_tokens) = match overflow {
+                Overflow::Refuse => {
+                    let prompt = prompt_ids(&codec, input, specs, format.as_ref(), limit)?;
+                    let max_tokens = check_length(context, &prompt, requested)?;
+                    (prompt, max_tokens)
+                }
+                Overflow::Trim { .. } => {
+                    let prompt = fitted_prompt_ids(&codec, input, specs, format.as_ref(), limit)?;
+                    let max_tokens = window_budget(context, &prompt, requested)?;
+                    (prompt, max_tokens)
+                }
+            };
             let constraint = match (format, &tools) {
                 (Some(OutputFormat::JsonObject), _) => Some((Constraint::JsonObject, "response_format")),
                 (Some(OutputFormat::JsonSchema(schema)), _) => Some((Constraint::JsonSchema(schema), "response_format")),
@@ -139,7 +153,7 @@ pub(super) async fn checked_tools_and_format(
     state: &AppState,
     req: &mut InferenceRequest,
 ) -> Result<(Option<OutputFormat>, Option<ToolSet>), ApiError> {
-    if let Some(tools) = &req.tools {
+    if let Some(tools) = &mut req.tools {
         check_tools(tools)?;
         if req.format.is_some() {
             return Err(ApiError::bad_request(
@@ -246,7 +260,7 @@ fn check_stop(stop: Vec<String>) -> Result<Vec<String>, ApiError> {
     Ok(stop)
 }
 
-fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
+fn check_tools(tools: &mut ToolSet) -> Result<(), ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(m).param("tools"));
     if tools.specs.is_empty() {
         return bad("'tools' must list at least one function (or leave it out)".into());
@@ -274,7 +288,31 @@ fn check_tools(tools: &ToolSet) -> Result<(), ApiError> {
             );
         }
     }
+    for (i, t) in tools.specs.iter_mut().enumerate() {
+        object_arguments(&mut t.parameters).map_err(|got| {
+            ApiError::bad_request(format!(
+                "tools[{i}]: a function's parameters must be a JSON Schema of type \"object\" (its arguments are named values), got type {got}"
+            ))
+            .param("tools")
+        })?;
+    }
     Ok(())
+}
+
+/// Every dialect carries a call's arguments as an object of named values (OpenAI's as its
+/// JSON text), so the arguments are decoded as one: parameters that name no type get type
+/// "object" (an empty schema already means any object), and any other type is refused (as
+/// OpenAI and Anthropic refuse it), giving its JSON.
+fn object_arguments(parameters: &mut serde_json::Value) -> Result<(), String> {
+    let Some(schema) = parameters.as_object_mut().filter(|s| !s.is_empty()) else { return Ok(()) };
+    match schema.get("type") {
+        None => {
+            schema.insert("type".into(), "object".into());
+            Ok(())
+        }
+        Some(t) if t == "object" => Ok(()),
+        Some(other) => Err(other.to_string()),
+    }
 }
 
 /// The completion's token budget: as asked, or what the model's `context` leaves.
@@ -296,6 +334,19 @@ fn check_length(context: usize, prompt: &[u32], requested: Option<usize>) -> Res
         .code("context_length_exceeded"));
     }
     Ok(max_tokens)
+}
+
+/// The completion's token budget within a window the prompt fits ([`fitted_prompt_ids`]): as
+/// asked, but never past the window's end.
+fn window_budget(context: usize, prompt: &[u32], requested: Option<usize>) -> Result<usize, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request("The prompt is empty").param("prompt"));
+    }
+    if requested == Some(0) {
+        return Err(ApiError::bad_request("max_tokens must be at least 1").param("max_tokens"));
+    }
+    let room = context.saturating_sub(prompt.len());
+    Ok(requested.map_or(room, |r| r.min(room)))
 }
 
 impl Generation {

@@ -1,8 +1,9 @@
 """The official ollama Python library against a running mlxbar, unchanged but for its host:
 chat and generate, whole and streamed (the greedy answer to QUESTION is ANSWER, as on the
-OpenAI route); options (num_predict, stop); list, show and ps (expires_at follows
-keep_alive); format with a Pydantic model's JSON Schema and "json"; a tool round trip with
-tool_calls and a tool message; load and unload with an empty prompt; pull from the fake hub
+OpenAI route); options (num_predict, stop, num_ctx as the window); list, show and ps
+(expires_at follows keep_alive); format with a Pydantic model's JSON Schema and "json"; a
+tool call the model makes (after one example turn), whole and streamed; a tool round trip
+with tool_calls and a tool message; load and unload with an empty prompt; pull from the fake hub
 with Ollama's progress lines; the Ollama port (ollama_port) serving /api/version; errors as
 ResponseError with their statuses (404 unknown model, 400 num_ctx beyond the context, think,
 unknown options, 501 for routes mlxbar does not have).
@@ -89,6 +90,9 @@ def options_num_predict_and_stop():
     ctx = client.show(NAME).modelinfo
     context = next(v for k, v in ctx.items() if k.endswith(".context_length"))
     assert client.chat(model=NAME, messages=ASK, options={"num_ctx": context}).message.content == ANSWER
+    # num_ctx is the window prompt and answer share: the answer ends at its edge.
+    r = client.chat(model=NAME, messages=ASK, options={"num_ctx": 40})
+    assert r.done_reason == "length" and r.prompt_eval_count + r.eval_count == 40 and ANSWER.startswith(r.message.content), r
 
 
 @check
@@ -147,13 +151,16 @@ def get_weather(city: str) -> str:
     return "22 degrees and sunny"
 
 
+def weather_call(city):
+    return ollama.Message(role="assistant", content="", tool_calls=[ollama.Message.ToolCall(function=ollama.Message.ToolCall.Function(name="get_weather", arguments={"city": city}))])
+
+
 @check
 def tool_round_trip():
-    # The default model (135M) does not call tools unforced, and Ollama has no tool choice:
-    # the call comes as a client sends it back (the library's Message with tool_calls), then
-    # the tool's result, which the answer reads.
+    # The call as a client sends it back (the library's Message with tool_calls), then the
+    # tool's result, which the answer reads.
     ask = [{"role": "user", "content": "What is the weather in London?"}]
-    call = ollama.Message(role="assistant", content="", tool_calls=[ollama.Message.ToolCall(function=ollama.Message.ToolCall.Function(name="get_weather", arguments={"city": "London"}))])
+    call = weather_call("London")
     answers = []
     for result in ["rainy, 12 degrees", "snowy, minus 5 degrees"]:
         r = client.chat(model=NAME, messages=ask + [call, {"role": "tool", "content": result, "tool_name": "get_weather"}], tools=[get_weather], options={"num_predict": 40})
@@ -163,6 +170,27 @@ def tool_round_trip():
     # Offered tools the model may leave uncalled: a plain answer, no calls.
     r = client.chat(model=NAME, messages=ask, tools=[get_weather], options={"num_predict": 8})
     assert r.message.tool_calls is None and r.message.content, r
+
+
+@check
+def the_model_calls_a_tool():
+    # Ollama has no tool choice, and the default model (135M) asked outright answers in
+    # words. One example turn (a question, then the assistant's call, as a client sends its
+    # history back) makes its own greedy answer to the next question a call, which the
+    # server parses into message.tool_calls, whole and streamed. (With the example's tool
+    # result and answer in between, the model imitates the result instead.) After the round
+    # trip: a prompt prefix this check leaves in the prefix cache would change the round
+    # trip's near-tied greedy words (common::agreement).
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}, weather_call("Paris"), {"role": "user", "content": "What is the weather in London?"}]
+    options = {"temperature": 0, "seed": 1, "num_predict": 60}
+    r = client.chat(model=NAME, messages=ask, tools=[get_weather], options=options)
+    assert r.done_reason == "stop" and not r.message.content and len(r.message.tool_calls or []) == 1, r
+    call = r.message.tool_calls[0].function
+    assert call.name == "get_weather" and dict(call.arguments) == {"city": "London"}, r
+    chunks = list(client.chat(model=NAME, messages=ask, tools=[get_weather], options=options, stream=True))
+    calls = [c.function for chunk in chunks for c in (chunk.message.tool_calls or [])]
+    assert [(c.name, dict(c.arguments)) for c in calls] == [("get_weather", {"city": "London"})], chunks
+    assert chunks[-1].done_reason == "stop", chunks
 
 
 def status_of(fn):

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::engine::Completion;
-use crate::inference::{Answer, Finish};
+use crate::inference::{arguments_object, Answer, Finish};
 
 /// `msg_` and 24 random alphanumerics, as Anthropic's ids look.
 pub fn message_id() -> String {
@@ -37,23 +37,14 @@ pub fn usage(c: &Completion) -> Value {
     })
 }
 
-/// A call's arguments as the `input` object (the grammar made them JSON; a model's own
-/// unconstrained text that is not an object comes through as `{}` would lose it, so it is
-/// kept under `_raw`).
-pub fn input(arguments: &str) -> Value {
-    match serde_json::from_str::<Value>(arguments) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => json!({"_raw": arguments}),
-    }
-}
-
 pub fn message(model: &str, answer: &Answer) -> Value {
     let mut content = vec![];
     if !answer.text.is_empty() {
         content.push(json!({"type": "text", "text": answer.text}));
     }
     for call in &answer.tool_calls {
-        content.push(json!({"type": "tool_use", "id": tool_use_id(&call.id), "name": call.name, "input": input(&call.arguments)}));
+        content
+            .push(json!({"type": "tool_use", "id": tool_use_id(&call.id), "name": call.name, "input": arguments_object(&call.arguments)}));
     }
     json!({
         "id": message_id(),

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use super::request::{Content, CountTokensRequest, MessageIn, MessagesRequest};
 use crate::api::error::ApiError;
 use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
-use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Part, Role, Sampling, ToolSet};
+use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Overflow, Part, Role, Sampling, ToolSet};
 
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError::bad_request(message)
@@ -39,6 +39,7 @@ pub fn messages(req: MessagesRequest) -> Result<InferenceRequest, ApiError> {
         format,
         sampling: Sampling { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k.map(|k| k as usize), ..Sampling::default() },
         max_tokens: Some(req.max_tokens as usize),
+        overflow: Overflow::Refuse,
         stop: req.stop_sequences.unwrap_or_default(),
         logprobs: None,
         endpoint: super::ENDPOINT,
@@ -62,6 +63,7 @@ pub fn count_tokens(req: CountTokensRequest) -> Result<InferenceRequest, ApiErro
         format: output_format(req.output_config)?,
         sampling: Sampling::default(),
         max_tokens: None,
+        overflow: Overflow::Refuse,
         stop: vec![],
         logprobs: None,
         endpoint: "count_tokens",
@@ -301,10 +303,12 @@ fn tools(tools: Option<Vec<Value>>, choice: Option<Value>) -> Result<Option<Tool
             (mode, parallel)
         }
     };
+    // Without tools there are no calls: `auto` and `none` (and `disable_parallel_tool_use`)
+    // hold already; `any` and `tool` demand one and cannot (the rule of every route).
     let Some(tools) = tools else {
-        return match choice {
-            None => Ok(None),
-            Some(_) => Err(bad("tool_choice: needs 'tools'")),
+        return match mode {
+            None | Some(ToolMode::Auto) => Ok(None),
+            Some(_) => Err(bad("tool_choice: asks for a call, which needs 'tools'")),
         };
     };
     let mut specs = vec![];

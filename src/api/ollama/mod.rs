@@ -75,8 +75,8 @@ async fn answer(state: &AppState, t: Translated, id: &str, shape: Shape, name: S
     Ok(Json(response::whole(shape, &name, &answer, clock)).into_response())
 }
 
-/// `num_ctx` up to the model's context is what the model has anyway (its KV grows as the
-/// answer needs, and the prompt is not cut to fit); beyond it is refused.
+/// `num_ctx` up to the model's context is the window prompt and answer share (the core's
+/// `Overflow::Trim`); beyond the model's context is refused.
 fn check_num_ctx(state: &AppState, id: &str, asked: usize) -> Result<(), ApiError> {
     let view = state.models.view(id)?;
     let context = view.info.as_ref().map(|i| i.context_length).or(view.entry.context_length);

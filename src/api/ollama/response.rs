@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 use crate::engine::tools::ToolCall;
 use crate::engine::Completion;
-use crate::inference::{Answer, Finish, TextLogprobs};
+use crate::inference::{arguments_object, Answer, Finish, TextLogprobs};
 
 /// Which route answers: the text goes in `message.content` (chat) or `response` (generate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,14 +81,9 @@ pub fn whole(shape: Shape, model: &str, answer: &Answer, clock: Clock) -> Value 
     Value::Object(o)
 }
 
-/// A call as Ollama writes it: `arguments` an object (a model's own text that is not one is
-/// kept under `_raw` rather than lost).
+/// A call as Ollama writes it: `arguments` an object.
 fn tool_call(index: usize, c: &ToolCall) -> Value {
-    let arguments = match serde_json::from_str::<Value>(&c.arguments) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => json!({"_raw": c.arguments}),
-    };
-    json!({"id": c.id, "function": {"index": index, "name": c.name, "arguments": arguments}})
+    json!({"id": c.id, "function": {"index": index, "name": c.name, "arguments": arguments_object(&c.arguments)}})
 }
 
 fn logprob(l: &TextLogprobs) -> Value {
@@ -116,11 +111,6 @@ mod tests {
         assert_eq!(
             o["message"]["tool_calls"],
             json!([{"id": "call_1", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}])
-        );
-        let raw = ToolCall { id: "c".into(), name: "f".into(), arguments: "not json".into() };
-        assert_eq!(
-            chunk(Shape::Chat, "m", "", &[raw], &[])["message"]["tool_calls"][0]["function"]["arguments"],
-            json!({"_raw": "not json"})
         );
         let g = chunk(Shape::Generate, "m", "hi", &[], &[]);
         assert_eq!((g["response"].as_str(), g.get("message"), g["done"].as_bool()), (Some("hi"), None, Some(false)));

@@ -9,7 +9,7 @@ use super::options::{self, Options};
 use super::request::{ChatRequest, GenerateRequest, MessageIn};
 use crate::api::error::ApiError;
 use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
-use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Part, Role, ToolSet};
+use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Overflow, Part, Role, ToolSet};
 
 /// The core's request and what only the handler can check (`num_ctx` against the model).
 pub struct Translated {
@@ -95,6 +95,9 @@ fn core(
             format,
             sampling: o.sampling,
             max_tokens: o.max_tokens,
+            // Ollama's window: `num_ctx` (else the model's context) holds prompt and answer;
+            // a conversation past it loses its oldest turns, as Ollama's server cuts it.
+            overflow: Overflow::Trim { window: o.num_ctx },
             stop: o.stop,
             logprobs,
             endpoint,

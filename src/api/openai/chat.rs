@@ -8,7 +8,7 @@ use crate::api::error::ApiError;
 use crate::api::json::OpenAiJson;
 use crate::api::AppState;
 use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
-use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Part, Role, Sampling, ToolSet};
+use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Overflow, Part, Role, Sampling, ToolSet};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -50,6 +50,7 @@ pub fn translate(req: ChatCompletionRequest) -> Result<(InferenceRequest, bool, 
             logit_bias: logit_bias(req.logit_bias)?,
         },
         max_tokens: req.max_completion_tokens.or(req.max_tokens).map(|m| m as usize),
+        overflow: Overflow::Refuse,
         stop: req.stop.map(|s| s.into_vec()).unwrap_or_default(),
         logprobs,
         endpoint: Endpoint::Chat.name(),
@@ -144,11 +145,12 @@ fn tools(
             )
         }
     };
+    // Without tools there are no calls: what only allows or limits them (`auto`, `none`,
+    // `parallel_tool_calls`) holds already; what demands one cannot (the rule of every route).
     let Some(tools) = tools else {
-        return match (choice, parallel) {
-            (None, None) => Ok(None),
-            (Some(_), _) => Err(ApiError::bad_request("tool_choice needs 'tools'").param("tool_choice")),
-            (None, Some(_)) => Err(ApiError::bad_request("parallel_tool_calls needs 'tools'").param("parallel_tool_calls")),
+        return match mode {
+            ToolMode::Auto => Ok(None),
+            _ => Err(ApiError::bad_request("tool_choice asks for a call, which needs 'tools'").param("tool_choice")),
         };
     };
     let specs = tools

@@ -8,7 +8,7 @@ use super::response::Endpoint;
 use crate::api::error::ApiError;
 use crate::api::json::OpenAiJson;
 use crate::api::AppState;
-use crate::inference::{InferenceRequest, Input, Sampling};
+use crate::inference::{InferenceRequest, Input, Overflow, Sampling};
 
 /// The legacy endpoint's limit on `logprobs`.
 const MAX_LOGPROBS: u32 = 5;
@@ -60,6 +60,7 @@ pub fn translate(req: CompletionRequest) -> Result<(InferenceRequest, bool, bool
             logit_bias: logit_bias(req.logit_bias)?,
         },
         max_tokens: req.max_tokens.map(|m| m as usize),
+        overflow: Overflow::Refuse,
         stop: req.stop.map(|s| s.into_vec()).unwrap_or_default(),
         logprobs,
         endpoint: Endpoint::Completions.name(),

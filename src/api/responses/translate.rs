@@ -9,7 +9,7 @@ use super::input::conversation;
 use super::request::ResponsesRequest;
 use crate::api::error::ApiError;
 use crate::engine::tools::{ToolMode, ToolSpec};
-use crate::inference::{InferenceRequest, Input, OutputFormat, Sampling, ToolSet};
+use crate::inference::{InferenceRequest, Input, OutputFormat, Overflow, Sampling, ToolSet};
 
 /// The one `include` value mlxbar has.
 pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
@@ -82,6 +82,7 @@ pub fn translate(req: ResponsesRequest) -> Result<(InferenceRequest, Echo), ApiE
         format,
         sampling: Sampling { temperature: req.temperature, top_p: req.top_p, ..Sampling::default() },
         max_tokens: req.max_output_tokens.map(|m| m as usize),
+        overflow: Overflow::Refuse,
         stop: vec![],
         logprobs,
         endpoint: super::ENDPOINT,
@@ -159,7 +160,9 @@ fn tools(tools: Option<&[Value]>, choice: Option<&Value>, parallel: Option<bool>
     };
     let Some(tools) = tools else {
         return match mode {
-            Some(ToolMode::Required | ToolMode::Named(_)) => Err(bad_choice("tool_choice needs 'tools'".into())),
+            // No calls without tools: `auto`, `none` and `parallel_tool_calls` hold already (the
+            // rule of every route); a choice that demands a call cannot.
+            Some(ToolMode::Required | ToolMode::Named(_)) => Err(bad_choice("tool_choice asks for a call, which needs 'tools'".into())),
             _ => Ok(None),
         };
     };
