@@ -89,7 +89,7 @@ fn a_quarter_of_the_experts_in_memory_computes_what_the_resident_model_does() {
         drop(resident);
 
         let per_expert = experts(&load(&dir, Some(u64::MAX))).expert_bytes;
-        let before = mlx_rs::memory::get_active_memory().unwrap() as u64;
+        let before = mlx_rs::memory::active_memory().unwrap() as u64;
         let streamed = load(&dir, Some(u64::MAX));
         let (total, k, sparse) = shape(&streamed);
         drop(streamed);
@@ -109,13 +109,15 @@ fn a_quarter_of_the_experts_in_memory_computes_what_the_resident_model_does() {
         assert!(v.misses > 0 && v.hits > 0 && v.loads > v.misses / 2, "{name}: {v:?}");
         assert_eq!(v.routing_entropy.len() as u64, sparse);
         assert!(v.routing_entropy.iter().all(|l| l.bits.is_some_and(|h| h > 0.0 && h <= 3.0)), "{v:?}");
-        // Same gathers over the same weights: equal up to the order MLX sums a group's rows.
+        // The same gathers over the same weights, a (token, expert) pair at a time: equal.
         let diff = max_diff(&got, &want);
-        assert!(diff <= 1e-4, "{name}: streamed logits differ by {diff}");
+        assert_eq!(diff, 0.0, "{name}: streamed logits differ");
         // MLX's own count: the model less its experts, plus at most the cache's budget (the
-        // KV caches of `run` are gone).
-        let active = mlx_rs::memory::get_active_memory().unwrap() as u64 - before;
-        assert!(active <= other_weights + budget, "{name}: {active} bytes active, weights {other_weights} + cache {budget}");
+        // KV caches of `run` are gone). Half an expert of slack for MLX's own small arrays
+        // (about 1.2 KB measured): one expert beyond the budget would not fit in it.
+        let active = mlx_rs::memory::active_memory().unwrap() as u64 - before;
+        let bound = other_weights + budget + per_expert / 2;
+        assert!(active <= bound, "{name}: {active} bytes active, weights {other_weights} + cache {budget} + {}", per_expert / 2);
         println!("{name}: {total} experts of {per_expert} B, cache {budget} B, {selections} selections, hit ratio {:.2}, |diff| {diff}", v.hit_ratio.unwrap());
     }
 }

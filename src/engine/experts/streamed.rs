@@ -67,7 +67,10 @@ impl ExpertStore {
     pub fn forward(&self, layer: u32, x: &Array, indices: &Array) -> Result<Array> {
         let (t, k) = (indices.shape()[0], indices.shape()[1]);
         let hidden = x.shape()[1];
-        let chosen: Vec<u32> = indices.as_type::<u32>()?.as_slice::<u32>().to_vec();
+        // The routing to the host: the one sync a streamed layer costs.
+        let chosen = indices.as_type::<u32>()?.contiguous()?;
+        chosen.eval()?;
+        let chosen: Vec<u32> = chosen.try_as_slice::<u32>().map_err(|e| anyhow::anyhow!("reading the routing: {e:?}"))?.to_vec();
         self.stats.record_routing(layer, &chosen);
         // Pairs in expert order (stable), as the resident layer's sorted path takes them.
         let mut order: Vec<u32> = (0..chosen.len() as u32).collect();
