@@ -230,6 +230,30 @@ async fn the_server_streams_a_model_shows_its_cache_and_survives_a_bad_read() {
     assert!(metric("mlxbar_expert_cache_bytes").await <= (per_expert * 4) as f64);
     assert!(metric("mlxbar_expert_load_seconds_count").await >= 1.0);
     assert!(metric("mlxbar_expert_read_bytes_total").await > 0.0);
+    // What the Grafana row queries is in this scrape, and every expert series has its row in
+    // dashboards/README.md (tests/dashboards.rs checks the rest against a server that does
+    // not stream).
+    let scrape = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards");
+    let families: Vec<&str> = scrape.lines().filter_map(|l| l.strip_prefix("# TYPE mlxbar_expert_")).map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(families.len(), 9, "{families:?}");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    for f in &families {
+        assert!(readme.contains(&format!("| `mlxbar_expert_{f}` |")), "mlxbar_expert_{f} has no row in dashboards/README.md");
+    }
+    let grafana = std::fs::read_to_string(root.join("grafana/mlxbar.json")).unwrap();
+    let queried: std::collections::BTreeSet<&str> = grafana
+        .match_indices("mlxbar_expert_")
+        .map(|(i, _)| {
+            let name = &grafana[i..];
+            let name = &name[..name.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(name.len())];
+            name.trim_end_matches("_bucket")
+        })
+        .collect();
+    assert!(queried.len() >= 5, "{queried:?}");
+    for q in queried {
+        assert!(families.iter().any(|f| q == format!("mlxbar_expert_{f}")), "the dashboard queries {q}, which is not exported");
+    }
 
     // The file cut short: that request fails, the server stays up and serves again once
     // the file is whole.

@@ -35,7 +35,14 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
         refused_total: metrics.admission_refused_total.with_label_values(&["memory_pressure"]).get(),
         engine_stall_seconds: models.stall_seconds(),
         restart_required: models.restart_required().is_some(),
+        expert_lookups: expert_lookups(models),
     }
+}
+
+/// Hits and misses of every loaded model that streams its experts; None when none does.
+fn expert_lookups(models: &Models) -> Option<(u64, u64)> {
+    let streamed: Vec<_> = models.active_views().into_iter().filter_map(|v| v.experts).collect();
+    (!streamed.is_empty()).then(|| streamed.iter().fold((0, 0), |(h, m), x| (h + x.hits, m + x.misses)))
 }
 
 /// Evaluates the rules every [`INTERVAL`] until the returned task is aborted.

@@ -86,6 +86,15 @@ pub fn value(r: &Rule) -> String {
         }
         Signal::EngineStalled => "mlxbar_engine_last_step_age_seconds".into(),
         Signal::RestartRequired => "mlxbar_engine_restart_required".into(),
+        // misses over lookups in the window, streamed models together, once there are enough
+        Signal::ExpertMissRatio => {
+            let inc = |m: &str| format!("sum by (instance, job) (increase(mlxbar_expert_cache_{m}_total[{window}]))");
+            let (hits, misses) = (inc("hits"), inc("misses"));
+            format!(
+                "{misses} / ({hits} + {misses}) and on(instance, job) ({hits} + {misses} >= {})",
+                super::signals::MIN_EXPERT_LOOKUPS
+            )
+        }
     }
 }
 
@@ -114,13 +123,19 @@ fn unit(signal: Signal) -> (&'static str, &'static str, &'static str) {
         Signal::TtftP90 | Signal::EngineStalled => ("", "humanize", " s"),
         Signal::QueueBacklog => ("", "humanize", " waiting"),
         Signal::MemoryPressure | Signal::EngineErrors | Signal::AdmissionHeld | Signal::RestartRequired => ("", "humanize", ""),
+        Signal::ExpertMissRatio => ("", "humanizePercentage", ""),
     }
 }
 
 /// The value as the rule's description template prints it (what Prometheus shows).
 pub fn value_text(signal: Signal, v: f64) -> String {
     let (prefix, func, unit) = unit(signal);
-    let n = if func == "humanize1024" { humanize1024(v) } else { humanize(v) };
+    let n = match func {
+        "humanize1024" => humanize1024(v),
+        // Prometheus' humanizePercentage: `%.4g%%` of v × 100
+        "humanizePercentage" => format!("{}%", go_g4(v * 100.0)),
+        _ => humanize(v),
+    };
     format!("{prefix}{n}{unit}")
 }
 

@@ -32,6 +32,10 @@ pub enum Signal {
     /// 1 once an engine thread was stuck past `engine_stop_seconds` or `load_timeout_seconds`
     /// and left behind: it holds its memory until mlxbar restarts.
     RestartRequired,
+    /// Share of the router's selections that missed the expert cache over the rule's window
+    /// (streamed mixture-of-experts models together; no value with fewer than
+    /// [`super::signals::MIN_EXPERT_LOOKUPS`] lookups in it, so a cold start is not judged).
+    ExpertMissRatio,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -111,6 +115,10 @@ pub fn summary(signal: Signal, threshold: f64, window_seconds: f64) -> String {
         Signal::AdmissionHeld => "New requests are held back or refused: memory pressure is critical".into(),
         Signal::EngineStalled => format!("The engine made no progress for {threshold:.0} s with work waiting"),
         Signal::RestartRequired => "An engine is stuck and was left behind: restart mlxbar to free its memory".into(),
+        Signal::ExpertMissRatio => format!(
+            "{t} or more of the experts the router picks over {} are not in memory: the model is reading its experts from disk. Give it more memory (close apps, or raise expert_cache_bytes) or run a smaller model",
+            minutes(window_seconds)
+        ),
     }
 }
 
@@ -136,6 +144,7 @@ pub fn defaults() -> Vec<Rule> {
         rule("admission_held", AdmissionHeld, Critical, 1.0, 1.0, 0.0, 60.0),
         rule("engine_stalled", EngineStalled, Critical, 30.0, 30.0, 0.0, 0.0),
         rule("restart_required", RestartRequired, Critical, 1.0, 1.0, 0.0, 0.0),
+        rule("expert_cache_thrashing", ExpertMissRatio, Warning, 0.5, 0.4, 300.0, 300.0),
     ]
 }
 

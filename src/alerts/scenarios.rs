@@ -71,6 +71,10 @@ impl Scenario {
             refused_total: self.get("mlxbar_admission_refused_total", "reason=\"memory_pressure\"").map_or(0.0, |s| s.values[t]) as u64,
             engine_stall_seconds: self.at("mlxbar_engine_last_step_age_seconds", t).unwrap_or(0.0),
             restart_required: self.at("mlxbar_engine_restart_required", t) == Some(1.0),
+            expert_lookups: self
+                .at("mlxbar_expert_cache_hits_total", t)
+                .zip(self.at("mlxbar_expert_cache_misses_total", t))
+                .map(|(h, m)| (h as u64, m as u64)),
         }
     }
 
@@ -212,6 +216,16 @@ pub fn all() -> Vec<Scenario> {
             60,
             vec![series("mlxbar_engine_restart_required", "", steps(60, &[(0, 0.0), (20, 1.0)]))],
             &[(20, 60)],
+        ),
+        scenario(
+            "expert_cache_thrashing",
+            "a streamed model: 20 lookups a second, 80 % missing from 0 s to 600 s, then 10 %: the 5-minute ratio is 0.8 once 100 lookups are in (5 s) and fires 5 minutes later; it falls below 0.4 at 772 s (Δmisses/6000 < 0.4) and resolves 30 s later",
+            900,
+            vec![
+                series("mlxbar_expert_cache_hits_total", "model=\"m\"", counter(900, &[(0, 4.0), (600, 18.0)])),
+                series("mlxbar_expert_cache_misses_total", "model=\"m\"", counter(900, &[(0, 16.0), (600, 2.0)])),
+            ],
+            &[(305, 801)],
         ),
     ];
     // A request a second with a 10 s TTFT from 10 s to 100 s. Both see a p90 over 5 s while

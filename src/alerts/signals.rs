@@ -30,28 +30,50 @@ pub struct Reading {
     pub engine_stall_seconds: f64,
     /// An engine thread was left behind stuck (it holds memory until a restart).
     pub restart_required: bool,
+    /// Expert cache hits and misses since load, streamed models together; None when no
+    /// model streams its experts.
+    pub expert_lookups: Option<(u64, u64)>,
 }
+
+/// Fewer lookups than this in the window say nothing about the cache (a cold start, a
+/// lull): the miss ratio has no value.
+pub const MIN_EXPERT_LOOKUPS: u64 = 100;
 
 /// Readings kept for windowed signals.
 const MAX_LOOKBACK: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Default)]
 pub struct History {
-    /// (when, swap used, errors so far, refusals so far)
-    points: VecDeque<(Instant, Option<f64>, u64, u64)>,
+    points: VecDeque<Point>,
+}
+
+/// One reading's figures that windowed signals look back on.
+#[derive(Debug)]
+struct Point {
+    at: Instant,
+    swap_used: Option<f64>,
+    failed: u64,
+    refused: u64,
+    expert_lookups: Option<(u64, u64)>,
 }
 
 impl History {
     pub fn push(&mut self, now: Instant, r: &Reading) {
-        self.points.push_back((now, r.swap_used_bytes, r.failed_requests, r.refused_total));
-        while self.points.front().is_some_and(|(t, ..)| now.saturating_duration_since(*t) > MAX_LOOKBACK) {
+        self.points.push_back(Point {
+            at: now,
+            swap_used: r.swap_used_bytes,
+            failed: r.failed_requests,
+            refused: r.refused_total,
+            expert_lookups: r.expert_lookups,
+        });
+        while self.points.front().is_some_and(|p| now.saturating_duration_since(p.at) > MAX_LOOKBACK) {
             self.points.pop_front();
         }
     }
 
-    fn within(&self, now: Instant, window: f64) -> impl Iterator<Item = &(Instant, Option<f64>, u64, u64)> {
+    fn within(&self, now: Instant, window: f64) -> impl Iterator<Item = &Point> {
         let window = Duration::from_secs_f64(window);
-        self.points.iter().filter(move |(t, ..)| now.saturating_duration_since(*t) <= window)
+        self.points.iter().filter(move |p| now.saturating_duration_since(p.at) <= window)
     }
 
     /// The rule's signal now (None: no data). Call after [`History::push`] of `r`.
@@ -60,24 +82,32 @@ impl History {
             Signal::MemoryPressure => r.pressure,
             Signal::SwapGrowth => {
                 // Rise above the lowest point in the window: a slow climb counts too.
-                let low = self.within(now, rule.window_seconds).filter_map(|p| p.1).fold(f64::INFINITY, f64::min);
+                let low = self.within(now, rule.window_seconds).filter_map(|p| p.swap_used).fold(f64::INFINITY, f64::min);
                 r.swap_used_bytes.filter(|_| low.is_finite()).map(|cur| (cur - low).max(0.0))
             }
             Signal::SwapInRate => r.swap_in_pages_per_second,
             Signal::EngineErrors => {
-                let first = self.within(now, rule.window_seconds).map(|p| p.2).min().unwrap_or(r.failed_requests);
+                let first = self.within(now, rule.window_seconds).map(|p| p.failed).min().unwrap_or(r.failed_requests);
                 let recent = r.failed_requests.saturating_sub(first) as f64;
                 Some(if r.engine_failed { recent.max(1.0) } else { recent })
             }
             Signal::TtftP90 => r.ttft_p90_seconds,
             Signal::QueueBacklog => Some(r.waiting_requests),
             Signal::AdmissionHeld => {
-                let first = self.within(now, rule.window_seconds).map(|p| p.3).min().unwrap_or(r.refused_total);
+                let first = self.within(now, rule.window_seconds).map(|p| p.refused).min().unwrap_or(r.refused_total);
                 let refused = r.refused_total.saturating_sub(first) as f64;
                 Some(if r.admission_blocked { refused.max(1.0) } else { refused })
             }
             Signal::EngineStalled => Some(r.engine_stall_seconds),
             Signal::RestartRequired => Some(f64::from(u8::from(r.restart_required))),
+            Signal::ExpertMissRatio => {
+                let (hits, misses) = r.expert_lookups?;
+                let (h0, m0) = self.within(now, rule.window_seconds).find_map(|p| p.expert_lookups).unwrap_or((hits, misses));
+                // A reload restarts the counts: judge from the restart on.
+                let (h0, m0) = if hits < h0 || misses < m0 { (0, 0) } else { (h0, m0) };
+                let (dh, dm) = (hits - h0, misses - m0);
+                (dh + dm >= MIN_EXPERT_LOOKUPS).then(|| dm as f64 / (dh + dm) as f64)
+            }
         }
     }
 }
@@ -103,6 +133,7 @@ pub fn describe(signal: Signal, v: f64) -> String {
         Signal::EngineStalled => format!("{v:.0} s without progress"),
         Signal::RestartRequired if v == 0.0 => "no".into(),
         Signal::RestartRequired => "yes".into(),
+        Signal::ExpertMissRatio => format!("{:.0} %", v * 100.0),
     }
 }
 
@@ -165,6 +196,23 @@ mod tests {
         assert_eq!(h.value(&r, &read(3, false), at(2)), Some(3.0));
         h.push(at(100), &read(3, false));
         assert_eq!(h.value(&r, &read(3, false), at(100)), Some(0.0));
+    }
+
+    #[test]
+    fn expert_miss_ratio_is_over_the_window_and_needs_enough_lookups() {
+        let (r, t0) = (rule("expert_cache_thrashing"), Instant::now());
+        let mut h = History::default();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let read = |hits, misses| Reading { expert_lookups: Some((hits, misses)), ..Default::default() };
+        h.push(at(0), &read(0, 0));
+        h.push(at(10), &read(20, 50));
+        assert_eq!(h.value(&r, &read(20, 50), at(10)), None, "70 lookups: too few to judge");
+        h.push(at(20), &read(40, 160));
+        assert_eq!(h.value(&r, &read(40, 160), at(20)), Some(0.8));
+        // Five minutes on, only the last 300 s count: 900 hits, 100 misses since t = 20.
+        h.push(at(320), &read(940, 260));
+        assert_eq!(h.value(&r, &read(940, 260), at(320)), Some(0.1));
+        assert_eq!(h.value(&r, &Reading::default(), at(320)), None, "no streamed model");
     }
 
     #[test]
