@@ -377,7 +377,7 @@ function modelItem(m) {
     const granted = Math.max(0, (m.memory_bytes ?? 0) - weights);
     sub.textContent = `${fmtBytes(weights)} weights · KV ${fmtBytes(m.kv_bytes ?? 0)} of ${fmtBytes(granted)} · ${fmtIdle(m.idle_seconds)}`;
     sub.title = `Holds ${fmtBytes(m.memory_bytes)} of the memory budget: ${fmtBytes(weights)} of weights and room for ${fmtBytes(granted)} of KV (${fmtBytes(m.kv_bytes ?? 0)} in use now)`;
-    if (m.experts) t.append(expertLine(m.id, m.experts));
+    if (m.experts) t.append(expertLine(m.experts));
     const b = document.createElement("button");
     b.textContent = "Unload";
     b.dataset.testid = "model-unload";
@@ -401,22 +401,13 @@ function modelItem(m) {
   return li;
 }
 // A streamed model's experts: how many are in memory, how often the router found its
-// choice there, and how fast the rest come from disk (from read_bytes between snapshots).
-const expertReads = new Map(); // model id -> { bytes, at } of the previous snapshot
-function expertLine(id, x) {
+// choice there, and how fast the rest come from disk (the server's rate over 10 s).
+function expertLine(x) {
   const line = document.createElement("div");
   line.className = "sub experts";
   line.dataset.testid = "model-experts";
-  const now = Date.now();
-  const prev = expertReads.get(id);
-  // a re-render of the same snapshot (the picker's list arriving) keeps the last rate
-  if (!prev || now - prev.at >= 500) {
-    const rate = prev && x.read_bytes >= prev.bytes ? (x.read_bytes - prev.bytes) / ((now - prev.at) / 1000) : null;
-    expertReads.set(id, { bytes: x.read_bytes, at: now, rate });
-  }
-  const rate = expertReads.get(id).rate;
   const hit = x.hit_ratio == null ? "no lookups yet" : `${Math.round(100 * x.hit_ratio)}% hits`;
-  line.textContent = `experts streamed: ${x.resident_experts} of ${x.total_experts} in memory · ${hit}${rate == null ? "" : ` · ${fmtBytes(rate)}/s from disk`}`;
+  line.textContent = `experts streamed: ${x.resident_experts} of ${x.total_experts} in memory · ${hit} · ${fmtBytes(x.read_bytes_per_second)}/s from disk`;
   line.title = `Its experts do not all stay in memory: a cache of ${fmtBytes(x.budget_bytes)} holds the ones the router picks most (${fmtBytes(x.resident_bytes)} now), the others are read from the model's files when picked. ${fmtBytes(x.read_bytes)} read so far. Below 50% hits the model spends its time reading: give it more memory (expert_cache_bytes) or run a smaller one.`;
   return line;
 }

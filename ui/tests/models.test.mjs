@@ -148,3 +148,28 @@ test("a load that outlives load_timeout_seconds: the popover says a restart is r
   assert.equal(await testid("status").textContent(), "Model failed");
   await shot("popover-restart-required");
 });
+
+test("a model whose experts stream from disk: the card shows how many are in memory, the hits and the read rate", async () => {
+  // The tiny 4-bit mixtral fixture (2 sparse layers × 8 experts of 4,608 B in memory) with a
+  // cache of four experts: a quarter of them.
+  const model = join(ROOT, "tests/data/tiny/mixtral-4bit");
+  const base = await startServer(`model = ${JSON.stringify(model)}\nexpert_cache_bytes = ${4 * 4608}\n`);
+  await page.goto(`${base}/`);
+  const item = page.locator('[data-testid="model-item"][data-model="mixtral-4bit"]');
+  await until("the streamed model in the card", async () => (await item.getAttribute("class")) === "loaded");
+  await until("its experts line", async () => /no lookups yet/.test(await item.locator('[data-testid="model-experts"]').textContent()));
+  for (const content of ["Tell me about the lighthouse keeper.", "And the stairs?"]) {
+    const r = await fetch(`${base}/v1/chat/completions`, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model: "mixtral-4bit", messages: [{ role: "user", content }], max_tokens: 24 }),
+    });
+    assert.equal(r.status, 200);
+  }
+  const experts = (await modelsOf(base)).find((m) => m.id === "mixtral-4bit").experts;
+  const hits = `${Math.round(100 * experts.hit_ratio)}% hits`;
+  const line = item.locator('[data-testid="model-experts"]');
+  await until("the hits and the read rate", async () => new RegExp(`^experts streamed: \\d of 16 in memory · ${hits} · \\d+(\\.\\d)? (B|KB|MB)/s from disk$`).test(await line.textContent()));
+  assert.ok(experts.resident_experts <= 4 && experts.hits + experts.misses > 0, JSON.stringify(experts));
+  assert.match(await line.getAttribute("title"), /expert_cache_bytes/);
+  await shot("popover-models-experts-streamed");
+});

@@ -5,7 +5,8 @@
 //! a few experts take most tokens — which is when a small cache serves well).
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -28,7 +29,12 @@ pub struct ExpertStats {
     recent_loads: Mutex<Vec<f64>>,
     /// Per sparse layer (in `layers` order), selections per expert.
     routing: Mutex<Vec<Vec<u64>>>,
+    /// Reads of the last [`RATE_WINDOW`]: when, how many bytes.
+    reads: Mutex<VecDeque<(Instant, u64)>>,
 }
+
+/// The read rate is over this much of the recent past.
+pub const RATE_WINDOW: Duration = Duration::from_secs(10);
 
 const RECENT_LOADS_CAP: usize = 4096;
 
@@ -48,6 +54,8 @@ pub struct ExpertView {
     pub hit_ratio: Option<f64>,
     pub loads: u64,
     pub read_bytes: u64,
+    /// Bytes read a second over the last 10 seconds.
+    pub read_bytes_per_second: f64,
     pub load_seconds: f64,
     /// Each sparse layer's routing entropy.
     pub routing_entropy: Vec<LayerEntropy>,
@@ -77,6 +85,7 @@ impl ExpertStats {
             bytes: AtomicU64::new(0),
             recent_loads: Mutex::new(Vec::new()),
             routing: Mutex::new(vec![vec![0; num_experts as usize]; layers.len()]),
+            reads: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -93,6 +102,19 @@ impl ExpertStats {
         if recent.len() < RECENT_LOADS_CAP {
             recent.push(took.as_secs_f64());
         }
+        let now = Instant::now();
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        reads.push_back((now, bytes));
+        while reads.front().is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW) {
+            reads.pop_front();
+        }
+    }
+
+    /// Bytes a second read over the last [`RATE_WINDOW`] before `now`.
+    fn read_rate(&self, now: Instant) -> f64 {
+        let reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes: u64 = reads.iter().filter(|(at, _)| now.saturating_duration_since(*at) <= RATE_WINDOW).map(|r| r.1).sum();
+        bytes as f64 / RATE_WINDOW.as_secs_f64()
     }
 
     pub fn set_resident(&self, entries: usize, bytes: u64) {
@@ -130,6 +152,7 @@ impl ExpertStats {
             hit_ratio: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
             loads: self.loads.load(Ordering::Relaxed),
             read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            read_bytes_per_second: self.read_rate(Instant::now()),
             load_seconds: self.load_micros.load(Ordering::Relaxed) as f64 / 1e6,
             routing_entropy: self.layers.iter().zip(routing.iter()).map(|(&layer, counts)| LayerEntropy { layer, bits: entropy_bits(counts) }).collect(),
         }
@@ -177,6 +200,8 @@ mod tests {
         assert_eq!((v.total_experts, v.hits, v.misses, v.loads, v.read_bytes), (8, 3, 1, 1, 40));
         assert_eq!(v.hit_ratio, Some(0.75));
         assert_eq!(v.routing_entropy, vec![LayerEntropy { layer: 0, bits: None }, LayerEntropy { layer: 2, bits: Some(1.0) }]);
+        assert_eq!(v.read_bytes_per_second, 4.0, "40 bytes over the last 10 s");
+        assert_eq!(s.read_rate(Instant::now() + RATE_WINDOW * 2), 0.0, "nothing read since");
         assert_eq!(s.drain_load_seconds().len(), 1);
         assert!(s.drain_load_seconds().is_empty());
     }
