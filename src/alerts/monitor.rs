@@ -1,6 +1,7 @@
 //! The loop that feeds the alert engine once a second from the server's live state and
 //! mirrors the result into `mlxbar_alerts_firing`. The same tick samples the scheduler's
-//! queue into the live series.
+//! queue into the live series and steps the energy-per-token ledger (tokens so far, engine
+//! busy or not).
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,7 @@ pub fn spawn(alerts: Arc<Alerts>, models: Arc<Models>, telemetry: Arc<Telemetry>
         loop {
             tick.tick().await;
             metrics.live.sample_scheduler(models.running(), models.waiting());
+            telemetry.power.account(metrics.live.totals().1, models.running() > 0);
             let r = reading(&models, &telemetry, &metrics);
             for n in alerts.evaluate(&r, Instant::now()) {
                 match n.kind {

@@ -8,6 +8,7 @@ pub mod batch_size;
 pub mod http;
 pub mod inference;
 pub mod live;
+pub mod power;
 
 use prometheus::{
     exponential_buckets, Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
@@ -98,6 +99,8 @@ pub struct Metrics {
     pub process_cpu_seconds_total: Counter,
     // alert engine
     pub alerts_firing: IntGaugeVec,
+    /// GPU, power, temperatures, thermal pressure and energy per token.
+    pub power: power::PowerMetrics,
 }
 
 /// Latency buckets from 1 ms to ~65 s (doubling).
@@ -222,6 +225,7 @@ impl Metrics {
             process_resident_memory_bytes: reg!(IntGauge::new("process_resident_memory_bytes", "Resident memory of the mlxbar process.")),
             process_cpu_seconds_total: reg!(Counter::new("process_cpu_seconds_total", "CPU time used by the mlxbar process.")),
             alerts_firing: reg!(IntGaugeVec::new(Opts::new("alerts_firing", "1 while the alert (a rule id of the alert engine, see /api/alerts) is firing."), &["alert"])),
+            power: power::PowerMetrics::register(&r),
             registry: r,
             per_request,
             live: Default::default(),

@@ -1,8 +1,10 @@
 //! What the machine and this process are doing: memory (OS and MLX), swap activity and
 //! pressure, resident size and CPU. A sampler thread reads everything once a second and
-//! publishes the latest [`SystemSample`] behind a short lock.
+//! publishes the latest [`SystemSample`] behind a short lock. Power, GPU and thermals
+//! ([`power`]) have a sampler thread of their own (macmon blocks for its interval).
 pub mod memory;
 pub mod mlx_memory;
+pub mod power;
 pub mod process;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +32,8 @@ pub struct SystemSample {
 
 pub struct Telemetry {
     latest: RwLock<Arc<SystemSample>>,
+    /// GPU, power, temperatures and thermal pressure, and energy per token.
+    pub power: Arc<power::monitor::PowerMonitor>,
     stop: AtomicBool,
     /// Test hook: a pressure level that replaces the measured one.
     #[cfg(feature = "test-hooks")]
@@ -41,6 +45,7 @@ impl Telemetry {
     pub fn start(interval: Duration) -> Arc<Telemetry> {
         let t = Arc::new(Telemetry {
             latest: RwLock::new(Arc::new(sample(None, Duration::ZERO))),
+            power: power::monitor::PowerMonitor::start(interval),
             stop: AtomicBool::new(false),
             #[cfg(feature = "test-hooks")]
             forced_pressure: RwLock::new(None),
@@ -97,6 +102,7 @@ impl Telemetry {
 
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.power.stop();
     }
 }
 
