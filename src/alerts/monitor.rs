@@ -24,6 +24,7 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
     let mem = sys.memory.as_ref();
     let ttft = metrics.live.ttft_seconds();
     let stats = models.stats();
+    let power = telemetry.power.latest();
     Reading {
         pressure: mem.and_then(|m| m.pressure.as_number()).map(f64::from),
         swap_used_bytes: mem.map(|m| m.swap_used as f64),
@@ -36,6 +37,10 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
         refused_total: metrics.admission_refused_total.with_label_values(&["memory_pressure"]).get(),
         engine_stall_seconds: models.stall_seconds(),
         restart_required: models.restart_required().is_some(),
+        running_requests: models.running() as f64,
+        gpu_busy_ratio: power.gpu_busy_ratio,
+        thermal_pressure: power.thermal_pressure.map(|t| f64::from(t.as_number())),
+        tokens_per_second: metrics.live.tokens_per_second_now(),
     }
 }
 

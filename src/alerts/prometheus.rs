@@ -33,6 +33,8 @@ const HEADER: &str = "\
 #   minute sooner). The value shown differs by the bucket interpolation.
 # - Counters are read with increase(), which extrapolates while a series is younger
 #   than the window; the app counts exactly.
+# - The app's thermal_throttling notice also says how far tokens/s fell since the
+#   pressure rose; the rule here shows the level alone.
 groups:
   - name: mlxbar
     rules:
@@ -86,6 +88,9 @@ pub fn value(r: &Rule) -> String {
         }
         Signal::EngineStalled => "mlxbar_engine_last_step_age_seconds".into(),
         Signal::RestartRequired => "mlxbar_engine_restart_required".into(),
+        // no sample where the GPU cannot be read (Linux): never fires there, as in the app
+        Signal::GpuIdleWhileGenerating => "(1 - mlxbar_gpu_busy_ratio) * (mlxbar_scheduler_running_requests > bool 0)".into(),
+        Signal::ThermalPressure => "mlxbar_thermal_pressure".into(),
     }
 }
 
@@ -113,14 +118,22 @@ fn unit(signal: Signal) -> (&'static str, &'static str, &'static str) {
         Signal::SwapInRate => ("", "humanize", " pages/s"),
         Signal::TtftP90 | Signal::EngineStalled => ("", "humanize", " s"),
         Signal::QueueBacklog => ("", "humanize", " waiting"),
-        Signal::MemoryPressure | Signal::EngineErrors | Signal::AdmissionHeld | Signal::RestartRequired => ("", "humanize", ""),
+        Signal::GpuIdleWhileGenerating => ("", "humanizePercentage", " idle"),
+        Signal::MemoryPressure | Signal::EngineErrors | Signal::AdmissionHeld | Signal::RestartRequired | Signal::ThermalPressure => {
+            ("", "humanize", "")
+        }
     }
 }
 
 /// The value as the rule's description template prints it (what Prometheus shows).
 pub fn value_text(signal: Signal, v: f64) -> String {
     let (prefix, func, unit) = unit(signal);
-    let n = if func == "humanize1024" { humanize1024(v) } else { humanize(v) };
+    let n = match func {
+        "humanize1024" => humanize1024(v),
+        // Prometheus' humanizePercentage: the value × 100, `%.4g%%`
+        "humanizePercentage" => format!("{}%", go_g4(v * 100.0)),
+        _ => humanize(v),
+    };
     format!("{prefix}{n}{unit}")
 }
 

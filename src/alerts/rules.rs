@@ -32,6 +32,11 @@ pub enum Signal {
     /// 1 once an engine thread was stuck past `engine_stop_seconds` or `load_timeout_seconds`
     /// and left behind: it holds its memory until mlxbar restarts.
     RestartRequired,
+    /// While requests are generating, the share of the last second the GPU was idle (1 −
+    /// busy ratio); 0 while nothing generates. No value where the GPU cannot be read (Linux).
+    GpuIdleWhileGenerating,
+    /// macOS thermal pressure: 0 nominal, 1 fair, 2 serious, 3 critical.
+    ThermalPressure,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -111,6 +116,10 @@ pub fn summary(signal: Signal, threshold: f64, window_seconds: f64) -> String {
         Signal::AdmissionHeld => "New requests are held back or refused: memory pressure is critical".into(),
         Signal::EngineStalled => format!("The engine made no progress for {threshold:.0} s with work waiting"),
         Signal::RestartRequired => "An engine is stuck and was left behind: restart mlxbar to free its memory".into(),
+        Signal::GpuIdleWhileGenerating => {
+            format!("Generating with the GPU {t} or more: the model may be running on the CPU")
+        }
+        Signal::ThermalPressure => format!("Thermal pressure is {t} or above: the Mac is throttling"),
     }
 }
 
@@ -136,6 +145,9 @@ pub fn defaults() -> Vec<Rule> {
         rule("admission_held", AdmissionHeld, Critical, 1.0, 1.0, 0.0, 60.0),
         rule("engine_stalled", EngineStalled, Critical, 30.0, 30.0, 0.0, 0.0),
         rule("restart_required", RestartRequired, Critical, 1.0, 1.0, 0.0, 0.0),
+        // macOS only: GPU busy under 5 % for 30 s while requests generate
+        rule("gpu_idle_while_generating", GpuIdleWhileGenerating, Warning, 0.95, 0.95, 30.0, 0.0),
+        rule("thermal_throttling", ThermalPressure, Warning, 2.0, 2.0, 60.0, 0.0),
     ]
 }
 

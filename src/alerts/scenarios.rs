@@ -71,6 +71,10 @@ impl Scenario {
             refused_total: self.get("mlxbar_admission_refused_total", "reason=\"memory_pressure\"").map_or(0.0, |s| s.values[t]) as u64,
             engine_stall_seconds: self.at("mlxbar_engine_last_step_age_seconds", t).unwrap_or(0.0),
             restart_required: self.at("mlxbar_engine_restart_required", t) == Some(1.0),
+            running_requests: self.at("mlxbar_scheduler_running_requests", t).unwrap_or(0.0),
+            gpu_busy_ratio: self.at("mlxbar_gpu_busy_ratio", t),
+            thermal_pressure: self.at("mlxbar_thermal_pressure", t),
+            tokens_per_second: 0.0,
         }
     }
 
@@ -212,6 +216,23 @@ pub fn all() -> Vec<Scenario> {
             60,
             vec![series("mlxbar_engine_restart_required", "", steps(60, &[(0, 0.0), (20, 1.0)]))],
             &[(20, 60)],
+        ),
+        scenario(
+            "gpu_idle_while_generating",
+            "generating from 10 s with the GPU idle fires after 30 s; a 10 s burst of GPU work is bridged; resolves 30 s after generation stops; an idle GPU with nothing generating never fires",
+            200,
+            vec![
+                series("mlxbar_scheduler_running_requests", "", steps(200, &[(0, 0.0), (10, 1.0), (120, 0.0)])),
+                series("mlxbar_gpu_busy_ratio", "", steps(200, &[(0, 0.0), (70, 0.5), (80, 0.01)])),
+            ],
+            &[(40, 150)],
+        ),
+        scenario(
+            "thermal_throttling",
+            "serious from 20 s drops to fair at 50 s (not 60 s: no alert); critical from 55 s fires at 115 s; fair from 150 s resolves 30 s later",
+            200,
+            vec![series("mlxbar_thermal_pressure", "", steps(200, &[(0, 0.0), (10, 1.0), (20, 2.0), (50, 1.0), (55, 3.0), (150, 1.0)]))],
+            &[(115, 180)],
         ),
     ];
     // A request a second with a 10 s TTFT from 10 s to 100 s. Both see a p90 over 5 s while

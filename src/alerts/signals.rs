@@ -30,6 +30,14 @@ pub struct Reading {
     pub engine_stall_seconds: f64,
     /// An engine thread was left behind stuck (it holds memory until a restart).
     pub restart_required: bool,
+    /// Requests being generated.
+    pub running_requests: f64,
+    /// Share of the last second the GPU was active; None where it cannot be read.
+    pub gpu_busy_ratio: Option<f64>,
+    /// 0 nominal … 3 critical; None where the OS has no such level.
+    pub thermal_pressure: Option<f64>,
+    /// Tokens per second over the last seconds (what a thermal notice compares).
+    pub tokens_per_second: f64,
 }
 
 /// Readings kept for windowed signals.
@@ -37,19 +45,25 @@ const MAX_LOOKBACK: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Default)]
 pub struct History {
-    /// (when, swap used, errors so far, refusals so far)
-    points: VecDeque<(Instant, Option<f64>, u64, u64)>,
+    /// (when, swap used, errors so far, refusals so far, tokens per second)
+    points: VecDeque<(Instant, Option<f64>, u64, u64, f64)>,
 }
 
 impl History {
     pub fn push(&mut self, now: Instant, r: &Reading) {
-        self.points.push_back((now, r.swap_used_bytes, r.failed_requests, r.refused_total));
+        self.points.push_back((now, r.swap_used_bytes, r.failed_requests, r.refused_total, r.tokens_per_second));
         while self.points.front().is_some_and(|(t, ..)| now.saturating_duration_since(*t) > MAX_LOOKBACK) {
             self.points.pop_front();
         }
     }
 
-    fn within(&self, now: Instant, window: f64) -> impl Iterator<Item = &(Instant, Option<f64>, u64, u64)> {
+    /// Tokens per second `seconds` ago (the oldest reading within that span) and now.
+    pub fn throughput_since(&self, now: Instant, seconds: f64) -> Option<(f64, f64)> {
+        let then = self.within(now, seconds).next()?.4;
+        Some((then, self.points.back()?.4))
+    }
+
+    fn within(&self, now: Instant, window: f64) -> impl Iterator<Item = &(Instant, Option<f64>, u64, u64, f64)> {
         let window = Duration::from_secs_f64(window);
         self.points.iter().filter(move |(t, ..)| now.saturating_duration_since(*t) <= window)
     }
@@ -78,6 +92,8 @@ impl History {
             }
             Signal::EngineStalled => Some(r.engine_stall_seconds),
             Signal::RestartRequired => Some(f64::from(u8::from(r.restart_required))),
+            Signal::GpuIdleWhileGenerating => r.gpu_busy_ratio.map(|busy| if r.running_requests > 0.0 { 1.0 - busy } else { 0.0 }),
+            Signal::ThermalPressure => r.thermal_pressure,
         }
     }
 }
@@ -103,6 +119,13 @@ pub fn describe(signal: Signal, v: f64) -> String {
         Signal::EngineStalled => format!("{v:.0} s without progress"),
         Signal::RestartRequired if v == 0.0 => "no".into(),
         Signal::RestartRequired => "yes".into(),
+        Signal::GpuIdleWhileGenerating => format!("{:.0} % idle", v * 100.0),
+        Signal::ThermalPressure => match v as i64 {
+            0 => "nominal".into(),
+            1 => "fair".into(),
+            2 => "serious".into(),
+            _ => "critical".into(),
+        },
     }
 }
 

@@ -110,6 +110,7 @@ impl PowerMetrics {
 mod tests {
     use super::*;
     use crate::telemetry::power::{Interval, Temperature};
+    use prometheus::Encoder;
 
     #[test]
     fn unreadable_figures_have_no_sample_and_available_says_so() {
