@@ -145,6 +145,7 @@ impl Server {
             format!("http://{}", SocketAddr::new(self_ip, addr.port())),
             config.api_key.clone(),
             metrics.clone(),
+            telemetry.power.clone(),
         );
         let paused = Arc::new(AtomicBool::new(false));
         let draining = Arc::new(AtomicBool::new(false));

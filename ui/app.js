@@ -502,6 +502,36 @@ function clearStale() {
   if (wasStale) { loadProfiles().catch(() => {}); loadHistory().catch(() => {}); libraryGeneration = null; }
 }
 
+// ---- GPU, power and thermals: a line each, hidden (never 0) where unreadable ----
+const fmtWatts = (w) => `${w >= 10 ? w.toFixed(0) : w.toFixed(1)} W`;
+function showRow(id, value, title = "") {
+  const on = value != null;
+  $(`${id}-label`).hidden = !on;
+  $(id).hidden = !on;
+  if (on) text(id, value);
+  $(id).title = title;
+}
+function power(p) {
+  const s = p?.sample, e = p?.energy;
+  const busy = s?.gpu_busy_ratio;
+  const mhz = s?.gpu_frequency_hertz != null ? ` · ${Math.round(s.gpu_frequency_hertz / 1e6)} MHz` : "";
+  showRow("gpu", busy == null ? null : `${Math.round(busy * 100)}% busy${mhz}`);
+  let line = null;
+  if (s?.chip_watts != null) {
+    line = `${fmtWatts(s.chip_watts)} now`;
+    const tpj = e?.tokens_per_joule_last_minute;
+    if (tpj != null) line += ` · ${tpj >= 10 ? tpj.toFixed(0) : tpj.toFixed(2)} tok/J (1 min)`;
+    if (e?.idle_watts != null) line += ` · idle ${fmtWatts(e.idle_watts)}`;
+  }
+  const parts = ["cpu", "gpu", "ane", "dram", "system"].filter((c) => s?.watts?.[c] != null).map((c) => `${c.toUpperCase()} ${fmtWatts(s.watts[c])}`);
+  showRow("power", line, parts.join(" · "));
+  const t = s?.thermal_pressure;
+  const temps = (s?.temperatures ?? []).map((x) => `${x.sensor.toUpperCase()} ${Math.round(x.celsius)} °C`).join(" · ");
+  const words = { fair: "fair", serious: "serious: throttling", critical: "critical: throttling hard" };
+  showRow("thermal", t == null || t === "nominal" ? null : `${words[t] ?? t}${temps ? ` · ${temps}` : ""}`);
+  $("thermal").dataset.level = t ?? "";
+}
+
 function render(s) {
   clearStale();
   lastSnapshotAt = new Date();
@@ -544,6 +574,7 @@ function render(s) {
   text("tokens", fmtInt(s.totals.completion_tokens));
   text("tokens-unit", s.totals.completion_tokens === 1 ? "token" : "tokens");
   recentRequests(s.requests.recent);
+  power(s.power);
   alerts(s.alerts);
   // the library changed (a download finished, a folder appeared): refetch the picker's list
   if (s.library_generation !== libraryGeneration) {

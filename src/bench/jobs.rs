@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::plan::{self, Plan};
 use super::record::{new_run_id, now_unix, CellResult, RunRecord, RunState};
 use super::runner::{self, Progress};
+use crate::telemetry::power::monitor::PowerMonitor;
 use super::store::BenchStore;
 use super::{client::Target, report};
 use crate::metrics::Metrics;
@@ -168,6 +169,8 @@ pub struct BenchJobs {
     self_url: String,
     api_key: Option<String>,
     metrics: Arc<Metrics>,
+    /// The server's power sampler: a run's joules per token come from it.
+    power: Arc<PowerMonitor>,
     active: watch::Sender<Option<Active>>,
     jobs: Mutex<VecDeque<Arc<Job>>>,
     /// Requests the gate holds right now.
@@ -175,12 +178,13 @@ pub struct BenchJobs {
 }
 
 impl BenchJobs {
-    pub fn new(store: BenchStore, self_url: String, api_key: Option<String>, metrics: Arc<Metrics>) -> Arc<BenchJobs> {
+    pub fn new(store: BenchStore, self_url: String, api_key: Option<String>, metrics: Arc<Metrics>, power: Arc<PowerMonitor>) -> Arc<BenchJobs> {
         Arc::new(BenchJobs {
             store,
             self_url,
             api_key,
             metrics,
+            power,
             active: watch::channel(None).0,
             jobs: Mutex::new(VecDeque::new()),
             waiting: Default::default(),
@@ -294,7 +298,7 @@ impl BenchJobs {
         let target = Target { label: "mlxbar".into(), base_url: self.self_url.clone(), model: "default".into() };
         record.targets = vec![runner::describe(&client, &target).await];
         let targets = record.targets.clone();
-        let run = runner::run_plan(&client, &targets, &plan, &progress, &mut record.cells);
+        let run = runner::run_plan(&client, &targets, &plan, &progress, &mut record.cells, &self.power);
         record.state = tokio::select! {
             r = run => match r {
                 Ok(()) => RunState::Done,
@@ -385,6 +389,7 @@ mod tests {
             peak_rss_bytes: None,
             pressure_max: None,
             wall_seconds: 3.1,
+            ..Default::default()
         }
     }
 
@@ -406,7 +411,7 @@ mod tests {
     async fn a_waiting_client_that_disconnects_is_no_longer_counted() {
         let dir = tempfile::tempdir().unwrap();
         let metrics = Arc::new(Metrics::new());
-        let jobs = BenchJobs::new(BenchStore::new(dir.path()), "http://127.0.0.1:1".into(), None, metrics.clone());
+        let jobs = BenchJobs::new(BenchStore::new(dir.path()), "http://127.0.0.1:1".into(), None, metrics.clone(), Arc::new(PowerMonitor::idle()));
         let progress = watch::channel(Progress::default()).1;
         jobs.active.send_replace(Some(Active { id: "r1".into(), token: "t".into(), started: Instant::now(), progress }));
         let waiter = {
