@@ -516,19 +516,20 @@ function power(p) {
   const busy = s?.gpu_busy_ratio;
   const mhz = s?.gpu_frequency_hertz != null ? ` · ${Math.round(s.gpu_frequency_hertz / 1e6)} MHz` : "";
   showRow("gpu", busy == null ? null : `${Math.round(busy * 100)}% busy${mhz}`);
+  // chip watts now · tokens per joule over the generating seconds of the last minute · idle
   let line = null;
   if (s?.chip_watts != null) {
-    line = `${fmtWatts(s.chip_watts)} now`;
+    line = fmtWatts(s.chip_watts);
     const tpj = e?.tokens_per_joule_last_minute;
-    if (tpj != null) line += ` · ${tpj >= 10 ? tpj.toFixed(0) : tpj.toFixed(2)} tok/J (1 min)`;
+    if (tpj != null) line += ` · ${tpj >= 10 ? tpj.toFixed(0) : tpj.toFixed(2)} tok/J`;
     if (e?.idle_watts != null) line += ` · idle ${fmtWatts(e.idle_watts)}`;
   }
   const parts = ["cpu", "gpu", "ane", "dram", "system"].filter((c) => s?.watts?.[c] != null).map((c) => `${c.toUpperCase()} ${fmtWatts(s.watts[c])}`);
-  showRow("power", line, parts.join(" · "));
+  showRow("power", line, `${parts.join(" · ")}; tok/J over the last minute's generating seconds`);
   const t = s?.thermal_pressure;
   const temps = (s?.temperatures ?? []).map((x) => `${x.sensor.toUpperCase()} ${Math.round(x.celsius)} °C`).join(" · ");
-  const words = { fair: "fair", serious: "serious: throttling", critical: "critical: throttling hard" };
-  showRow("thermal", t == null || t === "nominal" ? null : `${words[t] ?? t}${temps ? ` · ${temps}` : ""}`);
+  const title = { serious: "the Mac is throttling", critical: "the Mac is throttling hard" }[t] ?? "";
+  showRow("thermal", t == null || t === "nominal" ? null : `${t}${temps ? ` · ${temps}` : ""}`, title);
   $("thermal").dataset.level = t ?? "";
 }
 

@@ -169,10 +169,7 @@ async fn round_energy(power: &PowerMonitor, spans: &[RoundSpan]) -> Vec<(f64, f6
     while power.energy_between(last.start, last.end).is_none() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    spans
-        .iter()
-        .map_while(|s| Some((power.energy_between(s.start, s.prefill_end)?, power.energy_between(s.prefill_end, s.end)?)))
-        .collect()
+    spans.iter().map_while(|s| Some((power.energy_between(s.start, s.prefill_end)?, power.energy_between(s.prefill_end, s.end)?))).collect()
 }
 
 impl CellResult {
@@ -189,7 +186,8 @@ impl CellResult {
         let per = |j: f64, n: usize| (n > 0 && j > 0.0).then(|| j / n as f64);
         self.prefill_joules_per_token = per(prefill, prompt);
         self.decode_joules_per_token = per(decode, after_first);
-        self.tokens_per_joule = (prefill + decode > 0.0 && self.completion_tokens > 0).then(|| self.completion_tokens as f64 / (prefill + decode));
+        self.tokens_per_joule =
+            (prefill + decode > 0.0 && self.completion_tokens > 0).then(|| self.completion_tokens as f64 / (prefill + decode));
     }
 }
 

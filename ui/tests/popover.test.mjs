@@ -217,9 +217,15 @@ test("with a power source the popover shows GPU busy and frequency, watts with t
   const id = (x) => p2.locator(`[data-testid="${x}"]`);
   await render(snap);
   assert.equal(await id("gpu").textContent(), "93% busy · 1398 MHz");
-  assert.equal(await id("power").textContent(), "20 W now · 2.00 tok/J (1 min) · idle 0.3 W");
-  assert.equal(await id("power").getAttribute("title"), "CPU 1.9 W · GPU 17 W · ANE 0.0 W · DRAM 1.3 W · SYSTEM 29 W");
-  assert.equal(await id("thermal").textContent(), "serious: throttling · CPU 71 °C · GPU 79 °C");
+  assert.equal(await id("power").textContent(), "20 W · 2.00 tok/J · idle 0.3 W");
+  assert.equal(await id("power").getAttribute("title"), "CPU 1.9 W · GPU 17 W · ANE 0.0 W · DRAM 1.3 W · SYSTEM 29 W; tok/J over the last minute's generating seconds");
+  assert.equal(await id("thermal").textContent(), "serious · CPU 71 °C · GPU 79 °C");
+  assert.equal(await id("thermal").getAttribute("title"), "the Mac is throttling");
+  // one line each at the popover's width
+  for (const x of ["gpu", "power", "thermal"]) {
+    const box = await id(x).boundingBox();
+    assert.ok(box.height < 20, `${x} wraps: ${box.height}px`);
+  }
   await p2.locator('[aria-label="Throughput"]').scrollIntoViewIfNeeded();
   await p2.screenshot({ path: join(ARTIFACTS, "popover-power.png"), fullPage: true });
   // nominal: no thermal line; a GPU that cannot be read: no GPU line (not "0% busy");
@@ -229,7 +235,7 @@ test("with a power source the popover shows GPU busy and frequency, watts with t
   await render(snap);
   assert.equal(await id("thermal").isHidden(), true);
   assert.equal(await id("gpu").isHidden(), true);
-  assert.equal(await id("power").textContent(), "20 W now · idle 0.3 W");
+  assert.equal(await id("power").textContent(), "20 W · idle 0.3 W");
   await p2.close();
 });
 

@@ -188,7 +188,11 @@ mod tests {
     #[test]
     fn energy_between_integrates_the_overlap() {
         // three 1 s intervals ending at 1, 2, 3 s at 10, 20, 30 W
-        let spans = [Span { end: 1.0, seconds: 1.0, watts: 10.0 }, Span { end: 2.0, seconds: 1.0, watts: 20.0 }, Span { end: 3.0, seconds: 1.0, watts: 30.0 }];
+        let spans = [
+            Span { end: 1.0, seconds: 1.0, watts: 10.0 },
+            Span { end: 2.0, seconds: 1.0, watts: 20.0 },
+            Span { end: 3.0, seconds: 1.0, watts: 30.0 },
+        ];
         assert_eq!(energy_between(&spans, 0.5, 2.5), Some(5.0 + 20.0 + 15.0));
         assert_eq!(energy_between(&spans, 1.0, 1.0), Some(0.0));
         assert_eq!(energy_between(&spans, 2.5, 3.5), None, "the interval covering 3.5 s has not ended");

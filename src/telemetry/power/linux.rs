@@ -157,7 +157,10 @@ impl Reader {
                 let why = if powercap.is_dir() {
                     format!("no RAPL {} zone in {}", if c == Component::Cpu { "package" } else { c.as_str() }, powercap.display())
                 } else {
-                    format!("no {} (not an Intel or AMD host, a VM without RAPL, or the intel_rapl module is not loaded)", powercap.display())
+                    format!(
+                        "no {} (not an Intel or AMD host, a VM without RAPL, or the intel_rapl module is not loaded)",
+                        powercap.display()
+                    )
                 };
                 missing.push(Unavailable { figure: c.as_str().into(), reason: why });
             }
@@ -311,7 +314,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hw = dir.path().join("class/hwmon/hwmon3");
         fs::create_dir_all(&hw).unwrap();
-        for (f, v) in [("name", "amd_energy"), ("energy1_label", "Ecore000"), ("energy1_input", "100"), ("energy17_label", "Esocket0"), ("energy17_input", "5000000")] {
+        for (f, v) in [
+            ("name", "amd_energy"),
+            ("energy1_label", "Ecore000"),
+            ("energy1_input", "100"),
+            ("energy17_label", "Esocket0"),
+            ("energy17_input", "5000000"),
+        ] {
             fs::write(hw.join(f), v).unwrap();
         }
         let mut r = Reader::at(dir.path());
