@@ -446,7 +446,7 @@ mod tests {
         assert_eq!(title, "Benchmark finished");
         assert_eq!(body, "quick: 1×128→64: 20.6 tok/s, TTFT 0.27 s; 8×128→64: 54.6 tok/s, TTFT 2.00 s, 1 errors");
         let mut powered = cell(1, 20.64, 0.271, 0);
-        powered.tokens_per_joule = Some(2.345);
+        powered.tokens_per_joule = Some(2.346);
         let (_, body) = view(RunState::Done, vec![powered], None).notice();
         assert_eq!(body, "quick: 1×128→64: 20.6 tok/s (2.35 tok/J), TTFT 0.27 s");
     }
