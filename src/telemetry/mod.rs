@@ -41,11 +41,16 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Starts sampling every `interval` on a thread of its own.
-    pub fn start(interval: Duration) -> Arc<Telemetry> {
+    /// Starts sampling every `interval` on a thread of its own, and the power sampler on
+    /// another unless `power_sampler` is false.
+    pub fn start(interval: Duration, power_sampler: bool) -> Arc<Telemetry> {
         let t = Arc::new(Telemetry {
             latest: RwLock::new(Arc::new(sample(None, Duration::ZERO))),
-            power: power::monitor::PowerMonitor::start(interval),
+            power: if power_sampler {
+                power::monitor::PowerMonitor::start(interval)
+            } else {
+                Arc::new(power::monitor::PowerMonitor::disabled("power_sampler = false in the config"))
+            },
             stop: AtomicBool::new(false),
             #[cfg(feature = "test-hooks")]
             forced_pressure: RwLock::new(None),

@@ -57,6 +57,13 @@ impl PowerMonitor {
         }
     }
 
+    /// A monitor that never samples: every figure unavailable for `reason`.
+    pub fn disabled(reason: &str) -> PowerMonitor {
+        let m = PowerMonitor::idle();
+        m.publish(m.latest().advance(platform::SOURCE, super::Interval::nothing(0.0, reason)));
+        m
+    }
+
     /// Seconds on this monitor's clock (what [`PowerMonitor::energy_between`] takes).
     pub fn now(&self) -> f64 {
         self.clock.elapsed().as_secs_f64()
@@ -98,5 +105,24 @@ impl PowerMonitor {
 
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::power::Component;
+
+    #[test]
+    fn a_disabled_sampler_says_so_for_every_figure() {
+        let m = PowerMonitor::disabled("power_sampler = false in the config");
+        let s = m.latest();
+        assert!(Component::ALL.iter().all(|c| !s.available(*c)));
+        assert_eq!(s.unavailable.len(), 8);
+        assert!(s.unavailable.iter().all(|u| u.reason == "power_sampler = false in the config"));
+        m.account(10, true);
+        m.account(20, true);
+        assert_eq!(m.energy().generation_joules_total, None, "no source: null, never 0 J");
+        assert_eq!(m.energy_between(0.0, 0.0), None);
     }
 }
