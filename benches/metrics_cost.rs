@@ -5,7 +5,8 @@
 //!   `MLXBAR_PEER_METRICS=URL` a peer's /metrics is scraped in the same run for a ratio
 //!   (e.g. vllm-mlx started by ../shared/peers/serve.sh);
 //! - decode tok/s of one stream with per-request instrumentation on vs off;
-//! - the 1 Hz sampler's CPU cost as a share of one core.
+//! - the 1 Hz sampler's CPU cost as a share of one core, and the power sampler's (on Linux
+//!   the RAPL/hwmon reader against tests/data/sysfs; on macOS macmon over 10 s).
 use std::time::{Duration, Instant};
 
 use mlxbar::bench::client::{timed_chat, Target};
@@ -105,4 +106,58 @@ async fn main() {
     }
     let per = t.elapsed().as_secs_f64() / n as f64;
     println!("sampler: {:.1} us a reading -> {:.4}% of one core at 1 Hz (target < 0.1%)", per * 1e6, per * 100.0);
+
+    // 4. the power sampler: on Linux the RAPL/hwmon reader against the fixture tree (this
+    // build machine has neither in /sys), every reading counting all its file reads
+    power_sampler_cost();
 }
+
+#[cfg(target_os = "linux")]
+fn power_sampler_cost() {
+    use mlxbar::telemetry::power::{linux::Reader, PowerSample};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/sysfs");
+    let mut reader = Reader::at(&root);
+    let mut sample = PowerSample::default();
+    let n = 2000;
+    let cpu = cpu_seconds();
+    let t = Instant::now();
+    for _ in 0..n {
+        sample = sample.advance("sysfs", reader.read(1.0));
+    }
+    let per = t.elapsed().as_secs_f64() / n as f64;
+    let per_cpu = (cpu_seconds() - cpu) / n as f64;
+    assert!(sample.available(mlxbar::telemetry::power::Component::Cpu));
+    println!(
+        "power sampler (RAPL + hwmon, fixture tree, {} sensors): {:.1} us wall, {:.1} us CPU a reading -> {:.4}% of one core at 1 Hz (target < 0.5%)",
+        sample.temperatures.len(),
+        per * 1e6,
+        per_cpu * 1e6,
+        per_cpu * 100.0
+    );
+}
+
+/// This process's CPU time (user + system), seconds.
+#[cfg(target_os = "linux")]
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    // utime and stime are fields 14 and 15 (1-based), 11 and 12 after the command
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// macOS: macmon's sampler blocks for its interval; its CPU cost per 1 s interval is this
+/// process's CPU time over a few intervals.
+#[cfg(target_os = "macos")]
+fn power_sampler_cost() {
+    let m = mlxbar::telemetry::power::monitor::PowerMonitor::start(Duration::from_secs(1));
+    let before = mlxbar::telemetry::process::read().unwrap().cpu_seconds;
+    std::thread::sleep(Duration::from_secs(10));
+    let used = mlxbar::telemetry::process::read().unwrap().cpu_seconds - before;
+    m.stop();
+    println!("power sampler (macmon): {:.4}% of one core at 1 Hz over 10 s, the whole process's CPU (target < 0.5%)", used / 10.0 * 100.0);
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn power_sampler_cost() {}

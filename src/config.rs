@@ -17,6 +17,7 @@
 //! default_temperature = 0.7
 //! default_top_p = 0.95
 //! metrics_enabled = true          # per-request instrumentation
+//! power_sampler = true            # GPU, power, temperatures, thermal pressure (macmon on macOS, RAPL/hwmon on Linux); false: none read
 //! grafana_url = "http://localhost:3000/d/mlxbar"   # linked from the popover
 //! max_batch = 8                   # sequences decoded together (continuous batching)
 //! kv_budget_tokens = 65536        # running requests × the longest prompt + max_tokens among them (the batch KV is padded); default: from the MLX memory limit
@@ -82,6 +83,10 @@ pub struct Config {
     /// Per-request instrumentation (histograms, token counters, live views). /metrics still
     /// serves memory and scheduler gauges when off.
     pub metrics_enabled: bool,
+    /// The power sampler's thread (GPU, power, temperatures, thermal pressure). Off, every
+    /// such figure is unavailable with that reason (a way out should IOReport polling ever
+    /// upset Metal, as exo#2088 suspected of macmon).
+    pub power_sampler: bool,
     pub max_batch: usize,
     pub kv_budget_tokens: Option<usize>,
     /// None: sized from the model (`registry::budget::prefix_cache_for`).
@@ -162,6 +167,7 @@ impl Default for Config {
             default_temperature: 0.7,
             default_top_p: 0.95,
             metrics_enabled: true,
+            power_sampler: true,
             grafana_url: None,
             max_batch: 8,
             kv_budget_tokens: None,

@@ -92,6 +92,36 @@ pub fn memory_line(m: Option<&crate::telemetry::memory::MemoryStats>) -> String 
     }
 }
 
+/// What the power sampler reads on this machine, figure by figure; an unreadable one with
+/// the reason (so a dashboard's missing series can be explained).
+pub fn power_lines(s: &crate::telemetry::power::PowerSample) -> Vec<String> {
+    use crate::telemetry::power::Component;
+    let mut out = vec![format!("power       source {} (one {:.2} s interval)", s.source, s.interval_seconds)];
+    let why = |figure: &str| s.unavailable.iter().find(|u| u.figure == figure).map_or("not read".to_string(), |u| u.reason.clone());
+    for c in Component::ALL {
+        let line = match s.watts.get(c) {
+            Some(w) => format!("{w:.2} W"),
+            None => format!("unavailable: {}", why(c.as_str())),
+        };
+        out.push(format!("  {:<16}{line}", c.as_str()));
+    }
+    let busy = match (s.gpu_busy_ratio, s.gpu_frequency_hertz) {
+        (Some(b), Some(f)) => format!("{:.0} % busy at {:.0} MHz", b * 100.0, f / 1e6),
+        (Some(b), None) => format!("{:.0} % busy", b * 100.0),
+        _ => format!("unavailable: {}", why("gpu_busy")),
+    };
+    out.push(format!("  {:<16}{busy}", "gpu busy"));
+    let temps = if s.temperatures.is_empty() {
+        format!("unavailable: {}", why("temperature"))
+    } else {
+        s.temperatures.iter().map(|t| format!("{} {:.1} °C", t.sensor, t.celsius)).collect::<Vec<_>>().join(", ")
+    };
+    out.push(format!("  {:<16}{temps}", "temperatures"));
+    let thermal = s.thermal_pressure.map_or_else(|| format!("unavailable: {}", why("thermal_pressure")), |t| t.as_str().to_string());
+    out.push(format!("  {:<16}{thermal}", "thermal"));
+    out
+}
+
 pub fn report() -> String {
     let mut out = String::new();
     let device = DeviceKind::for_this_platform();
@@ -110,6 +140,9 @@ pub fn report() -> String {
     let _ = writeln!(out, "kernels     {}", kernels(device));
     let _ = writeln!(out, "test hooks  {}", test_hooks());
     let _ = writeln!(out, "memory      {}", memory_line(crate::telemetry::memory::read().ok().as_ref()));
+    for line in power_lines(&crate::telemetry::power::probe(std::time::Duration::from_millis(250))) {
+        let _ = writeln!(out, "{line}");
+    }
     let model = model_store::default_model_path();
     let _ = writeln!(
         out,
@@ -118,4 +151,21 @@ pub fn report() -> String {
         if model.exists() { "present" } else { "not fetched yet: `mlxbar fetch-model`" }
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::telemetry::power::{Interval, PowerSample};
+
+    #[test]
+    fn power_lines_give_each_unreadable_figure_its_reason() {
+        let mut iv = Interval::nothing(0.25, "no /sys/class/powercap");
+        iv.joules.cpu = Some(5.0);
+        iv.unavailable.retain(|u| u.figure != "cpu");
+        let lines = super::power_lines(&PowerSample::default().advance("sysfs", iv));
+        assert!(lines[0].starts_with("power       source sysfs"), "{lines:?}");
+        assert!(lines.iter().any(|l| l.trim_start().starts_with("cpu") && l.ends_with("20.00 W")), "{lines:?}");
+        assert!(lines.iter().any(|l| l.trim_start().starts_with("gpu ") && l.contains("unavailable: no /sys/class/powercap")), "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("temperatures") && l.contains("unavailable")), "{lines:?}");
+    }
 }

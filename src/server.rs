@@ -91,7 +91,7 @@ impl Server {
             Err(e) => return Err(e).with_context(|| format!("binding {}", config.addr())),
         };
         let addr = listener.local_addr()?;
-        let telemetry = Telemetry::start(std::time::Duration::from_secs(1));
+        let telemetry = Telemetry::start(std::time::Duration::from_secs(1), config.power_sampler);
         let gate_telemetry = telemetry.clone();
         let metrics = Arc::new(Metrics::with_per_request(config.metrics_enabled));
         let config = Arc::new(config);
@@ -145,6 +145,7 @@ impl Server {
             format!("http://{}", SocketAddr::new(self_ip, addr.port())),
             config.api_key.clone(),
             metrics.clone(),
+            telemetry.power.clone(),
         );
         let paused = Arc::new(AtomicBool::new(false));
         let draining = Arc::new(AtomicBool::new(false));

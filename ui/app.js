@@ -514,6 +514,37 @@ function clearStale() {
   if (wasStale) { loadProfiles().catch(() => {}); loadHistory().catch(() => {}); libraryGeneration = null; }
 }
 
+// ---- GPU, power and thermals: a line each, hidden (never 0) where unreadable ----
+const fmtWatts = (w) => `${w >= 10 ? w.toFixed(0) : w.toFixed(1)} W`;
+function showRow(id, value, title = "") {
+  const on = value != null;
+  $(`${id}-label`).hidden = !on;
+  $(id).hidden = !on;
+  if (on) text(id, value);
+  $(id).title = title;
+}
+function power(p) {
+  const s = p?.sample, e = p?.energy;
+  const busy = s?.gpu_busy_ratio;
+  const mhz = s?.gpu_frequency_hertz != null ? ` · ${Math.round(s.gpu_frequency_hertz / 1e6)} MHz` : "";
+  showRow("gpu", busy == null ? null : `${Math.round(busy * 100)}% busy${mhz}`);
+  // chip watts now · tokens per joule over the generating seconds of the last minute · idle
+  let line = null;
+  if (s?.chip_watts != null) {
+    line = fmtWatts(s.chip_watts);
+    const tpj = e?.tokens_per_joule_last_minute;
+    if (tpj != null) line += ` · ${tpj >= 10 ? tpj.toFixed(0) : tpj.toFixed(2)} tok/J`;
+    if (e?.idle_watts != null) line += ` · idle ${fmtWatts(e.idle_watts)}`;
+  }
+  const parts = ["cpu", "gpu", "ane", "dram", "system"].filter((c) => s?.watts?.[c] != null).map((c) => `${c.toUpperCase()} ${fmtWatts(s.watts[c])}`);
+  showRow("power", line, `${parts.join(" · ")}; tok/J over the last minute's generating seconds`);
+  const t = s?.thermal_pressure;
+  const temps = (s?.temperatures ?? []).map((x) => `${x.sensor.toUpperCase()} ${Math.round(x.celsius)} °C`).join(" · ");
+  const title = { serious: "the Mac is throttling", critical: "the Mac is throttling hard" }[t] ?? "";
+  showRow("thermal", t == null || t === "nominal" ? null : `${t}${temps ? ` · ${temps}` : ""}`, title);
+  $("thermal").dataset.level = t ?? "";
+}
+
 function render(s) {
   clearStale();
   lastSnapshotAt = new Date();
@@ -556,6 +587,7 @@ function render(s) {
   text("tokens", fmtInt(s.totals.completion_tokens));
   text("tokens-unit", s.totals.completion_tokens === 1 ? "token" : "tokens");
   recentRequests(s.requests.recent);
+  power(s.power);
   alerts(s.alerts);
   // the library changed (a download finished, a folder appeared): refetch the picker's list
   if (s.library_generation !== libraryGeneration) {

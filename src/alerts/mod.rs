@@ -122,7 +122,14 @@ impl Alerts {
             for (rule, st) in self.rules.iter().zip(inner.states.iter_mut()) {
                 let value = inner.history.value(rule, reading, now);
                 if let Some(kind) = st.step(rule, value, now) {
-                    out.push(notice(rule, kind, value));
+                    let mut n = notice(rule, kind, value);
+                    if rule.signal == Signal::ThermalPressure && kind == NoticeKind::Firing {
+                        // the pressure has stood at the threshold for `for_seconds`
+                        if let Some((then, now_tps)) = inner.history.throughput_since(now, rule.for_seconds) {
+                            n.body += &throughput_change(then, now_tps);
+                        }
+                    }
+                    out.push(n);
                 }
             }
         }
@@ -173,6 +180,15 @@ impl Alerts {
 
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// " Tokens/s 40.0 → 25.0 since it started (−38 %)." for a thermal notice.
+fn throughput_change(then: f64, now: f64) -> String {
+    if then > 0.0 {
+        format!(" Tokens/s {then:.1} → {now:.1} since it started ({:+.0} %).", (now / then - 1.0) * 100.0)
+    } else {
+        format!(" Tokens/s {then:.1} → {now:.1} since it started.")
+    }
 }
 
 fn notice(rule: &Rule, kind: NoticeKind, value: Option<f64>) -> Notice {
@@ -233,6 +249,22 @@ mod tests {
         assert!(v.snoozed_until_unix.unwrap() > SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 590);
         assert!(alerts.snooze("nope", None).is_none());
         assert!(!alerts.snooze("queue_backlog", None).unwrap().snoozed);
+    }
+
+    #[test]
+    fn a_thermal_notice_says_how_far_tokens_per_second_fell() {
+        let alerts = Alerts::new(rules::defaults());
+        let t0 = Instant::now();
+        let mut sent = vec![];
+        for t in 0..=60u64 {
+            // serious from the start; decode slows from 40 to 25 tok/s as the clocks drop
+            let r = Reading { thermal_pressure: Some(2.0), tokens_per_second: 40.0 - 15.0 * (t as f64 / 60.0), ..Default::default() };
+            sent.extend(alerts.evaluate(&r, t0 + Duration::from_secs(t)));
+        }
+        let n = sent.iter().find(|n| n.alert == "thermal_throttling").expect("fires after 60 s");
+        assert_eq!(n.title, "Thermal pressure is serious or above: the Mac is throttling");
+        assert_eq!(n.body, "Now serious (alert at serious). Tokens/s 40.0 → 25.0 since it started (-38 %).");
+        assert!(!sent.iter().any(|n| n.alert == "gpu_idle_while_generating"), "no GPU reading: never fires");
     }
 
     #[test]

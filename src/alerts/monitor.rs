@@ -1,6 +1,7 @@
 //! The loop that feeds the alert engine once a second from the server's live state and
 //! mirrors the result into `mlxbar_alerts_firing`. The same tick samples the scheduler's
-//! queue into the live series.
+//! queue into the live series and steps the energy-per-token ledger (tokens so far, engine
+//! busy or not).
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,7 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
     let mem = sys.memory.as_ref();
     let ttft = metrics.live.ttft_seconds();
     let stats = models.stats();
+    let power = telemetry.power.latest();
     Reading {
         pressure: mem.and_then(|m| m.pressure.as_number()).map(f64::from),
         swap_used_bytes: mem.map(|m| m.swap_used as f64),
@@ -36,6 +38,10 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
         engine_stall_seconds: models.stall_seconds(),
         restart_required: models.restart_required().is_some(),
         expert_lookups: expert_lookups(models),
+        running_requests: models.running() as f64,
+        gpu_busy_ratio: power.gpu_busy_ratio,
+        thermal_pressure: power.thermal_pressure.map(|t| f64::from(t.as_number())),
+        tokens_per_second: metrics.live.tokens_per_second_now(),
     }
 }
 
@@ -56,6 +62,7 @@ pub fn spawn(alerts: Arc<Alerts>, models: Arc<Models>, telemetry: Arc<Telemetry>
         loop {
             tick.tick().await;
             metrics.live.sample_scheduler(models.running(), models.waiting());
+            telemetry.power.account(metrics.live.totals().1, models.running() > 0);
             let r = reading(&models, &telemetry, &metrics);
             for n in alerts.evaluate(&r, Instant::now()) {
                 match n.kind {

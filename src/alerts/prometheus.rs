@@ -33,6 +33,8 @@ const HEADER: &str = "\
 #   minute sooner). The value shown differs by the bucket interpolation.
 # - Counters are read with increase(), which extrapolates while a series is younger
 #   than the window; the app counts exactly.
+# - The app's thermal_throttling notice also says how far tokens/s fell since the
+#   pressure rose; the rule here shows the level alone.
 groups:
   - name: mlxbar
     rules:
@@ -95,6 +97,9 @@ pub fn value(r: &Rule) -> String {
                 super::signals::MIN_EXPERT_LOOKUPS
             )
         }
+        // no sample where the GPU cannot be read (Linux): never fires there, as in the app
+        Signal::GpuIdleWhileGenerating => "(1 - mlxbar_gpu_busy_ratio) * (mlxbar_scheduler_running_requests > bool 0)".into(),
+        Signal::ThermalPressure => "mlxbar_thermal_pressure".into(),
     }
 }
 
@@ -122,8 +127,11 @@ fn unit(signal: Signal) -> (&'static str, &'static str, &'static str) {
         Signal::SwapInRate => ("", "humanize", " pages/s"),
         Signal::TtftP90 | Signal::EngineStalled => ("", "humanize", " s"),
         Signal::QueueBacklog => ("", "humanize", " waiting"),
-        Signal::MemoryPressure | Signal::EngineErrors | Signal::AdmissionHeld | Signal::RestartRequired => ("", "humanize", ""),
         Signal::ExpertMissRatio => ("", "humanizePercentage", ""),
+        Signal::GpuIdleWhileGenerating => ("", "humanizePercentage", " idle"),
+        Signal::MemoryPressure | Signal::EngineErrors | Signal::AdmissionHeld | Signal::RestartRequired | Signal::ThermalPressure => {
+            ("", "humanize", "")
+        }
     }
 }
 
@@ -132,7 +140,7 @@ pub fn value_text(signal: Signal, v: f64) -> String {
     let (prefix, func, unit) = unit(signal);
     let n = match func {
         "humanize1024" => humanize1024(v),
-        // Prometheus' humanizePercentage: `%.4g%%` of v × 100
+        // Prometheus' humanizePercentage: the value × 100, `%.4g%%`
         "humanizePercentage" => format!("{}%", go_g4(v * 100.0)),
         _ => humanize(v),
     };

@@ -36,6 +36,11 @@ pub enum Signal {
     /// (streamed mixture-of-experts models together; no value with fewer than
     /// [`super::signals::MIN_EXPERT_LOOKUPS`] lookups in it, so a cold start is not judged).
     ExpertMissRatio,
+    /// While requests are generating, the share of the last second the GPU was idle (1 −
+    /// busy ratio); 0 while nothing generates. No value where the GPU cannot be read (Linux).
+    GpuIdleWhileGenerating,
+    /// macOS thermal pressure: 0 nominal, 1 fair, 2 serious, 3 critical.
+    ThermalPressure,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -119,6 +124,10 @@ pub fn summary(signal: Signal, threshold: f64, window_seconds: f64) -> String {
             "{t} or more of the experts the router picks over {} are not in memory: the model is reading its experts from disk. Give it more memory (close apps, or raise expert_cache_bytes) or run a smaller model",
             minutes(window_seconds)
         ),
+        Signal::GpuIdleWhileGenerating => {
+            format!("Generating with the GPU {t} or more: the model may be running on the CPU")
+        }
+        Signal::ThermalPressure => format!("Thermal pressure is {t} or above: the Mac is throttling"),
     }
 }
 
@@ -145,6 +154,9 @@ pub fn defaults() -> Vec<Rule> {
         rule("engine_stalled", EngineStalled, Critical, 30.0, 30.0, 0.0, 0.0),
         rule("restart_required", RestartRequired, Critical, 1.0, 1.0, 0.0, 0.0),
         rule("expert_cache_thrashing", ExpertMissRatio, Warning, 0.5, 0.4, 300.0, 300.0),
+        // macOS only: GPU busy under 5 % for 30 s while requests generate
+        rule("gpu_idle_while_generating", GpuIdleWhileGenerating, Warning, 0.95, 0.95, 30.0, 0.0),
+        rule("thermal_throttling", ThermalPressure, Warning, 2.0, 2.0, 60.0, 0.0),
     ]
 }
 

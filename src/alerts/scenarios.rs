@@ -75,6 +75,10 @@ impl Scenario {
                 .at("mlxbar_expert_cache_hits_total", t)
                 .zip(self.at("mlxbar_expert_cache_misses_total", t))
                 .map(|(h, m)| (h as u64, m as u64)),
+            running_requests: self.at("mlxbar_scheduler_running_requests", t).unwrap_or(0.0),
+            gpu_busy_ratio: self.at("mlxbar_gpu_busy_ratio", t),
+            thermal_pressure: self.at("mlxbar_thermal_pressure", t),
+            tokens_per_second: 0.0,
         }
     }
 
@@ -226,6 +230,23 @@ pub fn all() -> Vec<Scenario> {
                 series("mlxbar_expert_cache_misses_total", "model=\"m\"", counter(900, &[(0, 16.0), (600, 2.0)])),
             ],
             &[(305, 801)],
+        ),
+        scenario(
+            "gpu_idle_while_generating",
+            "generating from 10 s with the GPU idle fires after 30 s; a 10 s burst of GPU work is bridged; resolves 30 s after generation stops; an idle GPU with nothing generating never fires",
+            200,
+            vec![
+                series("mlxbar_scheduler_running_requests", "", steps(200, &[(0, 0.0), (10, 1.0), (120, 0.0)])),
+                series("mlxbar_gpu_busy_ratio", "", steps(200, &[(0, 0.0), (70, 0.5), (80, 0.01)])),
+            ],
+            &[(40, 150)],
+        ),
+        scenario(
+            "thermal_throttling",
+            "serious from 20 s drops to fair at 50 s (not 60 s: no alert); critical from 55 s fires at 115 s; fair from 150 s resolves 30 s later",
+            200,
+            vec![series("mlxbar_thermal_pressure", "", steps(200, &[(0, 0.0), (10, 1.0), (20, 2.0), (50, 1.0), (55, 3.0), (150, 1.0)]))],
+            &[(115, 180)],
         ),
     ];
     // A request a second with a 10 s TTFT from 10 s to 100 s. Both see a p90 over 5 s while

@@ -33,6 +33,14 @@ pub struct Reading {
     /// Expert cache hits and misses since load, streamed models together; None when no
     /// model streams its experts.
     pub expert_lookups: Option<(u64, u64)>,
+    /// Requests being generated.
+    pub running_requests: f64,
+    /// Share of the last second the GPU was active; None where it cannot be read.
+    pub gpu_busy_ratio: Option<f64>,
+    /// 0 nominal … 3 critical; None where the OS has no such level.
+    pub thermal_pressure: Option<f64>,
+    /// Tokens per second over the last seconds (what a thermal notice compares).
+    pub tokens_per_second: f64,
 }
 
 /// Fewer lookups than this in the window say nothing about the cache (a cold start, a
@@ -55,6 +63,7 @@ struct Point {
     failed: u64,
     refused: u64,
     expert_lookups: Option<(u64, u64)>,
+    tokens_per_second: f64,
 }
 
 impl History {
@@ -65,10 +74,17 @@ impl History {
             failed: r.failed_requests,
             refused: r.refused_total,
             expert_lookups: r.expert_lookups,
+            tokens_per_second: r.tokens_per_second,
         });
         while self.points.front().is_some_and(|p| now.saturating_duration_since(p.at) > MAX_LOOKBACK) {
             self.points.pop_front();
         }
+    }
+
+    /// Tokens per second `seconds` ago (the oldest reading within that span) and now.
+    pub fn throughput_since(&self, now: Instant, seconds: f64) -> Option<(f64, f64)> {
+        let then = self.within(now, seconds).next()?.tokens_per_second;
+        Some((then, self.points.back()?.tokens_per_second))
     }
 
     fn within(&self, now: Instant, window: f64) -> impl Iterator<Item = &Point> {
@@ -108,6 +124,8 @@ impl History {
                 let (dh, dm) = (hits - h0, misses - m0);
                 (dh + dm >= MIN_EXPERT_LOOKUPS).then(|| dm as f64 / (dh + dm) as f64)
             }
+            Signal::GpuIdleWhileGenerating => r.gpu_busy_ratio.map(|busy| if r.running_requests > 0.0 { 1.0 - busy } else { 0.0 }),
+            Signal::ThermalPressure => r.thermal_pressure,
         }
     }
 }
@@ -134,6 +152,13 @@ pub fn describe(signal: Signal, v: f64) -> String {
         Signal::RestartRequired if v == 0.0 => "no".into(),
         Signal::RestartRequired => "yes".into(),
         Signal::ExpertMissRatio => format!("{:.0} %", v * 100.0),
+        Signal::GpuIdleWhileGenerating => format!("{:.0} % idle", v * 100.0),
+        Signal::ThermalPressure => match v as i64 {
+            0 => "nominal".into(),
+            1 => "fair".into(),
+            2 => "serious".into(),
+            _ => "critical".into(),
+        },
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::error::ApiError;
-use super::snapshot::{Bench, Links, Memory, Requests, Scheduler, Snapshot, Totals};
+use super::snapshot::{Bench, Links, Memory, Power, Requests, Scheduler, Snapshot, Totals};
 use super::AppState;
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
@@ -59,6 +59,7 @@ pub fn snapshot(state: &AppState) -> Snapshot {
             swap_out_pages_per_second: sys.swap_out_rate,
             process_cpu_cores: sys.cpu_cores,
         },
+        power: Power { sample: (*state.telemetry.power.latest()).clone(), energy: state.telemetry.power.energy() },
         alerts: state.alerts.view(),
         bench: Bench {
             active: state.bench.active().and_then(|a| state.bench.job(&a.id)).map(|j| j.view()),
@@ -84,9 +85,22 @@ fn event_data(state: &AppState) -> String {
 
 /// What makes a new event worth sending: requests moved, the queue or load state changed,
 /// the pressure level changed, swap or MLX memory moved by a visible step. Memory byte
-/// counts jitter every second; that alone is not news.
-type Fingerprint =
-    (u64, usize, usize, String, Option<u8>, u64, u64, Vec<(crate::alerts::Phase, bool)>, bool, (u64, u64, bool), Option<(String, usize)>);
+/// counts jitter every second; that alone is not news. So do watts: a whole watt, 5 % of GPU
+/// busy or a thermal level is.
+type Fingerprint = (
+    u64,
+    usize,
+    usize,
+    String,
+    Option<u8>,
+    u64,
+    u64,
+    Vec<(crate::alerts::Phase, bool)>,
+    bool,
+    (u64, u64, bool),
+    Option<(String, usize)>,
+    (Option<i64>, Option<i64>, Option<u8>),
+);
 
 /// The models' states (a load's progress in tenths) and the library's generation.
 fn models_fingerprint(state: &AppState) -> String {
@@ -117,6 +131,10 @@ fn fingerprint(state: &AppState) -> Fingerprint {
             (c.prefix_entries, c.prefix_hits, c.admission_blocked)
         },
         state.bench.active().map(|a| (a.id.clone(), a.requests_done())),
+        {
+            let p = state.telemetry.power.latest();
+            (p.chip_watts.map(|w| w as i64), p.gpu_busy_ratio.map(|b| (b * 20.0) as i64), p.thermal_pressure.map(|t| t.as_number()))
+        },
     )
 }
 

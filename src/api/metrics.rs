@@ -44,5 +44,6 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
     m.observe_engine(&models.stats());
     m.observe_batch_sizes(models.decode_steps_by_batch_size());
     m.observe_system(&state.telemetry.latest());
+    m.power.observe(&state.telemetry.power.latest(), &state.telemetry.power.energy());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], m.encode())
 }

@@ -19,6 +19,8 @@ use crate::metrics::live::{ByResult, Distributions, FinishedRequest, Throughput}
 use crate::registry::ModelView;
 use crate::telemetry::memory::MemoryStats;
 use crate::telemetry::mlx_memory::MlxMemory;
+use crate::telemetry::power::attribution::EnergyView;
+use crate::telemetry::power::PowerSample;
 use crate::telemetry::process::ProcessStats;
 
 /// One moment of the server: model, scheduler, caches, memory, alerts, bench, requests.
@@ -46,6 +48,9 @@ pub struct Snapshot {
     /// Prefix-cache hits over lookups; null before the first lookup.
     pub prefix_cache_hit_rate: Option<f64>,
     pub memory: Memory,
+    /// GPU, power, temperatures, thermal pressure and energy per token; null figures are
+    /// not readable on this machine (`power.sample.unavailable` says why).
+    pub power: Power,
     pub alerts: Vec<AlertView>,
     pub bench: Bench,
     /// Set from the menu bar: generation requests get 503 until resumed.
@@ -86,6 +91,14 @@ pub struct Memory {
     pub swap_out_pages_per_second: f64,
     /// This process's CPU use in cores (1.0 = one core busy).
     pub process_cpu_cores: f64,
+}
+
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Power {
+    /// The sampler's latest reading.
+    pub sample: PowerSample,
+    /// Energy spent generating, tokens per joule over the last minute, idle power.
+    pub energy: EnergyView,
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]

@@ -17,6 +17,7 @@ use super::runner::{self, Progress};
 use super::store::BenchStore;
 use super::{client::Target, report};
 use crate::metrics::Metrics;
+use crate::telemetry::power::monitor::PowerMonitor;
 
 /// Header carrying the running bench's token on its own requests.
 pub const BENCH_TOKEN_HEADER: &str = "x-mlxbar-bench";
@@ -101,7 +102,9 @@ impl JobView {
             .take(SHOWN)
             .map(|c| {
                 let errors = if c.errors > 0 { format!(", {} errors", c.errors) } else { String::new() };
-                format!("{}: {:.1} tok/s, TTFT {:.2} s{errors}", c.cell.spec().label(), c.aggregate_tok_s, c.ttft_p50)
+                // tokens per joule beside tok/s where this machine reads power
+                let tpj = c.tokens_per_joule.map(|v| format!(" ({v:.2} tok/J)")).unwrap_or_default();
+                format!("{}: {:.1} tok/s{tpj}, TTFT {:.2} s{errors}", c.cell.spec().label(), c.aggregate_tok_s, c.ttft_p50)
             })
             .collect();
         if self.cells.len() > SHOWN {
@@ -168,6 +171,8 @@ pub struct BenchJobs {
     self_url: String,
     api_key: Option<String>,
     metrics: Arc<Metrics>,
+    /// The server's power sampler: a run's joules per token come from it.
+    power: Arc<PowerMonitor>,
     active: watch::Sender<Option<Active>>,
     jobs: Mutex<VecDeque<Arc<Job>>>,
     /// Requests the gate holds right now.
@@ -175,12 +180,19 @@ pub struct BenchJobs {
 }
 
 impl BenchJobs {
-    pub fn new(store: BenchStore, self_url: String, api_key: Option<String>, metrics: Arc<Metrics>) -> Arc<BenchJobs> {
+    pub fn new(
+        store: BenchStore,
+        self_url: String,
+        api_key: Option<String>,
+        metrics: Arc<Metrics>,
+        power: Arc<PowerMonitor>,
+    ) -> Arc<BenchJobs> {
         Arc::new(BenchJobs {
             store,
             self_url,
             api_key,
             metrics,
+            power,
             active: watch::channel(None).0,
             jobs: Mutex::new(VecDeque::new()),
             waiting: Default::default(),
@@ -294,7 +306,7 @@ impl BenchJobs {
         let target = Target { label: "mlxbar".into(), base_url: self.self_url.clone(), model: "default".into() };
         record.targets = vec![runner::describe(&client, &target).await];
         let targets = record.targets.clone();
-        let run = runner::run_plan(&client, &targets, &plan, &progress, &mut record.cells);
+        let run = runner::run_plan(&client, &targets, &plan, &progress, &mut record.cells, &self.power);
         record.state = tokio::select! {
             r = run => match r {
                 Ok(()) => RunState::Done,
@@ -385,6 +397,7 @@ mod tests {
             peak_rss_bytes: None,
             pressure_max: None,
             wall_seconds: 3.1,
+            ..Default::default()
         }
     }
 
@@ -406,7 +419,8 @@ mod tests {
     async fn a_waiting_client_that_disconnects_is_no_longer_counted() {
         let dir = tempfile::tempdir().unwrap();
         let metrics = Arc::new(Metrics::new());
-        let jobs = BenchJobs::new(BenchStore::new(dir.path()), "http://127.0.0.1:1".into(), None, metrics.clone());
+        let jobs =
+            BenchJobs::new(BenchStore::new(dir.path()), "http://127.0.0.1:1".into(), None, metrics.clone(), Arc::new(PowerMonitor::idle()));
         let progress = watch::channel(Progress::default()).1;
         jobs.active.send_replace(Some(Active { id: "r1".into(), token: "t".into(), started: Instant::now(), progress }));
         let waiter = {
@@ -431,6 +445,10 @@ mod tests {
         let (title, body) = view(RunState::Done, vec![cell(1, 20.64, 0.271, 0), cell(8, 54.6, 2.0, 1)], None).notice();
         assert_eq!(title, "Benchmark finished");
         assert_eq!(body, "quick: 1×128→64: 20.6 tok/s, TTFT 0.27 s; 8×128→64: 54.6 tok/s, TTFT 2.00 s, 1 errors");
+        let mut powered = cell(1, 20.64, 0.271, 0);
+        powered.tokens_per_joule = Some(2.346);
+        let (_, body) = view(RunState::Done, vec![powered], None).notice();
+        assert_eq!(body, "quick: 1×128→64: 20.6 tok/s (2.35 tok/J), TTFT 0.27 s");
     }
 
     #[test]

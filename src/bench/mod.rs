@@ -179,6 +179,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         targets.push(Target::parse(c)?);
     }
     let client = reqwest::Client::builder().timeout(Duration::from_secs(3600)).build()?;
+    // One power sampler measures every target's cells alike (each cell's joules per token).
+    let power = crate::telemetry::power::monitor::PowerMonitor::start(Duration::from_secs(1));
     let mut record = RunRecord::start(new_run_id(), &plan, now_unix());
     for t in &targets {
         let info = runner::describe(&client, t).await;
@@ -192,7 +194,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let bar = progress_bar(progress_rx);
     let infos = record.targets.clone();
     let outcome = {
-        let run = runner::run_plan(&client, &infos, &plan, &progress_tx, &mut record.cells);
+        let run = runner::run_plan(&client, &infos, &plan, &progress_tx, &mut record.cells, &power);
         tokio::select! {
             r = run => r.map(|()| RunState::Done),
             _ = tokio::signal::ctrl_c() => Ok(RunState::Cancelled),

@@ -62,6 +62,17 @@ pub struct CellResult {
     /// Worst memory pressure level seen during the cell (mlxbar targets only).
     pub pressure_max: Option<String>,
     pub wall_seconds: f64,
+    /// Chip joules per prompt token over the rounds' prefill spans (round start to the last
+    /// stream's first token), from the bench process's own power sampler, the same for every
+    /// target; null where this machine has no power source.
+    #[serde(default)]
+    pub prefill_joules_per_token: Option<f64>,
+    /// Chip joules per generated token after the first, over the rest of each round.
+    #[serde(default)]
+    pub decode_joules_per_token: Option<f64>,
+    /// Completion tokens over the chip joules of the whole rounds.
+    #[serde(default)]
+    pub tokens_per_joule: Option<f64>,
 }
 
 /// [`CellSpec`] flattened into [`CellResult`] (serde cannot flatten a Copy struct with a

@@ -1,5 +1,6 @@
 //! A run as people read it: a Markdown table (printed by the CLI, pasted in the README)
-//! and a self-contained HTML report with charts of tok/s and TTFT per cell.
+//! and a self-contained HTML report with charts of tok/s and TTFT per cell. Tokens per
+//! joule stand beside tokens per second ("unavailable" where the machine reads no power).
 use plotters::prelude::*;
 
 use super::record::{CellResult, RunRecord};
@@ -8,16 +9,21 @@ use super::record::{CellResult, RunRecord};
 /// target on the same cell.
 pub fn markdown(record: &RunRecord) -> String {
     let compare = record.targets.len() > 1;
-    let mut out = String::from("| cell (streams×prompt→output) | server | aggregate tok/s | per-stream tok/s | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | e2e p50 | errors |");
-    out += if compare { " aggregate × vs first | TTFT p90 × vs first |\n" } else { "\n" };
-    out += &"|---".repeat(if compare { 12 } else { 10 });
+    let mut out = String::from(
+        "| cell (streams×prompt→output) | server | aggregate tok/s | tok/J | prefill J/tok | decode J/tok | per-stream tok/s | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | e2e p50 | errors |",
+    );
+    out += if compare { " aggregate × vs first | tok/J × vs first |\n" } else { "\n" };
+    out += &"|---".repeat(if compare { 15 } else { 13 });
     out += "|\n";
     for c in &record.cells {
         out += &format!(
-            "| {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |",
             c.cell.spec().label(),
             c.target,
             c.aggregate_tok_s,
+            energy(c.tokens_per_joule),
+            energy(c.prefill_joules_per_token),
+            energy(c.decode_joules_per_token),
             c.stream_tok_s_p50,
             secs(c.ttft_p50),
             secs(c.ttft_p90),
@@ -28,7 +34,11 @@ pub fn markdown(record: &RunRecord) -> String {
         );
         if compare {
             let base = base_of(record, c);
-            out += &format!(" {:.2} | {:.2} |", c.aggregate_tok_s / base.aggregate_tok_s.max(1e-9), c.ttft_p90 / base.ttft_p90.max(1e-9));
+            let tpj = match (c.tokens_per_joule, base.tokens_per_joule) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                _ => "unavailable".into(),
+            };
+            out += &format!(" {:.2} | {tpj} |", c.aggregate_tok_s / base.aggregate_tok_s.max(1e-9));
         }
         out += "\n";
     }
@@ -38,6 +48,11 @@ pub fn markdown(record: &RunRecord) -> String {
 /// The first target's result for the same cell.
 fn base_of<'a>(record: &'a RunRecord, c: &'a CellResult) -> &'a CellResult {
     record.cells.iter().find(|b| b.cell == c.cell).unwrap_or(c)
+}
+
+/// An energy figure, or "unavailable" where this machine has no power source (never 0).
+fn energy(v: Option<f64>) -> String {
+    v.map_or_else(|| "unavailable".into(), |v| format!("{v:.3}"))
 }
 
 fn secs(s: f64) -> String {
@@ -51,10 +66,13 @@ fn ms(s: f64) -> String {
 /// The HTML report's template, autoescaped as HTML (its name ends in .html).
 const TEMPLATE: &str = include_str!("report.html");
 
-const HTML_HEADERS: [&str; 13] = [
+const HTML_HEADERS: [&str; 16] = [
     "cell",
     "server",
     "aggregate tok/s",
+    "tok/J",
+    "prefill J/tok",
+    "decode J/tok",
     "per-stream tok/s",
     "TTFT p50",
     "TTFT p90",
@@ -87,6 +105,9 @@ pub fn html(record: &RunRecord) -> String {
                 c.cell.spec().label(),
                 c.target.clone(),
                 format!("{:.1}", c.aggregate_tok_s),
+                energy(c.tokens_per_joule),
+                energy(c.prefill_joules_per_token),
+                energy(c.decode_joules_per_token),
                 format!("{:.1}", c.stream_tok_s_p50),
                 secs(c.ttft_p50),
                 secs(c.ttft_p90),
@@ -218,7 +239,22 @@ mod tests {
     fn markdown_has_ratios_against_the_first_target() {
         let md = markdown(&run());
         assert!(md.contains("| 4×128→64 | <peer> | 80.0 |"), "{md}");
-        assert!(md.lines().filter(|l| l.contains("<peer>")).all(|l| l.ends_with("| 0.50 | 1.00 |")), "{md}");
+        assert!(md.lines().filter(|l| l.contains("<peer>")).all(|l| l.ends_with("| 0.50 | unavailable |")), "{md}");
+        assert!(md.contains("| 80.0 | unavailable | unavailable | unavailable |"), "no power source: said, not 0 {md}");
+    }
+
+    #[test]
+    fn markdown_puts_both_servers_tokens_per_joule_side_by_side() {
+        let mut r = run();
+        for c in &mut r.cells {
+            let mlxbar = c.target == "mlxbar";
+            c.tokens_per_joule = Some(if mlxbar { 2.0 } else { 1.5 });
+            c.prefill_joules_per_token = Some(0.01);
+            c.decode_joules_per_token = Some(if mlxbar { 0.5 } else { 0.6 });
+        }
+        let md = markdown(&r);
+        assert!(md.contains("| 4×128→64 | mlxbar | 160.0 | 2.000 | 0.010 | 0.500 |"), "{md}");
+        assert!(md.lines().filter(|l| l.contains("<peer>")).all(|l| l.ends_with("| 0.50 | 0.75 |")), "{md}");
     }
 
     #[test]
@@ -227,7 +263,7 @@ mod tests {
         assert!(!html.contains("<peer>") && html.contains("&lt;peer&gt;"));
         assert_eq!(html.matches("<svg").count(), 2);
         assert!(html.contains("4×128→64"), "cell labels on the x axis");
-        assert!(html.contains("<td>4×128→64</td><td>&lt;peer&gt;</td><td>80.0</td>"), "{html}");
+        assert!(html.contains("<td>4×128→64</td><td>&lt;peer&gt;</td><td>80.0</td><td>unavailable</td>"), "{html}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::plan::{CellSpec, Plan};
 use super::prompt;
 use super::quantile;
 use super::record::{CellResult, TargetInfo};
+use crate::telemetry::power::monitor::PowerMonitor;
 
 /// Live progress of a run, as `GET /api/bench/{id}` and the CLI's progress bar show it.
 #[derive(Debug, Clone, Default, Serialize, schemars::JsonSchema)]
@@ -61,13 +62,15 @@ pub async fn describe(client: &reqwest::Client, t: &Target) -> TargetInfo {
 }
 
 /// Every cell of `plan` on every target; finished cells are pushed to `results` as they
-/// complete, so a cancelled run keeps what it measured.
+/// complete, so a cancelled run keeps what it measured. `power` is this process's power
+/// sampler: each cell's joules per token come from it, for every target alike.
 pub async fn run_plan(
     client: &reqwest::Client,
     targets: &[TargetInfo],
     plan: &Plan,
     progress: &watch::Sender<Progress>,
     results: &mut Vec<CellResult>,
+    power: &PowerMonitor,
 ) -> Result<()> {
     let cells = plan.cells();
     progress.send_modify(|p| {
@@ -76,7 +79,7 @@ pub async fn run_plan(
     });
     for (index, &cell) in cells.iter().enumerate() {
         for t in targets {
-            let r = run_cell(client, t, plan, index, cell, progress).await;
+            let r = run_cell(client, t, plan, index, cell, progress, power).await;
             progress.send_modify(|p| p.cells_done += 1);
             results.push(r);
         }
@@ -96,6 +99,7 @@ async fn run_cell(
     index: usize,
     cell: CellSpec,
     progress: &watch::Sender<Progress>,
+    power: &PowerMonitor,
 ) -> CellResult {
     let t = Target { label: info.label.clone(), base_url: info.url.clone(), model: info.model.clone() };
     let set_phase = |phase: String| {
@@ -109,10 +113,12 @@ async fn run_cell(
     }
     let mut peaks = Peaks::default();
     let mut rounds = vec![];
+    let mut spans = vec![];
     let measure = async {
         for round in 0..plan.repetitions {
             set_phase(format!("round {}/{}", round + 1, plan.repetitions));
             let start = Instant::now();
+            let start_at = power.now();
             let runs = futures::future::join_all((0..cell.concurrency).map(|s| {
                 let messages = prompt::messages(cell.prompt_tokens, index, round, s);
                 let t = &t;
@@ -123,7 +129,11 @@ async fn run_cell(
                 }
             }))
             .await;
-            rounds.push((start.elapsed(), runs));
+            let elapsed = start.elapsed();
+            // prefill ends when the last stream has its first token
+            let prefill = runs.iter().flatten().map(|r| r.ttft.as_secs_f64()).fold(0.0, f64::max).min(elapsed.as_secs_f64());
+            spans.push(RoundSpan { start: start_at, prefill_end: start_at + prefill, end: start_at + elapsed.as_secs_f64() });
+            rounds.push((elapsed, runs));
         }
     };
     if info.mlxbar.is_some() {
@@ -135,7 +145,50 @@ async fn run_cell(
     } else {
         measure.await;
     }
-    summarize(&t.label, cell, &rounds, peaks)
+    let energy = round_energy(power, &spans).await;
+    let mut r = summarize(&t.label, cell, &rounds, peaks);
+    r.set_energy(&energy);
+    r
+}
+
+/// A round on the power sampler's clock: start, end of prefill, end.
+struct RoundSpan {
+    start: f64,
+    prefill_end: f64,
+    end: f64,
+}
+
+/// Each round's (prefill joules, decode joules); empty where there is no power source. Waits
+/// (at most 3 s) for the sampler's interval that covers the last round's end.
+async fn round_energy(power: &PowerMonitor, spans: &[RoundSpan]) -> Vec<(f64, f64)> {
+    let Some(last) = spans.last() else { return vec![] };
+    if power.latest().chip_watts.is_none() {
+        return vec![];
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while power.energy_between(last.start, last.end).is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    spans.iter().map_while(|s| Some((power.energy_between(s.start, s.prefill_end)?, power.energy_between(s.prefill_end, s.end)?))).collect()
+}
+
+impl CellResult {
+    /// Joules per token from each round's (prefill, decode) joules; left null unless every
+    /// round was measured.
+    fn set_energy(&mut self, rounds: &[(f64, f64)]) {
+        if rounds.is_empty() || self.requests == self.errors {
+            return;
+        }
+        let (prefill, decode) = rounds.iter().fold((0.0, 0.0), |(p, d), r| (p + r.0, d + r.1));
+        let ok = self.requests - self.errors;
+        let prompt = self.prompt_tokens_counted.unwrap_or(self.cell.prompt_tokens) * ok;
+        let after_first = self.completion_tokens.saturating_sub(ok);
+        let per = |j: f64, n: usize| (n > 0 && j > 0.0).then(|| j / n as f64);
+        self.prefill_joules_per_token = per(prefill, prompt);
+        self.decode_joules_per_token = per(decode, after_first);
+        self.tokens_per_joule =
+            (prefill + decode > 0.0 && self.completion_tokens > 0).then(|| self.completion_tokens as f64 / (prefill + decode));
+    }
 }
 
 /// Figures of one cell from its rounds: (wall time, each stream's outcome).
@@ -195,6 +248,7 @@ fn summarize(target: &str, cell: CellSpec, rounds: &[(Duration, Vec<Result<RunTi
         peak_rss_bytes: peaks.rss,
         pressure_max: peaks.pressure.map(|(_, name)| name),
         wall_seconds: wall,
+        ..Default::default()
     }
 }
 
@@ -269,5 +323,18 @@ mod tests {
         assert_eq!(r.aggregate_tok_s, 11.0);
         assert_eq!(r.prompt_tok_s_p50, 200.0);
         assert_eq!(r.wall_seconds, 3.0);
+        assert_eq!(r.tokens_per_joule, None, "no power source: null, never 0");
+    }
+
+    #[test]
+    fn joules_per_token_split_prefill_and_decode() {
+        let cell = CellSpec { concurrency: 1, prompt_tokens: 128, output_tokens: 11 };
+        let rounds = vec![(Duration::from_secs(1), vec![timing(0.5, 11, 1.0)]), (Duration::from_secs(1), vec![timing(0.5, 11, 1.0)])];
+        let mut r = summarize("x", cell, &rounds, Peaks::default());
+        // 20 W through each round: 10 J of prefill and 10 J of decode per round
+        r.set_energy(&[(10.0, 10.0), (10.0, 10.0)]);
+        assert_eq!(r.prefill_joules_per_token, Some(20.0 / 200.0), "100 counted prompt tokens a request");
+        assert_eq!(r.decode_joules_per_token, Some(1.0), "20 J over the 20 tokens after the first");
+        assert_eq!(r.tokens_per_joule, Some(22.0 / 40.0));
     }
 }

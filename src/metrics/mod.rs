@@ -9,6 +9,7 @@ pub mod experts;
 pub mod http;
 pub mod inference;
 pub mod live;
+pub mod power;
 
 use prometheus::{
     exponential_buckets, Counter, Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
@@ -101,6 +102,8 @@ pub struct Metrics {
     pub alerts_firing: IntGaugeVec,
     /// A streamed mixture-of-experts model's expert cache.
     pub experts: experts::ExpertMetrics,
+    /// GPU, power, temperatures, thermal pressure and energy per token.
+    pub power: power::PowerMetrics,
 }
 
 /// Latency buckets from 1 ms to ~65 s (doubling).
@@ -226,6 +229,7 @@ impl Metrics {
             process_cpu_seconds_total: reg!(Counter::new("process_cpu_seconds_total", "CPU time used by the mlxbar process.")),
             alerts_firing: reg!(IntGaugeVec::new(Opts::new("alerts_firing", "1 while the alert (a rule id of the alert engine, see /api/alerts) is firing."), &["alert"])),
             experts: experts::ExpertMetrics::register(&r),
+            power: power::PowerMetrics::register(&r),
             registry: r,
             per_request,
             live: Default::default(),

@@ -1,8 +1,10 @@
 //! What the machine and this process are doing: memory (OS and MLX), swap activity and
 //! pressure, resident size and CPU. A sampler thread reads everything once a second and
-//! publishes the latest [`SystemSample`] behind a short lock.
+//! publishes the latest [`SystemSample`] behind a short lock. Power, GPU and thermals
+//! ([`power`]) have a sampler thread of their own (macmon blocks for its interval).
 pub mod memory;
 pub mod mlx_memory;
+pub mod power;
 pub mod process;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +32,8 @@ pub struct SystemSample {
 
 pub struct Telemetry {
     latest: RwLock<Arc<SystemSample>>,
+    /// GPU, power, temperatures and thermal pressure, and energy per token.
+    pub power: Arc<power::monitor::PowerMonitor>,
     stop: AtomicBool,
     /// Test hook: a pressure level that replaces the measured one.
     #[cfg(feature = "test-hooks")]
@@ -37,10 +41,16 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Starts sampling every `interval` on a thread of its own.
-    pub fn start(interval: Duration) -> Arc<Telemetry> {
+    /// Starts sampling every `interval` on a thread of its own, and the power sampler on
+    /// another unless `power_sampler` is false.
+    pub fn start(interval: Duration, power_sampler: bool) -> Arc<Telemetry> {
         let t = Arc::new(Telemetry {
             latest: RwLock::new(Arc::new(sample(None, Duration::ZERO))),
+            power: if power_sampler {
+                power::monitor::PowerMonitor::start(interval)
+            } else {
+                Arc::new(power::monitor::PowerMonitor::disabled("power_sampler = false in the config"))
+            },
             stop: AtomicBool::new(false),
             #[cfg(feature = "test-hooks")]
             forced_pressure: RwLock::new(None),
@@ -97,6 +107,7 @@ impl Telemetry {
 
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.power.stop();
     }
 }
 

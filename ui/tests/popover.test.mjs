@@ -172,6 +172,73 @@ test("a bench run starts from the popover, shows progress, and compares with the
   await shot("popover-bench-done");
 });
 
+test("GPU, power and thermal lines are hidden, not zero, where this machine cannot read them", async () => {
+  const snap = await (await fetch(`${base}/api/metrics/snapshot`)).json();
+  // Linux: MLX runs on the CPU (no GPU figures) and there is no thermal pressure level
+  assert.equal(snap.power.sample.gpu_busy_ratio, null);
+  assert.equal(snap.power.sample.thermal_pressure, null);
+  assert.ok(snap.power.sample.unavailable.some((u) => u.figure === "gpu_busy" && u.reason.length > 0));
+  await until("a snapshot rendered", async () => (await testid("status").textContent()) === "Serving");
+  for (const id of ["gpu", "thermal"]) assert.equal(await testid(id).isHidden(), true, id);
+  const m = await metrics();
+  assert.ok(!/^mlxbar_gpu_busy_ratio /m.test(m), "no sample, never 0");
+  assert.match(m, /^mlxbar_power_available\{component="gpu"\} 0$/m);
+  if (snap.power.sample.chip_watts == null) {
+    // this build machine: no RAPL, no hwmon (README says so); the reason is in the snapshot
+    assert.equal(await testid("power").isHidden(), true);
+    assert.ok(snap.power.sample.unavailable.some((u) => u.figure === "cpu" && u.reason.length > 0));
+    assert.match(m, /^mlxbar_power_available\{component="cpu"\} 0$/m);
+  } else {
+    await until("the power line", async () => / W now/.test(await testid("power").textContent()));
+  }
+});
+
+test("with a power source the popover shows GPU busy and frequency, watts with tokens per joule, and throttling", async () => {
+  const snap = await (await fetch(`${base}/api/metrics/snapshot`)).json();
+  // What a generating M-series Mac's sampler puts in the snapshot (macmon's figures: GPU
+  // residency and frequency, watts by component, die temperatures; the notify key's level).
+  snap.power.sample = {
+    source: "macmon", interval_seconds: 1.0,
+    watts: { cpu: 1.9, gpu: 17.2, ane: 0, dram: 1.3, system: 28.6 }, chip_watts: 20.4,
+    energy_joules_total: { cpu: 190, gpu: 1720, ane: 0, dram: 130, system: 2860 }, chip_joules_total: 2040,
+    gpu_busy_ratio: 0.93, gpu_frequency_hertz: 1398e6,
+    temperatures: [{ sensor: "cpu", celsius: 71.4 }, { sensor: "gpu", celsius: 78.9 }],
+    thermal_pressure: "serious", unavailable: [],
+  };
+  snap.power.energy = { generation_joules_total: 1845.2, generation_tokens_total: 3690, tokens_per_joule_last_minute: 2.0, generating_watts: 20.4, idle_watts: 0.34 };
+  const validate = await snapshotValidator(base);
+  assert.ok(validate(snap), JSON.stringify(validate.errors));
+  const p2 = await browser.newPage({ viewport: { width: 380, height: 700 }, deviceScaleFactor: 2 });
+  p2.on("pageerror", (e) => { throw e; });
+  // the live stream never answers on this page: the snapshot rendered below stays shown
+  await p2.route("**/api/metrics/stream", () => {});
+  await p2.goto(`${base}/`);
+  const render = (x) => p2.evaluate((v) => window.render(v), x);
+  const id = (x) => p2.locator(`[data-testid="${x}"]`);
+  await render(snap);
+  assert.equal(await id("gpu").textContent(), "93% busy · 1398 MHz");
+  assert.equal(await id("power").textContent(), "20 W · 2.00 tok/J · idle 0.3 W");
+  assert.equal(await id("power").getAttribute("title"), "CPU 1.9 W · GPU 17 W · ANE 0.0 W · DRAM 1.3 W · SYSTEM 29 W; tok/J over the last minute's generating seconds");
+  assert.equal(await id("thermal").textContent(), "serious · CPU 71 °C · GPU 79 °C");
+  assert.equal(await id("thermal").getAttribute("title"), "the Mac is throttling");
+  // one line each at the popover's width
+  for (const x of ["gpu", "power", "thermal"]) {
+    const box = await id(x).boundingBox();
+    assert.ok(box.height < 20, `${x} wraps: ${box.height}px`);
+  }
+  await p2.locator('[aria-label="Throughput"]').scrollIntoViewIfNeeded();
+  await p2.screenshot({ path: join(ARTIFACTS, "popover-power.png"), fullPage: true });
+  // nominal: no thermal line; a GPU that cannot be read: no GPU line (not "0% busy");
+  // no tokens in the last minute: watts without tok/J
+  Object.assign(snap.power.sample, { thermal_pressure: "nominal", gpu_busy_ratio: null, gpu_frequency_hertz: null });
+  snap.power.energy.tokens_per_joule_last_minute = null;
+  await render(snap);
+  assert.equal(await id("thermal").isHidden(), true);
+  assert.equal(await id("gpu").isHidden(), true);
+  assert.equal(await id("power").textContent(), "20 W · idle 0.3 W");
+  await p2.close();
+});
+
 test("a dead server shows as not reachable, with every figure greyed out as of the last snapshot", async () => {
   assert.equal(await page.locator("#app.stale").count(), 0, "live page marked stale");
   assert.equal(await testid("as-of").isVisible(), false);
