@@ -118,7 +118,10 @@ fn a_quarter_of_the_experts_in_memory_computes_what_the_resident_model_does() {
         let active = mlx_rs::memory::active_memory().unwrap() as u64 - before;
         let bound = other_weights + budget + per_expert / 2;
         assert!(active <= bound, "{name}: {active} bytes active, weights {other_weights} + cache {budget} + {}", per_expert / 2);
-        println!("{name}: {total} experts of {per_expert} B, cache {budget} B, {selections} selections, hit ratio {:.2}, |diff| {diff}", v.hit_ratio.unwrap());
+        println!(
+            "{name}: {total} experts of {per_expert} B, cache {budget} B, {selections} selections, hit ratio {:.2}, |diff| {diff}",
+            v.hit_ratio.unwrap()
+        );
     }
 }
 
@@ -235,7 +238,8 @@ async fn the_server_streams_a_model_shows_its_cache_and_survives_a_bad_read() {
     // not stream).
     let scrape = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards");
-    let families: Vec<&str> = scrape.lines().filter_map(|l| l.strip_prefix("# TYPE mlxbar_expert_")).map(|l| l.split(' ').next().unwrap()).collect();
+    let families: Vec<&str> =
+        scrape.lines().filter_map(|l| l.strip_prefix("# TYPE mlxbar_expert_")).map(|l| l.split(' ').next().unwrap()).collect();
     assert_eq!(families.len(), 9, "{families:?}");
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
     for f in &families {
@@ -260,7 +264,8 @@ async fn the_server_streams_a_model_shows_its_cache_and_survives_a_bad_read() {
     let file = model_dir.join("model.safetensors");
     let bytes = std::fs::read(&file).unwrap();
     std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(bytes.len() as u64 / 3).unwrap();
-    let r = client.post(format!("{base}/v1/chat/completions")).json(&chat("A different question, for other experts?")).send().await.unwrap();
+    let r =
+        client.post(format!("{base}/v1/chat/completions")).json(&chat("A different question, for other experts?")).send().await.unwrap();
     assert_eq!(r.status(), 500);
     let err: Value = r.json().await.unwrap();
     assert!(err["error"]["message"].as_str().unwrap().contains("reading expert"), "{err}");

@@ -92,10 +92,7 @@ pub fn value(r: &Rule) -> String {
         Signal::ExpertMissRatio => {
             let inc = |m: &str| format!("sum by (instance, job) (increase(mlxbar_expert_cache_{m}_total[{window}]))");
             let (hits, misses) = (inc("hits"), inc("misses"));
-            format!(
-                "{misses} / ({hits} + {misses}) and on(instance, job) ({hits} + {misses} >= {})",
-                super::signals::MIN_EXPERT_LOOKUPS
-            )
+            format!("{misses} / ({hits} + {misses}) and on(instance, job) ({hits} + {misses} >= {})", super::signals::MIN_EXPERT_LOOKUPS)
         }
         // no sample where the GPU cannot be read (Linux): never fires there, as in the app
         Signal::GpuIdleWhileGenerating => "(1 - mlxbar_gpu_busy_ratio) * (mlxbar_scheduler_running_requests > bool 0)".into(),

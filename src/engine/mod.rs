@@ -5,8 +5,8 @@ pub mod batch_kv;
 pub mod chat_template;
 pub mod constraint;
 pub mod cpu_backend;
-pub mod experts;
 mod device_lock;
+pub mod experts;
 #[cfg(feature = "test-hooks")]
 pub mod faults;
 pub mod kv_cache;

@@ -184,8 +184,11 @@ fn folder_parts(shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&Quantization
 fn expert_parts(config: &Path, shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&QuantizationConfig>) -> Option<ExpertParts> {
     let (cfg, _) = from_hf_config(&files::read_text(config).ok()?).ok()?;
     let moe = cfg.moe.as_ref()?;
-    let experts: BTreeMap<String, Vec<u64>> =
-        shapes.iter().filter(|(name, _)| crate::engine::experts::locate::is_expert_tensor(name, cfg.arch)).map(|(n, s)| (n.clone(), s.clone())).collect();
+    let experts: BTreeMap<String, Vec<u64>> = shapes
+        .iter()
+        .filter(|(name, _)| crate::engine::experts::locate::is_expert_tensor(name, cfg.arch))
+        .map(|(n, s)| (n.clone(), s.clone()))
+        .collect();
     let sparse = (0..cfg.num_layers).filter(|&l| moe.is_sparse(l)).count() as u64;
     (!experts.is_empty()).then(|| ExpertParts {
         parts: folder_parts(&experts, quant),

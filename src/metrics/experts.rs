@@ -33,7 +33,10 @@ impl ExpertMetrics {
             g
         };
         let hit_ratio = GaugeVec::new(
-            Opts::new("expert_cache_hit_ratio", "Share of router selections whose expert was in memory, since load (MLX-Flash's target: above 0.85 after warm-up)."),
+            Opts::new(
+                "expert_cache_hit_ratio",
+                "Share of router selections whose expert was in memory, since load (MLX-Flash's target: above 0.85 after warm-up).",
+            ),
             model,
         )
         .expect("valid gauge");
@@ -53,7 +56,10 @@ impl ExpertMetrics {
             entries: gauge("expert_cache_entries", "Experts in memory now."),
             total_experts: gauge("expert_cache_total_experts", "Experts of all sparse layers (what a resident model would hold)."),
             bytes: gauge("expert_cache_bytes", "Bytes of experts in memory now."),
-            budget_bytes: gauge("expert_cache_budget_bytes", "Bytes the expert cache may hold (the memory budget's, or expert_cache_bytes)."),
+            budget_bytes: gauge(
+                "expert_cache_budget_bytes",
+                "Bytes the expert cache may hold (the memory budget's, or expert_cache_bytes).",
+            ),
             read_bytes_total: counter("expert_read_bytes_total", "Bytes of experts read from the model's files."),
             load_seconds,
         }

@@ -64,7 +64,13 @@ impl<V: Clone> ExpertCache<V> {
     /// `load`'s, kept when it fits beside `pinned` (the experts the current step holds) after
     /// evicting the lowest decayed counts. A value larger than the budget is returned
     /// without being kept.
-    pub fn get_or_load<E>(&mut self, key: Key, uses: u64, pinned: &[Key], load: impl FnOnce() -> Result<(V, u64), E>) -> Result<(V, Lookup), E> {
+    pub fn get_or_load<E>(
+        &mut self,
+        key: Key,
+        uses: u64,
+        pinned: &[Key],
+        load: impl FnOnce() -> Result<(V, u64), E>,
+    ) -> Result<(V, Lookup), E> {
         self.tick += uses;
         let now = self.tick;
         if let Some(e) = self.entries.get_mut(&key) {

@@ -124,12 +124,19 @@ impl ExpertFiles {
 
     /// Bytes of `key` on disk.
     pub fn disk_bytes(&self, key: Key) -> u64 {
-        self.experts.get(&key).map_or(0, |ps| ps.iter().flat_map(|p| [&p.weight, &p.scales, &p.biases, &p.bias]).flatten().map(|p| p.len).sum())
+        self.experts
+            .get(&key)
+            .map_or(0, |ps| ps.iter().flat_map(|p| [&p.weight, &p.scales, &p.biases, &p.bias]).flatten().map(|p| p.len).sum())
     }
 
     /// Reads expert `key` from disk as a one-expert [`SwitchGlu`] (`[1, out, in]` stacks),
     /// each projection converted by `hold` as the resident model converts its weights.
-    pub fn read(&self, key: Key, hold: &dyn Fn(Weight) -> Result<Weight>, activation: crate::engine::model::config::Activation) -> Result<SwitchGlu> {
+    pub fn read(
+        &self,
+        key: Key,
+        hold: &dyn Fn(Weight) -> Result<Weight>,
+        activation: crate::engine::model::config::Activation,
+    ) -> Result<SwitchGlu> {
         let projections = self.experts.get(&key).with_context(|| format!("layer {} has no expert {}", key.0, key.1))?;
         let [gate, up, down] = projections;
         let linear = |p: &Projection| -> Result<SwitchLinear> {
@@ -254,7 +261,10 @@ mod tests {
             t("model.layers.1.block_sparse_moe.experts.2.w3.weight", Arch::Mixtral),
             Some((1, Some(2), "up", "weight", "model.layers.1.block_sparse_moe.switch_mlp.up_proj".into()))
         );
-        assert_eq!(t("model.layers.1.mlp.experts.gate_proj.bias", Arch::GptOss).map(|t| (t.0, t.1, t.2, t.3)), Some((1, None, "gate", "bias")));
+        assert_eq!(
+            t("model.layers.1.mlp.experts.gate_proj.bias", Arch::GptOss).map(|t| (t.0, t.1, t.2, t.3)),
+            Some((1, None, "gate", "bias"))
+        );
         for other in ["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.up_proj.weight", "model.embed_tokens.weight"] {
             assert!(t(other, Arch::Qwen3Moe).is_none(), "{other}");
         }

@@ -3,9 +3,9 @@
 //! resident, bytes and time spent reading, and how each sparse layer's selections spread
 //! over its experts (routing entropy: near log2(experts) when routing is uniform, low when
 //! a few experts take most tokens — which is when a small cache serves well).
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -154,7 +154,12 @@ impl ExpertStats {
             read_bytes: self.read_bytes.load(Ordering::Relaxed),
             read_bytes_per_second: self.read_rate(Instant::now()),
             load_seconds: self.load_micros.load(Ordering::Relaxed) as f64 / 1e6,
-            routing_entropy: self.layers.iter().zip(routing.iter()).map(|(&layer, counts)| LayerEntropy { layer, bits: entropy_bits(counts) }).collect(),
+            routing_entropy: self
+                .layers
+                .iter()
+                .zip(routing.iter())
+                .map(|(&layer, counts)| LayerEntropy { layer, bits: entropy_bits(counts) })
+                .collect(),
         }
     }
 }

@@ -154,7 +154,10 @@ fn stack(experts: &[Arc<SwitchGlu>]) -> Result<SwitchGlu> {
         let weights: Vec<Weight> = parts.iter().map(|p| p.0.clone()).collect();
         let weight = Weight::concat_rows(&weights)?.context("experts of one layer in different formats")?;
         let bias = match parts[0].1 {
-            Some(_) => Some(ops::concatenate(&parts.iter().map(|p| p.1.as_ref().context("bias on some experts only")).collect::<Result<Vec<_>>>()?, 0)?),
+            Some(_) => Some(ops::concatenate(
+                &parts.iter().map(|p| p.1.as_ref().context("bias on some experts only")).collect::<Result<Vec<_>>>()?,
+                0,
+            )?),
             None => None,
         };
         Ok(SwitchLinear(weight, bias))

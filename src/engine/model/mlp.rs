@@ -9,8 +9,8 @@ use mlx_rs::{fast, nn, ops, Array};
 use super::config::Activation;
 use super::linear::{Linear, Weight};
 use super::switch::{Experts, MoeConfig, SparseMoe, SwitchGlu, SwitchLinear};
-use crate::engine::experts::ExpertStore;
 use super::{Projections, TensorMap};
+use crate::engine::experts::ExpertStore;
 
 pub enum Mlp {
     Dense { gate_up: Projections, down: Linear, activation: Activation },

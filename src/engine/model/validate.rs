@@ -522,7 +522,13 @@ pub fn safetensors<R: Read>(reader: R, len: u64) -> Result<SafetensorsSummary> {
             bail!("tensors {} and {} overlap", pair[0].2, pair[1].2);
         }
     }
-    Ok(SafetensorsSummary { header_bytes: n, tensors: ranges.len(), data_bytes: ranges.iter().map(|r| r.1 - r.0).sum(), shapes, ranges: located })
+    Ok(SafetensorsSummary {
+        header_bytes: n,
+        tensors: ranges.len(),
+        data_bytes: ranges.iter().map(|r| r.1 - r.0).sum(),
+        shapes,
+        ranges: located,
+    })
 }
 
 #[cfg(test)]
