@@ -41,6 +41,12 @@ pub struct ServerStatus {
     pub bench_running: bool,
     /// Work waits but the engine made no step for `stall_seconds`.
     pub stalled: bool,
+    /// GPU busy share (0–1) and frequency, chip power and thermal pressure, each None where
+    /// this machine cannot read it.
+    pub gpu_busy_ratio: Option<f64>,
+    pub gpu_frequency_hertz: Option<f64>,
+    pub chip_watts: Option<f64>,
+    pub thermal: Option<crate::telemetry::power::ThermalPressure>,
 }
 
 /// The port is taken: `Server::start` fails with this (the CLI and the app print its one
@@ -213,6 +219,7 @@ impl Server {
 
     pub fn status(&self) -> ServerStatus {
         let sys = self.telemetry.latest();
+        let power = self.telemetry.power.latest();
         ServerStatus {
             url: self.url(),
             state: self.models.default_state(),
@@ -224,6 +231,10 @@ impl Server {
             alerts_firing: self.alerts.view().iter().filter(|a| a.firing && !a.snoozed).count(),
             bench_running: self.state.bench.active().is_some(),
             stalled: crate::api::health::status_word(&self.state) == "stalled",
+            gpu_busy_ratio: power.gpu_busy_ratio,
+            gpu_frequency_hertz: power.gpu_frequency_hertz,
+            chip_watts: power.chip_watts,
+            thermal: power.thermal_pressure,
         }
     }
 

@@ -11,6 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+mod common;
+
 use mlx_rs::Device;
 use mlxbar::engine::batch_kv::BatchKv;
 use mlxbar::engine::experts::ExpertView;
@@ -165,25 +167,6 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// The greedy chat answer of the resident model, as the engine computes it.
-fn resident_greedy(dir: &Path, content: &str, max_tokens: usize) -> (usize, String) {
-    use mlxbar::engine::chat_template::ChatMessage;
-    Device::set_default(&Device::cpu());
-    let (model, codec, _) = loader::load(dir, WeightFormat::Auto).unwrap();
-    let prompt = codec.template.as_ref().unwrap().render(&[ChatMessage::new("user", content)], &[], true).unwrap();
-    let ids = codec.encode(&prompt).unwrap();
-    let mut cache = model.new_cache();
-    let mut next = argmax(model.forward(&ids, &mut cache).unwrap().as_slice::<f32>());
-    let mut batch = BatchKv::default();
-    batch.join(0, cache).unwrap();
-    let mut out = vec![];
-    while out.len() < max_tokens && !codec.stop_ids.contains(&next) {
-        out.push(next);
-        next = argmax(model.decode(&[next], &mut batch).unwrap().as_slice::<f32>());
-    }
-    (ids.len(), codec.decode(&out).unwrap().trim_end_matches('\u{FFFD}').to_string())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_streams_a_model_shows_its_cache_and_survives_a_bad_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -193,7 +176,7 @@ async fn the_server_streams_a_model_shows_its_cache_and_survives_a_bad_read() {
     let content = "Tell me about the lighthouse keeper.";
     // Held to the end: the server's engine allocates in this process too.
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (prompt_tokens, want) = resident_greedy(&model_dir, content, 12);
+    let (prompt_tokens, want) = common::engine_greedy(&model_dir, WeightFormat::Auto, content, 12);
     let per_expert = experts(&load(&model_dir, Some(u64::MAX))).expert_bytes;
     let config = Config {
         port: 0,

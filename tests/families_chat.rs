@@ -7,35 +7,13 @@
 //! their windows).
 use std::path::Path;
 
-use mlx_rs::Device;
-use mlxbar::engine::batch_kv::BatchKv;
-use mlxbar::engine::chat_template::ChatMessage;
-use mlxbar::engine::{loader, sampling::argmax, WeightFormat};
+mod common;
+
+use mlxbar::engine::WeightFormat;
 use mlxbar::{Config, Server};
 use serde_json::{json, Value};
 
 const MAX_TOKENS: usize = 12;
-
-/// The greedy continuation of `ids` (at most `MAX_TOKENS`, ending before a stop id), as
-/// `Model::forward` then `Model::decode` compute it.
-fn engine_greedy(dir: &Path, content: &str) -> (usize, String) {
-    Device::set_default(&Device::cpu());
-    let (model, codec, _) = loader::load(dir, WeightFormat::Float32).unwrap();
-    let prompt = codec.template.as_ref().unwrap().render(&[ChatMessage::new("user", content)], &[], true).unwrap();
-    let ids = codec.encode(&prompt).unwrap();
-    let mut cache = model.new_cache();
-    let mut next = argmax(model.forward(&ids, &mut cache).unwrap().as_slice::<f32>());
-    let mut batch = BatchKv::default();
-    batch.join(0, cache).unwrap();
-    let mut out = vec![];
-    while out.len() < MAX_TOKENS && !codec.stop_ids.contains(&next) {
-        out.push(next);
-        next = argmax(model.decode(&[next], &mut batch).unwrap().as_slice::<f32>());
-    }
-    // A byte-level answer cut by max_tokens may end inside a character: the server's text
-    // stream holds those bytes back (they never complete), a whole decode shows U+FFFD.
-    (ids.len(), codec.decode(&out).unwrap().trim_end_matches('\u{FFFD}').to_string())
-}
 
 /// Folder (and model id) -> the architecture the library must report.
 const FAMILIES: [(&str, &str); 4] = [("qwen3-moe", "qwen3_moe"), ("phi3", "phi3"), ("gemma3-multimodal", "gemma3"), ("gpt-oss", "gpt_oss")];
@@ -62,7 +40,7 @@ async fn each_family_chats_through_the_server() {
 
         let (prompt_tokens, want) = tokio::task::spawn_blocking({
             let dir = tiny.join(id);
-            move || engine_greedy(&dir, content)
+            move || common::engine_greedy(&dir, WeightFormat::Float32, content, MAX_TOKENS)
         })
         .await
         .unwrap();

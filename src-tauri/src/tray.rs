@@ -95,9 +95,29 @@ pub fn tooltip(status: &AppStatus) -> String {
             };
             let alerts = if s.alerts_firing > 0 { format!(", {} alert(s)", s.alerts_firing) } else { String::new() };
             let bench = if s.bench_running { "; benchmark running" } else { "" };
-            format!("mlxbar: {state}; memory pressure {}{alerts}{bench}", s.pressure.as_str())
+            format!("mlxbar: {state}; memory pressure {}{alerts}{bench}{}", s.pressure.as_str(), power_text(s))
         }
     }
+}
+
+/// The tooltip's GPU, power and thermal figures: each only where this machine reads it (a
+/// Mac; Linux has at most watts), the thermal state only when not nominal.
+fn power_text(s: &mlxbar::server::ServerStatus) -> String {
+    let mut out = String::new();
+    if let Some(busy) = s.gpu_busy_ratio {
+        out += &format!("; GPU {:.0} %", busy * 100.0);
+        if let Some(hz) = s.gpu_frequency_hertz {
+            out += &format!(" at {:.2} GHz", hz / 1e9);
+        }
+    }
+    if let Some(w) = s.chip_watts {
+        out += &format!("; {w:.1} W");
+    }
+    match s.thermal {
+        Some(t) if t != mlxbar::telemetry::power::ThermalPressure::Nominal => out += &format!("; thermal pressure {}", t.as_str()),
+        _ => {}
+    }
+    out
 }
 
 /// The items whose text or state changes after the menu is built.
@@ -312,6 +332,10 @@ mod tests {
                 alerts_firing: 0,
                 bench_running: false,
                 stalled: false,
+                gpu_busy_ratio: None,
+                gpu_frequency_hertz: None,
+                chip_watts: None,
+                thermal: None,
             }),
         }
     }
@@ -334,5 +358,22 @@ mod tests {
         assert_eq!(title(&status(LoadState::Ready, PressureLevel::Normal, false, 0, 0.0)), None);
         assert_eq!(title(&status(LoadState::Ready, PressureLevel::Normal, false, 1, 23.4)), Some("23 tok/s".into()));
         assert!(tooltip(&status(LoadState::Ready, PressureLevel::Warn, true, 0, 0.0)).contains("paused"));
+    }
+
+    /// GPU, watts and a thermal state beyond nominal in the tooltip where readable (values as
+    /// macmon reports an M-series GPU under load); nothing of them where not (this Linux box).
+    #[test]
+    fn tooltip_adds_gpu_power_and_thermal_where_readable() {
+        let mut s = status(LoadState::Ready, PressureLevel::Normal, false, 1, 20.0);
+        let plain = tooltip(&s);
+        assert!(!plain.contains("GPU") && !plain.contains(" W") && !plain.contains("thermal"), "{plain}");
+        let server = s.server.as_mut().unwrap();
+        server.gpu_busy_ratio = Some(0.87);
+        server.gpu_frequency_hertz = Some(1.296e9);
+        server.chip_watts = Some(14.26);
+        server.thermal = Some(mlxbar::telemetry::power::ThermalPressure::Nominal);
+        assert!(tooltip(&s).ends_with("; GPU 87 % at 1.30 GHz; 14.3 W"), "{}", tooltip(&s));
+        s.server.as_mut().unwrap().thermal = Some(mlxbar::telemetry::power::ThermalPressure::Serious);
+        assert!(tooltip(&s).ends_with("; 14.3 W; thermal pressure serious"), "{}", tooltip(&s));
     }
 }

@@ -151,3 +151,26 @@ pub fn assert_sdk_checks_passed(run: &std::process::Output) {
     assert!(run.status.success(), "SDK checks failed:\n{out}");
     assert!(out.contains("all passed"), "{out}");
 }
+
+/// The greedy chat answer of the model at `dir` held as `format` to one user message, as
+/// `Model::forward` then `Model::decode` compute it (the path the server runs): the prompt's
+/// token count and the text of at most `max_tokens` ids, ending before a stop id.
+pub fn engine_greedy(dir: &std::path::Path, format: mlxbar::engine::WeightFormat, content: &str, max_tokens: usize) -> (usize, String) {
+    use mlxbar::engine::{batch_kv::BatchKv, chat_template::ChatMessage, loader, sampling::argmax};
+    mlx_rs::Device::set_default(&mlx_rs::Device::cpu());
+    let (model, codec, _) = loader::load(dir, format).unwrap();
+    let prompt = codec.template.as_ref().unwrap().render(&[ChatMessage::new("user", content)], &[], true).unwrap();
+    let ids = codec.encode(&prompt).unwrap();
+    let mut cache = model.new_cache();
+    let mut next = argmax(model.forward(&ids, &mut cache).unwrap().as_slice::<f32>());
+    let mut batch = BatchKv::default();
+    batch.join(0, cache).unwrap();
+    let mut out = vec![];
+    while out.len() < max_tokens && !codec.stop_ids.contains(&next) {
+        out.push(next);
+        next = argmax(model.decode(&[next], &mut batch).unwrap().as_slice::<f32>());
+    }
+    // A byte-level answer cut by max_tokens may end inside a character: the server's text
+    // stream holds those bytes back (they never complete), a whole decode shows U+FFFD.
+    (ids.len(), codec.decode(&out).unwrap().trim_end_matches('\u{FFFD}').to_string())
+}
