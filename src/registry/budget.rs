@@ -537,7 +537,7 @@ mod tests {
         // 1 GB of float32 experts (100 of 10 MB, 8 a token) beside 100 MB of other weights.
         let experts = WeightPart { quantization: None, elements: 250 * MB };
         let moe = ModelEntry {
-            weight_parts: vec![experts.clone(), WeightPart { quantization: None, elements: 25 * MB }],
+            weight_parts: vec![experts, WeightPart { quantization: None, elements: 25 * MB }],
             parameters: Some(275 * MB),
             experts: Some(ExpertParts { parts: vec![experts], count: 100, per_token: 8 }),
             ..entry(None)

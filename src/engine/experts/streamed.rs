@@ -5,6 +5,7 @@
 //! resident one computes. When a step needs more experts than the cache holds (a long
 //! prefill), they run in groups that fit, each group evaluated before the next is loaded,
 //! so the experts in memory never exceed the budget.
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -25,7 +26,7 @@ pub type Hold = Box<dyn Fn(Weight) -> Result<Weight>>;
 /// Everything a streamed model's sparse layers share: the files, the cache, the stats.
 pub struct ExpertStore {
     files: ExpertFiles,
-    cache: Mutex<ExpertCache<Arc<SwitchGlu>>>,
+    cache: Mutex<ExpertCache<Rc<SwitchGlu>>>,
     hold: Hold,
     activation: Activation,
     pub stats: Arc<ExpertStats>,
@@ -49,7 +50,7 @@ impl ExpertStore {
         let stats = Arc::new(ExpertStats::new(budget, &layers, num_experts, expert_bytes));
         stats.record_load(files.disk_bytes((first, 0)), started.elapsed());
         let mut cache = ExpertCache::new(budget);
-        cache.get_or_load::<anyhow::Error>((first, 0), 0, &[], || Ok((Arc::new(expert), expert_bytes)))?;
+        cache.get_or_load::<anyhow::Error>((first, 0), 0, &[], || Ok((Rc::new(expert), expert_bytes)))?;
         stats.set_resident(cache.len(), cache.bytes());
         Ok(ExpertStore { files, cache: Mutex::new(cache), hold, activation, stats, expert_bytes })
     }
@@ -118,7 +119,7 @@ impl ExpertStore {
     }
 
     /// `group`'s experts of `layer`, from the cache or disk; `uses(e)` selections each.
-    fn take(&self, layer: u32, group: &[u32], uses: &dyn Fn(u32) -> u64) -> Result<Vec<Arc<SwitchGlu>>> {
+    fn take(&self, layer: u32, group: &[u32], uses: &dyn Fn(u32) -> u64) -> Result<Vec<Rc<SwitchGlu>>> {
         let pinned: Vec<Key> = group.iter().map(|&e| (layer, e)).collect();
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::with_capacity(group.len());
@@ -132,7 +133,7 @@ impl ExpertStore {
                 mlx_rs::transforms::eval(expert.arrays())?;
                 self.stats.record_load(self.files.disk_bytes(key), started.elapsed());
                 let bytes = expert.nbytes() as u64;
-                Ok((Arc::new(expert), bytes))
+                Ok((Rc::new(expert), bytes))
             })?;
             // The first of a step's tokens to ask for a missing expert misses; the others
             // find it loaded.
@@ -148,7 +149,7 @@ impl ExpertStore {
 }
 
 /// One-expert stacks side by side: a `[group, out, in]` stack the gather ops index.
-fn stack(experts: &[Arc<SwitchGlu>]) -> Result<SwitchGlu> {
+fn stack(experts: &[Rc<SwitchGlu>]) -> Result<SwitchGlu> {
     let cat = |pick: fn(&SwitchGlu) -> &SwitchLinear| -> Result<SwitchLinear> {
         let parts: Vec<&SwitchLinear> = experts.iter().map(|e| pick(e)).collect();
         let weights: Vec<Weight> = parts.iter().map(|p| p.0.clone()).collect();

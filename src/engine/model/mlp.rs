@@ -1,7 +1,7 @@
 //! A layer's MLP: the dense gated one (gate|up fused into one matmul, `act(gate) * up`, then
 //! down; SiLU, or Gemma's GELU) or a sparse mixture of experts ([`super::switch`]), as the
 //! family's config makes each layer.
-use std::sync::Arc;
+use std::rc::Rc;
 
 use anyhow::{ensure, Result};
 use mlx_rs::{fast, nn, ops, Array};
@@ -76,7 +76,7 @@ impl Mlp {
         hidden: i32,
         weight: &dyn Fn(Weight) -> Result<Weight>,
         router: &dyn Fn(Weight) -> Result<Weight>,
-        streamed: Option<&Arc<ExpertStore>>,
+        streamed: Option<&Rc<ExpertStore>>,
     ) -> Result<Mlp> {
         let p = |s: &str| format!("layers.{layer}.{s}");
         let router = router(t.take_weight(&p("router"))?)?;

@@ -23,6 +23,7 @@ pub mod switch;
 pub mod validate;
 
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
@@ -204,7 +205,7 @@ pub struct Model {
     /// Decode steps' attention runs mlxbar's CPU op (`cpu_backend::decode_attention`).
     cpu_attention: bool,
     /// A streamed model's experts (their cache and its figures).
-    experts: Option<Arc<ExpertStore>>,
+    experts: Option<Rc<ExpertStore>>,
 }
 
 impl Model {
@@ -241,7 +242,7 @@ impl Model {
             Some(spec) => {
                 let moe = c.moe.as_ref().context("experts to stream in a model without experts")?;
                 let store = ExpertStore::new(spec.files, spec.budget, Box::new(weight), moe.activation, moe.num_experts as u32)?;
-                Some(Arc::new(store))
+                Some(Rc::new(store))
             }
             None => None,
         };

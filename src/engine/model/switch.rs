@@ -13,7 +13,7 @@
 //! eight, against ~2 ms to read the experts once). The fast path is a primitive of ours
 //! beside `cpu_backend::affine_qmm` (see issue 24).
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::ops::indexing::IndexOp;
@@ -182,7 +182,7 @@ impl SwitchGlu {
 /// A sparse layer's experts: all in memory, or streamed through the model's expert cache.
 pub enum Experts {
     Resident(SwitchGlu),
-    Streamed { layer: u32, store: Arc<ExpertStore> },
+    Streamed { layer: u32, store: Rc<ExpertStore> },
 }
 
 impl Experts {
