@@ -137,7 +137,7 @@ fn incomplete(snap: &Path, downloading: bool) -> Option<String> {
     if let Some(f) = inspect::missing_shards(snap).first() {
         return Some(format!("incomplete download ({f} is missing)"));
     }
-    if inspect::safetensors_files(snap).is_empty() {
+    if crate::engine::model::hf::safetensors_files(snap).unwrap_or_default().is_empty() {
         return Some("incomplete download (no *.safetensors yet)".into());
     }
     downloading.then(|| "incomplete download (a file is still downloading)".into())

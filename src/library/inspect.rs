@@ -10,7 +10,7 @@
 //! refused rather than waited on.
 use std::collections::BTreeMap;
 use std::io::BufReader;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 
@@ -65,7 +65,7 @@ fn name_of(path: &Path, stem: bool) -> String {
 /// An MLX / Hugging Face folder.
 pub fn folder(dir: &Path) -> ModelEntry {
     let mut e = blank(name_of(dir, false), dir, ModelFormat::Mlx);
-    let weights = safetensors_files(dir);
+    let weights = crate::engine::model::hf::safetensors_files(dir).unwrap_or_default();
     e.size_bytes = weights.iter().filter_map(|p| p.metadata().ok()).map(|m| m.len()).sum();
     e.chat_template = folder_has_chat_template(dir);
 
@@ -257,19 +257,6 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
         .sum();
     let head = if cfg.tie_word_embeddings { 0 } else { v * h };
     v * h + cfg.num_layers as u64 * attention + mlps + h + head
-}
-
-/// `*.safetensors` directly in `dir`, sorted (dangling links included: they are missing
-/// weights, which the header check reports).
-pub fn safetensors_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    files
 }
 
 /// Shards `model.safetensors.index.json` names that are not in `dir`.

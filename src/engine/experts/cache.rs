@@ -40,10 +40,6 @@ impl<V: Clone> ExpertCache<V> {
         ExpertCache { budget, bytes: 0, tick: 0, entries: HashMap::new() }
     }
 
-    pub fn budget(&self) -> u64 {
-        self.budget
-    }
-
     pub fn bytes(&self) -> u64 {
         self.bytes
     }

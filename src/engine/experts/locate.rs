@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::{Array, Dtype};
@@ -230,16 +230,6 @@ fn dtype_size(dtype: Dtype) -> u64 {
         Dtype::Float16 | Dtype::Bfloat16 => 2,
         _ => 1,
     }
-}
-
-/// The `*.safetensors` files of a folder, sorted.
-pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    Ok(files)
 }
 
 #[cfg(test)]

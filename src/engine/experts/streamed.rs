@@ -7,7 +7,7 @@
 //! so the experts in memory never exceed the budget.
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use mlx_rs::{ops, Array};
@@ -30,8 +30,9 @@ pub struct ExpertStore {
     hold: Hold,
     activation: Activation,
     pub stats: Arc<ExpertStats>,
-    /// Bytes one expert takes in memory (all alike), measured on the first one read.
-    expert_bytes: u64,
+    /// Experts the cache holds at once (all take alike, measured on the first one read): a
+    /// step's group of experts is at most this many.
+    per_group: usize,
 }
 
 impl ExpertStore {
@@ -40,23 +41,19 @@ impl ExpertStore {
     pub fn new(files: ExpertFiles, budget: u64, hold: Hold, activation: Activation, num_experts: u32) -> Result<ExpertStore> {
         let layers = files.layers();
         let first = *layers.first().context("no expert tensors to stream")?;
-        let started = Instant::now();
-        let expert = files.read((first, 0), &hold, activation)?;
+        let (expert, took) = read_expert(&files, (first, 0), &hold, activation)?;
         let expert_bytes = expert.nbytes() as u64;
         anyhow::ensure!(
             budget >= expert_bytes,
             "an expert cache of {budget} bytes cannot hold one expert ({expert_bytes} bytes in memory)"
         );
         let stats = Arc::new(ExpertStats::new(budget, &layers, num_experts, expert_bytes));
-        stats.record_load(files.disk_bytes((first, 0)), started.elapsed());
+        stats.record_load(files.disk_bytes((first, 0)), took);
         let mut cache = ExpertCache::new(budget);
         cache.get_or_load::<anyhow::Error>((first, 0), 0, &[], || Ok((Rc::new(expert), expert_bytes)))?;
         stats.set_resident(cache.len(), cache.bytes());
-        Ok(ExpertStore { files, cache: Mutex::new(cache), hold, activation, stats, expert_bytes })
-    }
-
-    pub fn layers(&self) -> Vec<u32> {
-        self.files.layers()
+        let per_group = (budget / expert_bytes) as usize;
+        Ok(ExpertStore { files, cache: Mutex::new(cache), hold, activation, stats, per_group })
     }
 
     pub fn has(&self, key: Key) -> bool {
@@ -76,27 +73,28 @@ impl ExpertStore {
         // Pairs in expert order (stable), as the resident layer's sorted path takes them.
         let mut order: Vec<u32> = (0..chosen.len() as u32).collect();
         order.sort_by_key(|&p| chosen[p as usize]);
-        let per_group = (self.cache_budget() / self.expert_bytes).max(1) as usize;
         let mut outs = Vec::new();
         let mut start = 0;
         while start < order.len() {
-            // The next run of pairs whose distinct experts fit the cache together.
-            let mut group: Vec<u32> = vec![];
+            // The next run of pairs whose distinct experts fit the cache together: the
+            // experts, the selections of each, and each pair's index into the group.
+            let (mut group, mut uses, mut local): (Vec<u32>, Vec<u64>, Vec<u32>) = (vec![], vec![], vec![]);
             let mut end = start;
             while end < order.len() {
                 let e = chosen[order[end] as usize];
                 if group.last() != Some(&e) {
-                    if group.len() == per_group {
+                    if group.len() == self.per_group {
                         break;
                     }
                     group.push(e);
+                    uses.push(0);
                 }
+                *uses.last_mut().expect("an expert pushed") += 1;
+                local.push(group.len() as u32 - 1);
                 end += 1;
             }
             let pairs = &order[start..end];
-            let uses = |e: u32| pairs.iter().filter(|&&p| chosen[p as usize] == e).count() as u64;
             let experts = self.take(layer, &group, &uses)?;
-            let local: Vec<u32> = pairs.iter().map(|&p| group.iter().position(|&e| e == chosen[p as usize]).unwrap() as u32).collect();
             let rows: Vec<u32> = pairs.iter().map(|&p| p / k as u32).collect();
             let xs = x.reshape(&[t, 1, hidden])?.take_axis(Array::from_slice(&rows, &[rows.len() as i32]), 0)?;
             let idx = Array::from_slice(&local, &[local.len() as i32]);
@@ -114,24 +112,16 @@ impl ExpertStore {
         Ok(y.take_axis(Array::from_slice(&inverse, &[inverse.len() as i32]), 0)?.reshape(&[t, k, hidden])?)
     }
 
-    fn cache_budget(&self) -> u64 {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).budget()
-    }
-
-    /// `group`'s experts of `layer`, from the cache or disk; `uses(e)` selections each.
-    fn take(&self, layer: u32, group: &[u32], uses: &dyn Fn(u32) -> u64) -> Result<Vec<Rc<SwitchGlu>>> {
+    /// `group`'s experts of `layer`, from the cache or disk; `uses[i]` selections of `group[i]`.
+    fn take(&self, layer: u32, group: &[u32], uses: &[u64]) -> Result<Vec<Rc<SwitchGlu>>> {
         let pinned: Vec<Key> = group.iter().map(|&e| (layer, e)).collect();
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::with_capacity(group.len());
-        for &e in group {
+        for (&e, &n) in group.iter().zip(uses) {
             let key = (layer, e);
-            let n = uses(e);
             let (expert, lookup) = cache.get_or_load(key, n, &pinned, || -> Result<_> {
-                let started = Instant::now();
-                let expert = self.files.read(key, &self.hold, self.activation)?;
-                // Materialized now, so the read is timed and its bytes counted here.
-                mlx_rs::transforms::eval(expert.arrays())?;
-                self.stats.record_load(self.files.disk_bytes(key), started.elapsed());
+                let (expert, took) = read_expert(&self.files, key, &self.hold, self.activation)?;
+                self.stats.record_load(self.files.disk_bytes(key), took);
                 let bytes = expert.nbytes() as u64;
                 Ok((Rc::new(expert), bytes))
             })?;
@@ -146,6 +136,15 @@ impl ExpertStore {
         self.stats.set_resident(cache.len(), cache.bytes());
         Ok(out)
     }
+}
+
+/// Expert `key` read from disk and materialized (so the read is timed here, not by the
+/// first step that uses it), and how long that took.
+fn read_expert(files: &ExpertFiles, key: Key, hold: &Hold, activation: Activation) -> Result<(SwitchGlu, Duration)> {
+    let started = Instant::now();
+    let expert = files.read(key, hold, activation)?;
+    mlx_rs::transforms::eval(expert.arrays())?;
+    Ok((expert, started.elapsed()))
 }
 
 /// One-expert stacks side by side: a `[group, out, in]` stack the gather ops index.

@@ -3,7 +3,7 @@
 //! mixture-of-experts folders in either layout (experts one by one, stacked at load, or
 //! stacked as mlx-community ships them), and the families whose checkpoints need more
 //! (phi3's fused projections, gemma3's multimodal names and `1 + weight` norms).
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use mlx_rs::Array;
@@ -18,7 +18,7 @@ use crate::engine::experts::{locate, ExpertFiles, StreamSpec};
 pub fn load(dir: &Path, expert_cache: Option<u64>) -> Result<(ModelConfig, TensorMap)> {
     let config_text = std::fs::read_to_string(dir.join("config.json")).with_context(|| format!("{}/config.json", dir.display()))?;
     let (mut config, quant) = config::from_hf_config(&config_text)?;
-    let files = locate::safetensors_files(dir)?;
+    let files = safetensors_files(dir)?;
     if files.is_empty() {
         bail!("no *.safetensors in {}", dir.display());
     }
@@ -88,6 +88,17 @@ pub fn load(dir: &Path, expert_cache: Option<u64>) -> Result<(ModelConfig, Tenso
         super::gemma3::shift_norms(&mut t)?;
     }
     Ok((config, t))
+}
+
+/// The `*.safetensors` files directly in `dir`, sorted (dangling links included: they are
+/// missing weights, which the header check reports).
+pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 /// HF module path -> canonical name (see [`TensorMap`]). Gemma's
