@@ -18,6 +18,7 @@ use std::time::Instant;
 use mlx_rs::{ops, random, Device};
 use mlxbar::engine::batch_kv::BatchKv;
 use mlxbar::engine::model::linear::{Quantized, Weight};
+use mlxbar::engine::model::quantized::QuantSpec;
 use mlxbar::engine::{loader, WeightFormat};
 
 fn time_ms(iters: usize, mut f: impl FnMut()) -> f64 {
@@ -57,7 +58,7 @@ impl StepMatmuls {
             let w = if format == WeightFormat::Native {
                 // As the GGUF's Q4_1 loads: 4 bits in groups of 32.
                 let (wq, scales, biases) = ops::quantize(&a, 32, 4).unwrap();
-                Weight::Quantized(Quantized { weight: wq, scales, biases, group_size: 32, bits: 4, cpu_kernel: false }).for_cpu().unwrap()
+                Weight::Quantized(Quantized::new(wq, scales, Some(biases), QuantSpec::affine(32, 4)).unwrap()).for_cpu().unwrap()
             } else {
                 Weight::dense(a).unwrap()
             };

@@ -82,8 +82,9 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 fn a_quarter_of_the_experts_in_memory_computes_what_the_resident_model_does() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Stacked 4-bit (qwen3_moe: 8-bit router), stacked 4-bit with every layer sparse
-    // (mixtral), and float experts one tensor each (Hugging Face's layout).
-    for name in ["qwen3-moe-4bit", "mixtral-4bit", "qwen3-moe-hf"] {
+    // (mixtral), float experts one tensor each (Hugging Face's layout), and MXFP4 experts
+    // beside 8-bit affine modules (mlx-community's gpt-oss MXFP4-Q8).
+    for name in ["qwen3-moe-4bit", "mixtral-4bit", "qwen3-moe-hf", "gpt-oss-mxfp4-q8"] {
         let dir = tiny(name);
         let resident = load(&dir, None);
         let want = run(&resident, &mut |_, _| {});

@@ -52,7 +52,7 @@ fn hub_cache_models_are_found_through_their_symlinked_blobs() {
         assert_eq!(e.revision.as_deref(), Some(snap.file_name().unwrap().to_str().unwrap()));
         assert_eq!((e.format, e.source), (ModelFormat::Mlx, ModelSource::HubCache));
         assert_eq!(e.architecture.as_deref(), Some("llama"));
-        assert_eq!(e.quantization, Some(Quantization { bits, group_size: 64 }));
+        assert_eq!(e.quantization, Some(Quantization::affine(bits, 64)));
         assert_eq!(e.parameters, Some(SMOLLM2_PARAMS), "≈134.5M");
         assert_eq!((e.context_length, e.chat_template), (Some(8192), true));
         assert!(e.runnable, "{:?}", e.unsupported_reason);
@@ -80,7 +80,7 @@ fn an_lm_studio_gguf_is_read_from_its_header() {
     let e = get(&lib, "SmolLM2-135M-Instruct.Q4_1");
     assert_eq!(e.path, file);
     assert_eq!((e.format, e.source, e.revision.as_deref()), (ModelFormat::Gguf, ModelSource::LmStudio, None));
-    assert_eq!(e.quantization, Some(Quantization { bits: 4, group_size: 32 }), "Q4_1");
+    assert_eq!(e.quantization, Some(Quantization::affine(4, 32)), "Q4_1");
     assert_eq!(e.size_bytes, mlxbar::model_store::DEFAULT_MODEL.size, "the link's target");
     assert_eq!(e.parameters, Some(SMOLLM2_PARAMS));
     assert_eq!((e.architecture.as_deref(), e.context_length, e.chat_template), (Some("llama"), Some(8192), true));

@@ -64,7 +64,7 @@ pub const ESTIMATE_TOLERANCE: f64 = 0.03;
 /// Loads `path` in `format` and checks the estimate against `weight_bytes`; returns both.
 fn estimate_and_held(path: &std::path::Path, format: WeightFormat) -> (u64, u64) {
     let entry = mlxbar::library::inspect::inspect(path).unwrap();
-    let resolved = format.resolve(false, entry.quantization_pair());
+    let resolved = format.resolve(false, entry.quantization_spec());
     let estimate = mlxbar::registry::budget::weights_as_held(&entry, resolved, false);
     let (_, _, info) = loader::load(path, format).unwrap();
     assert_eq!(info.weight_format, resolved, "{}: the registry and the loader resolve {format:?} alike", path.display());

@@ -93,7 +93,7 @@ async fn the_library_lists_local_models_and_v1_models_the_runnable_ones() {
     let four = model(&list, FOUR);
     assert_eq!(four["format"], "mlx");
     assert_eq!(four["source"], "hub-cache");
-    assert_eq!(four["quantization"], json!({"bits": 4, "group_size": 32}));
+    assert_eq!(four["quantization"], json!({"bits": 4, "group_size": 32, "mode": "affine"}));
     assert_eq!(four["runnable"], true);
     assert_eq!(four["state"], "unloaded");
     // The default format keeps 4-bit weights packed: the estimate is the stored size (plus

@@ -1,6 +1,7 @@
 //! The GGUF-built tokenizer and chat template against the HF tokenizer mlx-lm used
 //! (ids recorded in tests/data/reference.json), against llama.cpp's own tokenizer on the
-//! reference prompts and hostile strings (tests/data/tokenizer_reference.json), and
+//! reference prompts and hostile strings (tests/data/tokenizer_reference.json), gpt-oss's
+//! harmony template against transformers (tests/data/harmony_template_reference.json), and
 //! incremental decoding with stop strings.
 mod common;
 
@@ -71,6 +72,46 @@ fn chat_template_renders_like_transformers() {
     // <|im_end|> (the template's end of turn) ends generation, as EOS id 2 does
     let im_end = codec.tokenizer.token_to_id("<|im_end|>").unwrap();
     assert!(codec.stop_ids.contains(&im_end));
+}
+
+/// gpt-oss's real chat template (the harmony fixture's chat_template.jinja) renders, through
+/// the loader, exactly as transformers' apply_chat_template renders it with Python jinja2
+/// (scripts/reference/make_harmony_template_reference.py): tools as its TypeScript namespace,
+/// system and developer messages, `reasoning_effort`, calls and tool results in history. Its
+/// turn ends on `<|return|>` and `<|call|>`, never on `<|end|>`, which only closes a message.
+#[test]
+fn harmony_template_renders_like_transformers() {
+    use mlxbar::engine::tools::ToolSpec;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let codec = mlxbar::engine::tokenizer::from_hf_dir(&root.join("tests/data/tiny/gpt-oss-harmony")).unwrap();
+    let template = codec.template.as_ref().expect("chat_template.jinja");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("tests/data/harmony_template_reference.json")).unwrap()).unwrap();
+    let date = reference["date"].as_str().unwrap();
+    let cases = reference["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 6);
+    for case in cases {
+        let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+        let tools: Vec<ToolSpec> = case["tools"]
+            .as_array()
+            .map(|t| t.iter().map(|t| &t["function"]))
+            .into_iter()
+            .flatten()
+            .map(|f| ToolSpec {
+                name: f["name"].as_str().unwrap().into(),
+                description: f["description"].as_str().map(String::from),
+                parameters: f["parameters"].clone(),
+            })
+            .collect();
+        let text = template.render_with_effort(&messages, &tools, true, case["reasoning_effort"].as_str()).unwrap();
+        // The template prints today's date; the reference has a placeholder there.
+        let at = text.find("Current date: ").unwrap() + "Current date: ".len();
+        let text = format!("{}{date}{}", &text[..at], &text[at + "YYYY-MM-DD".len()..]);
+        assert_eq!(text, case["text"].as_str().unwrap(), "{}", case["name"]);
+    }
+    let id = |t: &str| codec.tokenizer.token_to_id(t).unwrap();
+    assert!(codec.stop_ids.contains(&id("<|return|>")) && codec.stop_ids.contains(&id("<|call|>")));
+    assert!(!codec.stop_ids.contains(&id("<|end|>")));
 }
 
 fn stream_all(codec: &TextCodec, text: &str, stops: &[&str]) -> (String, bool) {

@@ -281,7 +281,9 @@ async function loadHistory() {
   const target = last.targets[0]?.label;
   const key = (c) => `${c.concurrency}×${c.prompt_tokens}→${c.output_tokens}`;
   const head = document.createElement("tr");
-  for (const h of ["streams×prompt→out", "tok/s", "TTFT p50"]) {
+  // Tokens per joule only where the run could read power (hidden, not zero, elsewhere).
+  const powered = last.cells.some((c) => c.target === target && c.tokens_per_joule != null);
+  for (const h of ["streams×prompt→out", "tok/s", "TTFT p50", ...(powered ? ["tok/J"] : [])]) {
     const th = document.createElement("th");
     th.textContent = h;
     head.append(th);
@@ -296,6 +298,12 @@ async function loadHistory() {
     const ttft = document.createElement("td");
     ttft.append(fmtSecs(c.ttft_p50, 1), delta(c.ttft_p50, before?.ttft_p50, false));
     tr.append(cell, tok, ttft);
+    if (powered) {
+      const tpj = document.createElement("td");
+      if (c.tokens_per_joule != null) tpj.append(c.tokens_per_joule.toFixed(2), delta(c.tokens_per_joule, before?.tokens_per_joule, true));
+      else tpj.textContent = "–";
+      tr.append(tpj);
+    }
     tr.dataset.testid = "bench-row";
     return tr;
   });

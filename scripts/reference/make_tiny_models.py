@@ -149,6 +149,12 @@ LATER_LAYOUTS = {"gemma3-multimodal": ("gemma3", "gemma3_multimodal")}
 MOE_HF_LAYOUT = {"qwen3-moe-hf": "qwen3-moe", "mixtral-hf": "mixtral"}
 # 4-bit copies (mlx_lm.utils.quantize_model): folder -> (source model, group size).
 MOE_QUANTIZED = {"qwen3-moe-4bit": ("qwen3-moe", 32), "mixtral-4bit": ("mixtral", 32)}
+# gpt-oss's experts MXFP4-quantized (MLX's mxfp4 mode) in OpenAI's checkpoint layout:
+# folder -> source model.
+OPENAI_MXFP4 = {"gpt-oss-openai": "gpt-oss"}
+# Those converted as `mlx_lm.convert -q --q-bits 8` does (experts stay MXFP4, every other
+# quantizable module 8-bit affine in groups of 64): mlx-community's gpt-oss-*-MXFP4-Q8.
+MXFP4_CONVERTED = {"gpt-oss-mxfp4-q8": "gpt-oss-openai"}
 # A router's k-th and (k+1)-th probabilities closer than this would make the choice of
 # experts hinge on rounding.
 MIN_ROUTER_GAP = 1e-3
@@ -156,6 +162,9 @@ ROUTER_GAPS = []
 
 # GGUF copies: folder name -> source model.
 GGUFS = {"qwen2-bias-gguf": "qwen2-bias", "qwen3-qknorm-gguf": "qwen3-qknorm", "llama3-rope-gguf": "llama3-rope"}
+# Mixture-of-experts GGUF copies, in llama.cpp's layout (qwen3moe; mixtral as llama with
+# experts; routers ffn_gate_inp, experts stacked ffn_{gate,up,down}_exps).
+MOE_GGUFS = {"qwen3-moe-gguf": "qwen3-moe", "mixtral-gguf": "mixtral"}
 
 CORPUS = (
     "The lighthouse keeper climbed the stairs again, counting each step aloud. "
@@ -328,13 +337,14 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
 
     config = json.loads((src / "config.json").read_text())
     arch = config["model_type"]
+    gguf_arch = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}.get(arch, arch)
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     w = {k: np.array(v) for k, v in mx.load(str(src / "model.safetensors")).items()}
     if dst.exists():
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
-    g = gguf.GGUFWriter(str(dst / "model.gguf"), arch)
+    g = gguf.GGUFWriter(str(dst / "model.gguf"), gguf_arch)
     g.add_name(dst.name)
     g.add_context_length(config["max_position_embeddings"])
     g.add_embedding_length(config["hidden_size"])
@@ -347,6 +357,10 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
     g.add_rope_dimension_count(head_dim)
     g.add_rope_freq_base(config["rope_theta"])
     g.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if arch in ("qwen3_moe", "mixtral"):
+        g.add_expert_count(config.get("num_experts") or config["num_local_experts"])
+        g.add_expert_used_count(config["num_experts_per_tok"])
+        g.add_expert_feed_forward_length(config.get("moe_intermediate_size") or config["intermediate_size"])
     g.add_file_type(gguf.LlamaFileType.ALL_F32)
     vocab = tok.get_vocab()
     tokens = sorted(vocab, key=vocab.get)
@@ -364,7 +378,11 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp"}
+    for block in ("mlp", "block_sparse_moe"):
+        for proj in ("gate", "up", "down"):
+            names[f"{block}.switch_mlp.{proj}_proj"] = f"ffn_{proj}_exps"
     for k in sorted(w):
         a = w[k].astype(np.float32)
         if k == "model.embed_tokens.weight":
@@ -378,9 +396,9 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
             module, kind = rest.rsplit(".", 1)
             name = f"blk.{layer}.{names[module]}.{kind}"
             # llama.cpp permutes llama-arch q/k (weights and biases) and no other arch's.
-            if arch in ("llama", "mistral") and module == "self_attn.q_proj":
+            if gguf_arch in ("llama", "mistral") and module == "self_attn.q_proj":
                 a = llama_permute(a, heads)
-            elif arch in ("llama", "mistral") and module == "self_attn.k_proj":
+            elif gguf_arch in ("llama", "mistral") and module == "self_attn.k_proj":
                 a = llama_permute(a, kv_heads)
         g.add_tensor(name, a)
     g.write_header_to_file()
@@ -469,6 +487,54 @@ def write_quantized(src: Path, dst: Path, group_size: int):
     (dst / "config.json").write_text(json.dumps(saved, indent=1) + "\n")
 
 
+def write_openai_mxfp4(src: Path, dst: Path):
+    """The float gpt-oss folder with its experts MXFP4-quantized by MLX (mx.quantize,
+    mode mxfp4) and saved as OpenAI's checkpoint holds them: gate_up_proj_blocks
+    ([experts, 2 x intermediate, in/32, 16] bytes, gate and up rows interleaved),
+    gate_up_proj_scales (E8M0 bytes), gate_up_proj_bias (interleaved too), down_proj_* alike,
+    and config.json's quantization_config {"quant_method": "mxfp4"}."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    (dst / "reference.json").unlink()
+    w = mx.load(str(src / "model.safetensors"))
+    out = {k: v for k, v in w.items() if ".mlp.experts." not in k}
+    for prefix in sorted({k.split(".mlp.experts.")[0] for k in w if ".mlp.experts." in k}):
+        e = lambda name: w[f"{prefix}.mlp.experts.{name}"]
+        experts = e("gate_proj.weight").shape[0]
+        gate_up = mx.stack([e("gate_proj.weight"), e("up_proj.weight")], axis=2).reshape(experts, -1, e("gate_proj.weight").shape[-1])
+        gate_up_bias = mx.stack([e("gate_proj.bias"), e("up_proj.bias")], axis=-1).reshape(experts, -1)
+        for name, matrix, bias in (("gate_up_proj", gate_up, gate_up_bias), ("down_proj", e("down_proj.weight"), e("down_proj.bias"))):
+            packed, scales = mx.quantize(matrix, group_size=32, bits=4, mode="mxfp4")
+            out[f"{prefix}.mlp.experts.{name}_blocks"] = packed.view(mx.uint8).reshape(*packed.shape[:-1], -1, 16)
+            out[f"{prefix}.mlp.experts.{name}_scales"] = scales
+            out[f"{prefix}.mlp.experts.{name}_bias"] = bias
+    mx.save_safetensors(str(dst / "model.safetensors"), out, metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (dst / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+
+def write_converted(src: Path, dst: Path, group_size: int, bits: int):
+    """The folder as mlx_lm.convert quantizes an already partly quantized model: load_model,
+    quantize_model at `bits` (the family's quant_predicate; modules already quantized stay as
+    they are and config.json names each newly quantized one), saved with mlx-lm's names."""
+    from mlx_lm.utils import quantize_model
+
+    model, config = load_model(src)
+    model, config = quantize_model(model, config, group_size=group_size, bits=bits)
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    (dst / "reference.json").unlink()
+    mx.save_safetensors(str(dst / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"})
+    saved = json.loads((src / "config.json").read_text())
+    saved["quantization"] = config["quantization"]
+    saved["quantization_config"] = config["quantization"]
+    (dst / "config.json").write_text(json.dumps(saved, indent=1) + "\n")
+
+
 def main():
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -543,6 +609,35 @@ def main():
                        "by mlx_lm.utils.quantize_model, reference from mlx-lm's quantized model")
         ref = reference(out_dir / name, sequences, description)
         ref["seed"] = LATER_MOE_MODELS[src][2] if src in LATER_MOE_MODELS else MOE_SEED
+        ref["quantized_from"] = src
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")
+    for name, src in MOE_GGUFS.items():
+        write_gguf(out_dir / src, out_dir / name, tok)
+        ref = json.loads((out_dir / src / "reference.json").read_text())
+        ref["model"] = name
+        ref["gguf_from"] = src
+        ref["exercises"] += (f"; as a GGUF (F32 tensors) in llama.cpp's mixture-of-experts layout, written by "
+                             f"gguf-py {importlib.metadata.version('gguf')}")
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: GGUF of {src}")
+    for name, src in OPENAI_MXFP4.items():
+        write_openai_mxfp4(out_dir / src, out_dir / name)
+        description = (MOE_MODELS[src][1] + "; experts MXFP4 (mx.quantize, mode mxfp4) in OpenAI's checkpoint layout "
+                       "(gate_up_proj_blocks/_scales/_bias, gate and up rows interleaved; quantization_config "
+                       "quant_method mxfp4), everything else float32; reference from mlx-lm loading that layout")
+        ref = reference(out_dir / name, sequences, description)
+        ref["seed"] = LATER_MOE_MODELS[src][2]
+        ref["quantized_from"] = src
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")
+    for name, src in MXFP4_CONVERTED.items():
+        write_converted(out_dir / src, out_dir / name, 64, 8)
+        description = (MOE_MODELS["gpt-oss"][1] + "; as mlx_lm.convert -q --q-bits 8 leaves gpt-oss in OpenAI's MXFP4: "
+                       "experts MXFP4 (config.json's default mode, scales as bytes), every other module 8-bit affine "
+                       "group 64 named one by one in config.json's quantization; reference from mlx-lm's model")
+        ref = reference(out_dir / name, sequences, description)
+        ref["seed"] = LATER_MOE_MODELS["gpt-oss"][2]
         ref["quantized_from"] = src
         (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")

@@ -143,6 +143,9 @@ pub struct HistoryCell {
     pub itl_p50: f64,
     pub e2e_p50: f64,
     pub errors: usize,
+    /// Tokens per joule where the run read power (the popover's Bench table shows them).
+    #[serde(default)]
+    pub tokens_per_joule: Option<f64>,
 }
 
 impl RunRecord {
@@ -192,6 +195,7 @@ impl RunRecord {
                     itl_p50: c.itl_p50,
                     e2e_p50: c.e2e_p50,
                     errors: c.errors,
+                    tokens_per_joule: c.tokens_per_joule,
                 })
                 .collect(),
         }

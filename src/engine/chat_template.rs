@@ -20,12 +20,17 @@ pub struct ChatMessage {
     /// A `tool` message's answer to this call id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning, sent back in the history (gpt-oss's template renders it
+    /// as the analysis of a turn that calls a tool). Absent when None: templates test
+    /// `"thinking" in message`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {
     /// A plain message (no tool calls).
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into(), tool_calls: vec![], tool_call_id: None }
+        ChatMessage { role: role.into(), content: content.into(), tool_calls: vec![], tool_call_id: None, thinking: None }
     }
 }
 
@@ -98,6 +103,18 @@ impl ChatTemplate {
     /// supports tools; otherwise tools, calls and tool results are rewritten into plain
     /// messages by [`fallback::apply`].
     pub fn render(&self, messages: &[ChatMessage], tools: &[ToolSpec], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_effort(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`ChatTemplate::render`] with `reasoning_effort` for the templates that read it
+    /// (gpt-oss's: "low", "medium", "high"); None leaves it undefined, the template's default.
+    pub fn render_with_effort(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolSpec],
+        add_generation_prompt: bool,
+        reasoning_effort: Option<&str>,
+    ) -> Result<String> {
         let tpl = self.env.get_template("chat").map_err(|e| anyhow!("{e}"))?;
         let rewritten;
         let (messages, tools) = if self.supports_tools() {
@@ -106,14 +123,19 @@ impl ChatTemplate {
             rewritten = fallback::apply(messages, tools);
             (rewritten.as_slice(), None)
         };
-        tpl.render(context! {
+        let ctx = context! {
             messages => messages,
             tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
-        })
-        .map_err(|e| anyhow!("chat template: {e}"))
+        };
+        // Only when given: a template tests `reasoning_effort is not defined` for its default.
+        let ctx = match reasoning_effort {
+            Some(effort) => context! { reasoning_effort => effort, ..ctx },
+            None => ctx,
+        };
+        tpl.render(ctx).map_err(|e| anyhow!("chat template: {e}"))
     }
 
     /// The template reads `tools` (Qwen 2.5, Llama 3.1, Mistral...); SmolLM2's does not.
@@ -127,8 +149,13 @@ impl ChatTemplate {
     }
 
     /// Special tokens the template closes an assistant turn with (`<|im_end|>`,
-    /// `<|eot_id|>`, `<end_of_turn>`), which end generation like EOS does.
+    /// `<|eot_id|>`, `<end_of_turn>`), which end generation like EOS does. Harmony's
+    /// (gpt-oss) turn ends on `<|return|>` or `<|call|>`; its `<|end|>` only closes a message
+    /// (the analysis before the final answer), so it must not stop generation.
     pub fn end_of_turn_tokens(&self) -> Vec<&'static str> {
+        if self.source.contains("<|channel|>") {
+            return vec!["<|return|>", "<|call|>"];
+        }
         ["<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"]
             .into_iter()
             .filter(|t| self.source.contains(t) && *t != "<|endoftext|>")

@@ -18,6 +18,12 @@ pub const KILL_ENGINE: &str = "__mlxbar_fault_kill_engine__";
 pub const STALL: &str = "__mlxbar_fault_stall__";
 /// In a model's path: its load blocks (holding the device) until [`release_stalls`].
 pub const STALL_LOAD: &str = "__mlxbar_fault_stall_load__";
+/// In a prompt, around a text: the model answers that text's tokens instead of what it samples
+/// (then samples again if the text ends before a stop token). A random-weight fixture then
+/// gives, through the real engine, parser and dialects, the exact output a trained model
+/// gives (gpt-oss's harmony channels).
+pub const SCRIPT: &str = "__mlxbar_fault_script__";
+pub const SCRIPT_END: &str = "__mlxbar_fault_script_end__";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -60,6 +66,17 @@ pub fn for_prompt(text: &str) -> Option<Fault> {
         .find_map(|(marker, fault)| text.contains(marker).then_some(fault))
 }
 
+/// The answer a prompt scripts ([`SCRIPT`] text [`SCRIPT_END`]), if any (none unless armed).
+/// `prompt` is the prompt's text with its special tokens spelled out.
+pub fn script_for_prompt(prompt: &str) -> Option<&str> {
+    if !armed() {
+        return None;
+    }
+    let from = prompt.find(SCRIPT)? + SCRIPT.len();
+    let to = from + prompt[from..].find(SCRIPT_END)?;
+    Some(&prompt[from..to])
+}
+
 /// The fault a model's path asks for, if any (none unless armed).
 pub fn for_path(path: &Path) -> Option<Fault> {
     (armed() && path.to_string_lossy().contains(STALL_LOAD)).then_some(Fault::StallLoad)
@@ -97,5 +114,10 @@ mod tests {
         assert_eq!(for_prompt(&format!("x {KILL_ENGINE} y")), Some(Fault::KillEngine));
         assert_eq!(for_path(&Path::new("/m").join(STALL_LOAD)), Some(Fault::StallLoad));
         assert_eq!(for_prompt("hello"), None);
+        assert_eq!(
+            script_for_prompt(&format!("ask {SCRIPT}<|channel|>final<|message|>Hi{SCRIPT_END} end")),
+            Some("<|channel|>final<|message|>Hi")
+        );
+        assert_eq!(script_for_prompt(&format!("unclosed {SCRIPT} x")), None);
     }
 }

@@ -42,7 +42,9 @@ impl KvCache {
         let slot = &mut self.layers[layer];
         let capacity = slot.keys.as_ref().map_or(0, |a| a.shape()[2]);
         if end > capacity {
-            let grow = ((end - capacity + STEP - 1) / STEP) * STEP;
+            // Whole steps past `start`, where the held rows end (a prefix copy's buffer
+            // runs past them: counting from its end would leave too few for a long append).
+            let grow = ((end - start + STEP - 1) / STEP) * STEP;
             let extend = |old: Option<&Array>, like: &Array| -> Result<Array> {
                 let s = like.shape();
                 let fresh = ops::zeros_dtype(&[s[0], s[1], grow, s[3]], like.dtype())?;
@@ -128,6 +130,22 @@ mod tests {
         let want: Vec<f32> = (0..300).map(|i| i as f32).collect();
         assert_eq!(k.as_slice::<f32>(), &want[..]);
         assert_eq!(v.as_slice::<f32>(), &want.iter().map(|x| x + 1000.0).collect::<Vec<_>>()[..]);
+    }
+
+    /// A prompt that continues a cached prefix by more than a step: the prefix copy's buffer
+    /// (259 positions in 512) grows to hold all 762 (it grew by one step from 259 to 515
+    /// and the write of 503 rows failed).
+    #[test]
+    fn a_long_append_to_a_prefix_copy_fits() {
+        let mut cache = KvCache::new(1);
+        cache.update(0, &positions(0.0, 259), &positions(0.0, 259)).unwrap();
+        cache.advance(259);
+        let mut copy = KvCache::from_prefix(&cache.into_layers(), 259).unwrap();
+        let (k, _) = copy.update(0, &positions(259.0, 503), &positions(259.0, 503)).unwrap();
+        copy.advance(503);
+        assert_eq!(k.shape(), &[1, 1, 762, 2]);
+        let k = k.index((.., .., .., 0)).reshape(&[-1]).unwrap();
+        assert_eq!(k.as_slice::<f32>(), &(0..762).map(|i| i as f32).collect::<Vec<_>>()[..]);
     }
 
     #[test]

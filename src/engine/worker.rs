@@ -92,6 +92,9 @@ struct Sequence {
     reserved: usize,
     #[cfg(feature = "test-hooks")]
     fault: Option<super::faults::Fault>,
+    /// The answer's tokens a test scripted ([`super::faults::SCRIPT`]).
+    #[cfg(feature = "test-hooks")]
+    script: Option<Vec<u32>>,
 }
 
 impl Sequence {
@@ -393,6 +396,11 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 fn admit(model: &Model, codec: &TextCodec, prefix: &mut PrefixCache, req: GenerationRequest, reserved: usize, id: u64) -> Result<Sequence> {
     #[cfg(feature = "test-hooks")]
     let fault = super::faults::for_prompt(&codec.decode(&req.prompt_ids)?);
+    #[cfg(feature = "test-hooks")]
+    let script = match super::faults::script_for_prompt(&codec.decode_with(&req.prompt_ids, false)?) {
+        Some(text) => Some(codec.tokenizer.encode_fast(text, false).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?.get_ids().to_vec()),
+        None => None,
+    };
     #[cfg(not(feature = "test-hooks"))]
     let _ = codec;
     let admitted_at = Instant::now();
@@ -416,6 +424,8 @@ fn admit(model: &Model, codec: &TextCodec, prefix: &mut PrefixCache, req: Genera
         req,
         #[cfg(feature = "test-hooks")]
         fault,
+        #[cfg(feature = "test-hooks")]
+        script,
     })
 }
 
@@ -463,6 +473,8 @@ fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, stats: &EngineStats, seq: &
         stats.record_mask(started.elapsed().as_secs_f64());
     }
     let token = seq.sampler.sample(&seq.logits);
+    #[cfg(feature = "test-hooks")]
+    let token = seq.script.as_ref().and_then(|ids| ids.get(seq.generated).copied()).unwrap_or(token);
     let logprobs = seq.req.logprobs.map(|top| logprobs::compute(&seq.logits, seq.req.sampling.temperature, token, top));
     let now = Instant::now();
     if seq.first_token_at.is_none() {

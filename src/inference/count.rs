@@ -15,12 +15,13 @@ pub async fn prompt_tokens(state: &AppState, mut req: InferenceRequest) -> Resul
     let loaded = lease.engine().loaded().ok_or_else(|| ApiError::from(SubmitError::Loading))?;
     let (codec, limit) =
         (loaded.codec.clone(), TextLimit { context: loaded.info.context_length, max_token_bytes: loaded.grammars.max_token_bytes() });
+    let effort = super::run::checked_effort(&req, &loaded.info)?;
     let input = req.input;
     let ids = state
         .prepare
         .run(move || {
             let specs = tools.as_ref().map(|t| t.specs.as_slice()).unwrap_or_default();
-            prompt_ids(&codec, input, specs, format.as_ref(), limit)
+            prompt_ids(&codec, input, specs, format.as_ref(), effort, limit)
         })
         .await??;
     Ok((loaded.info.id.clone(), ids.len()))

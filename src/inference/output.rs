@@ -18,6 +18,10 @@ pub enum Output {
         text: String,
         logprobs: Vec<TextLogprobs>,
     },
+    /// The model's reasoning (harmony's analysis channel), apart from its answer.
+    Reasoning {
+        text: String,
+    },
     /// A tool call begins: its id and function name, before any arguments.
     ToolCallStart {
         index: usize,
@@ -48,6 +52,8 @@ pub enum Finish {
 /// A whole answer, for clients that do not stream.
 pub struct Answer {
     pub text: String,
+    /// The reasoning before the answer ("" for models that do not reason).
+    pub reasoning: String,
     pub tool_calls: Vec<ToolCall>,
     pub logprobs: Vec<TextLogprobs>,
     pub finish: Finish,

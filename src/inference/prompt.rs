@@ -1,6 +1,6 @@
 //! A request's input as prompt token ids: a conversation through the model's chat template
 //! (with its tools and the answer's format), raw text through the tokenizer, or ids as given.
-use super::request::{Input, Message, OutputFormat, Role};
+use super::request::{Effort, Input, Message, OutputFormat, Role};
 use crate::api::error::ApiError;
 use crate::engine::chat_template::{ChatMessage, ChatTemplate};
 use crate::engine::tools::ToolSpec;
@@ -40,6 +40,7 @@ pub fn prompt_ids(
     input: Input,
     tools: &[ToolSpec],
     format: Option<&OutputFormat>,
+    effort: Option<Effort>,
     limit: TextLimit,
 ) -> Result<Vec<u32>, ApiError> {
     let encode = |text: &str| {
@@ -50,7 +51,7 @@ pub fn prompt_ids(
     };
     match input {
         Input::Chat(messages) => {
-            let prompt = Conversation::new(codec, &messages, tools, format)?.render(0)?;
+            let prompt = Conversation::new(codec, &messages, tools, format, effort)?.render(0)?;
             encode(&prompt)
         }
         Input::Text(text) => encode(&text),
@@ -74,6 +75,7 @@ pub fn fitted_prompt_ids(
     input: Input,
     tools: &[ToolSpec],
     format: Option<&OutputFormat>,
+    effort: Option<Effort>,
     limit: TextLimit,
 ) -> Result<Vec<u32>, ApiError> {
     let chat = matches!(input, Input::Chat(_));
@@ -87,10 +89,10 @@ pub fn fitted_prompt_ids(
         .code("context_length_exceeded")
     };
     let Input::Chat(messages) = &input else {
-        let ids = prompt_ids(codec, input, tools, format, limit)?;
+        let ids = prompt_ids(codec, input, tools, format, effort, limit)?;
         return if ids.len() < limit.context { Ok(ids) } else { Err(no_room(ids.len())) };
     };
-    let conversation = Conversation::new(codec, messages, tools, format)?;
+    let conversation = Conversation::new(codec, messages, tools, format, effort)?;
     // The ids from message `start` on, or the token count (or None: the bytes alone are too many).
     let from = |start: usize| -> Result<Result<Vec<u32>, Option<usize>>, ApiError> {
         let prompt = conversation.render(start)?;
@@ -127,10 +129,17 @@ struct Conversation<'a> {
     messages: Vec<ChatMessage>,
     tools: &'a [ToolSpec],
     format: Option<&'a OutputFormat>,
+    effort: Option<Effort>,
 }
 
 impl<'a> Conversation<'a> {
-    fn new(codec: &'a TextCodec, messages: &[Message], tools: &'a [ToolSpec], format: Option<&'a OutputFormat>) -> Result<Self, ApiError> {
+    fn new(
+        codec: &'a TextCodec,
+        messages: &[Message],
+        tools: &'a [ToolSpec],
+        format: Option<&'a OutputFormat>,
+        effort: Option<Effort>,
+    ) -> Result<Self, ApiError> {
         if messages.is_empty() {
             return Err(ApiError::bad_request("'messages' must contain at least one message").param("messages"));
         }
@@ -138,7 +147,7 @@ impl<'a> Conversation<'a> {
             .template
             .as_ref()
             .ok_or_else(|| ApiError::bad_request("This model has no chat template; use /v1/completions").param("messages"))?;
-        Ok(Conversation { template, messages: messages.iter().map(template_message).collect(), tools, format })
+        Ok(Conversation { template, messages: messages.iter().map(template_message).collect(), tools, format, effort })
     }
 
     /// The prompt of the messages from `start` on, after the system messages before it.
@@ -148,7 +157,9 @@ impl<'a> Conversation<'a> {
         if let Some(format) = self.format {
             describe_format(&mut messages, format);
         }
-        self.template.render(&messages, self.tools, true).map_err(|e| ApiError::bad_request(format!("{e:#}")).param("messages"))
+        self.template
+            .render_with_effort(&messages, self.tools, true, self.effort.map(Effort::as_str))
+            .map_err(|e| ApiError::bad_request(format!("{e:#}")).param("messages"))
     }
 }
 
@@ -158,6 +169,7 @@ fn template_message(m: &Message) -> ChatMessage {
         content: m.text(),
         tool_calls: m.tool_calls.clone(),
         tool_call_id: m.tool_call_id.clone(),
+        thinking: m.reasoning.clone(),
     }
 }
 

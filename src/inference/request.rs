@@ -12,6 +12,8 @@ pub struct InferenceRequest {
     pub tools: Option<ToolSet>,
     /// The shape the answer must have, enforced by constrained decoding.
     pub format: Option<OutputFormat>,
+    /// How hard a reasoning model thinks; a model without that control refuses it.
+    pub reasoning_effort: Option<ReasoningEffort>,
     pub sampling: Sampling,
     /// None: up to the context's end.
     pub max_tokens: Option<usize>,
@@ -66,6 +68,7 @@ impl Role {
     }
 }
 
+#[derive(Debug)]
 pub struct Message {
     pub role: Role,
     pub content: Vec<Part>,
@@ -73,14 +76,24 @@ pub struct Message {
     pub tool_calls: Vec<ToolCall>,
     /// On a tool message: the call it answers.
     pub tool_call_id: Option<String>,
+    /// On an assistant turn sent back in the history: the reasoning it showed (OpenAI's
+    /// `reasoning_content`, a Responses `reasoning` item, Anthropic `thinking` blocks, Ollama's
+    /// `thinking`). The template gets it as the message's `thinking` and decides what it renders.
+    pub reasoning: Option<String>,
 }
 
 /// A piece of a message. Only text today; images and audio will be parts beside it.
+#[derive(Debug)]
 pub enum Part {
     Text(String),
 }
 
 impl Message {
+    /// A message of `role` with this text and nothing else.
+    pub fn plain(role: Role, text: String) -> Message {
+        Message { role, content: vec![Part::Text(text)], tool_calls: vec![], tool_call_id: None, reasoning: None }
+    }
+
     pub fn text(&self) -> String {
         self.content.iter().map(|Part::Text(t)| t.as_str()).collect()
     }
@@ -99,6 +112,45 @@ pub enum OutputFormat {
     JsonObject,
     /// A value valid against this JSON Schema.
     JsonSchema(serde_json::Value),
+}
+
+/// A reasoning effort and the field of the dialect that asked for it (named by the refusal
+/// when the model has no such control).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningEffort {
+    pub level: Effort,
+    pub param: &'static str,
+}
+
+/// gpt-oss's reasoning levels (its template's `reasoning_effort`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    Low,
+    Medium,
+    High,
+}
+
+impl Effort {
+    /// "low", "medium" or "high"; anything else is the Err naming `param` and the levels.
+    pub fn parse(value: &str, param: &'static str) -> Result<Effort, crate::api::error::ApiError> {
+        match value {
+            "low" => Ok(Effort::Low),
+            "medium" => Ok(Effort::Medium),
+            "high" => Ok(Effort::High),
+            other => Err(crate::api::error::ApiError::bad_request(format!(
+                "'{param}' must be \"low\", \"medium\" or \"high\" (the levels gpt-oss's harmony format knows), got {other:?}"
+            ))
+            .param(param)),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+        }
+    }
 }
 
 /// Sampling as asked; None takes the server's default.

@@ -10,14 +10,14 @@ use rand::Rng;
 
 use super::output::{Answer, Finish, Output, TextLogprobs};
 use super::prompt::{fitted_prompt_ids, prompt_ids, TextLimit};
-use super::request::{InferenceRequest, OutputFormat, Overflow, ToolSet};
+use super::request::{Effort, InferenceRequest, Input, OutputFormat, Overflow, ToolSet};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::engine::constraint::schema::{self, MAX_SCHEMA_BYTES};
 use crate::engine::constraint::validate_schema;
 use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::tools::{ToolCall, ToolCallStream, ToolDelta, ToolMode};
-use crate::engine::{Constraint, Event, Events, FinishReason, Grammars, SamplingParams, SubmitError};
+use crate::engine::{Constraint, Event, Events, FinishReason, Grammars, ModelInfo, SamplingParams, SubmitError};
 use crate::metrics::inference::InferenceRecorder;
 use crate::registry::{Lease, ModelError};
 
@@ -40,7 +40,8 @@ pub struct Generation {
     rx: Events,
     recorder: InferenceRecorder,
     grammars: Arc<Grammars>,
-    /// Set when the request has tools: splits calls out of the text.
+    /// Set when the request has tools or the model's answers have channels (harmony): splits
+    /// calls and reasoning out of the text.
     tools: Option<ToolCallStream>,
     /// Calls begun so far.
     calls: usize,
@@ -70,6 +71,10 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
     let loaded = engine.loaded().ok_or_else(|| ApiError::from(SubmitError::Loading))?;
     let sampling = sampling(state, &req, loaded.grammars.n_vocab())?;
     let format_of_calls = loaded.info.tool_format;
+    let effort = checked_effort(&req, &loaded.info)?;
+    // Harmony's answers are read whatever the request: their reasoning is apart from the text.
+    // (A raw completion's text is the model's, markers and all: not read.)
+    let read_answer = has_tools || (format_of_calls.has_channels() && matches!(req.input, Input::Chat(_)));
     let (codec, grammars, model_context) = (loaded.codec.clone(), loaded.grammars.clone(), loaded.info.context_length);
     let (context, overflow) = match req.overflow {
         Overflow::Trim { window: Some(window) } => (window.min(model_context), req.overflow),
@@ -85,12 +90,12 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
             let specs = tools.as_ref().map(|t| t.specs.as_slice()).unwrap_or_default();
             let (prompt, max_tokens) = match overflow {
                 Overflow::Refuse => {
-                    let prompt = prompt_ids(&codec, input, specs, format.as_ref(), limit)?;
+                    let prompt = prompt_ids(&codec, input, specs, format.as_ref(), effort, limit)?;
                     let max_tokens = check_length(context, &prompt, requested)?;
                     (prompt, max_tokens)
                 }
                 Overflow::Trim { .. } => {
-                    let prompt = fitted_prompt_ids(&codec, input, specs, format.as_ref(), limit)?;
+                    let prompt = fitted_prompt_ids(&codec, input, specs, format.as_ref(), effort, limit)?;
                     let max_tokens = window_budget(context, &prompt, requested)?;
                     (prompt, max_tokens)
                 }
@@ -126,9 +131,9 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
     let (mut engine_req, rx) = engine.new_request(prompt, max_tokens, sampling, stop);
     engine_req.constraint = constraint.map(Box::new);
     engine_req.logprobs = req.logprobs;
-    // Call markers that are special tokens (`[TOOL_CALLS]`, `<|python_tag|>`) must reach the
-    // tool parser as text.
-    engine_req.special_tokens_as_text = has_tools;
+    // Call markers that are special tokens (`[TOOL_CALLS]`, `<|python_tag|>`, harmony's
+    // `<|channel|>`) must reach the parser as text.
+    engine_req.special_tokens_as_text = read_answer;
     engine.submit(engine_req)?;
     Ok(Generation {
         _lease: lease,
@@ -137,7 +142,7 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
         prompt_tokens,
         rx,
         grammars: loaded.grammars,
-        tools: has_tools.then(|| ToolCallStream::new(format_of_calls)),
+        tools: read_answer.then(|| ToolCallStream::new(format_of_calls)),
         calls: 0,
         logprobs: vec![],
         queue: VecDeque::new(),
@@ -167,6 +172,19 @@ pub(super) async fn checked_tools_and_format(
         return state.prepare.run(move || check_schemas(format.as_ref(), tools.as_ref()).map(|()| (format, tools))).await?;
     }
     Ok((format, tools))
+}
+
+/// The request's reasoning effort, for a model that has the control (harmony's
+/// `reasoning_effort`); asked of any other model, a 400 naming the dialect's field.
+pub(super) fn checked_effort(req: &InferenceRequest, model: &ModelInfo) -> Result<Option<Effort>, ApiError> {
+    match req.reasoning_effort {
+        Some(r) if !model.tool_format.has_channels() => Err(ApiError::bad_request(format!(
+            "'{}' is not supported: the model '{}' has no reasoning-effort control (only gpt-oss's harmony models have one)",
+            r.param, model.id
+        ))
+        .param(r.param)),
+        r => Ok(r.map(|r| r.level)),
+    }
 }
 
 /// The model the request names, leased (loaded if it is not); a name that is unknown or not
@@ -396,13 +414,14 @@ impl Generation {
 
     /// The whole answer.
     pub async fn collect(mut self) -> Result<Answer, ApiError> {
-        let (mut text, mut tool_calls, mut logprobs) = (String::new(), Vec::<ToolCall>::new(), Vec::new());
+        let (mut text, mut reasoning, mut tool_calls, mut logprobs) = (String::new(), String::new(), Vec::<ToolCall>::new(), Vec::new());
         while let Some(out) = self.next().await {
             match out? {
                 Output::Text { text: t, logprobs: lp } => {
                     text.push_str(&t);
                     logprobs.extend(lp);
                 }
+                Output::Reasoning { text: r } => reasoning.push_str(&r),
                 Output::ToolCallStart { id, name, .. } => tool_calls.push(ToolCall { id, name, arguments: String::new() }),
                 Output::ToolCallArguments { index, fragment } => {
                     if let Some(call) = tool_calls.get_mut(index) {
@@ -412,7 +431,7 @@ impl Generation {
                 Output::Done { finish, usage } => {
                     // A call `max_tokens` cut short is not a call.
                     tool_calls.retain(|c| serde_json::from_str::<serde_json::Value>(&c.arguments).is_ok());
-                    return Ok(Answer { text, tool_calls, logprobs, finish, usage });
+                    return Ok(Answer { text, reasoning, tool_calls, logprobs, finish, usage });
                 }
             }
         }
@@ -436,6 +455,8 @@ impl Generation {
             let out = match d {
                 ToolDelta::Text(text) if text.is_empty() => continue,
                 ToolDelta::Text(text) => Output::Text { text, logprobs: std::mem::take(&mut self.logprobs) },
+                ToolDelta::Reasoning(text) if text.is_empty() => continue,
+                ToolDelta::Reasoning(text) => Output::Reasoning { text },
                 ToolDelta::CallStart { index, name } => {
                     self.calls = self.calls.max(index + 1);
                     Output::ToolCallStart { index, id: call_id(), name }

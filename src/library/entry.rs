@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use crate::engine::model::quantized::{QuantMode, QuantSpec};
+
 /// How the weights are stored.
 #[derive(Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "lowercase")]
@@ -52,11 +54,34 @@ impl ModelSource {
     }
 }
 
-/// Affine quantization of the weights (the dominant one when modules differ).
-#[derive(Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+/// Quantization of the weights (the dominant one when modules differ).
+#[derive(Serialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Quantization {
     pub bits: u32,
     pub group_size: u32,
+    /// `affine` (integers with a scale and bias per group) or `mxfp4` (gpt-oss's experts).
+    pub mode: QuantMode,
+}
+
+impl Quantization {
+    pub fn affine(bits: u32, group_size: u32) -> Quantization {
+        Quantization { bits, group_size, mode: QuantMode::Affine }
+    }
+
+    pub fn spec(self) -> QuantSpec {
+        QuantSpec { group_size: self.group_size as i32, bits: self.bits as i32, mode: self.mode }
+    }
+
+    /// Bytes `elements` values take packed: the values, and per group a scale (and an
+    /// affine bias) of `float_bytes` each, an mxfp4 scale one byte.
+    pub fn packed_bytes(self, elements: u64, float_bytes: u64) -> u64 {
+        let groups = elements / self.group_size.max(1) as u64;
+        let per_group = match self.mode {
+            QuantMode::Affine => 2 * float_bytes,
+            QuantMode::Mxfp4 => 1,
+        };
+        elements * self.bits as u64 / 8 + groups * per_group
+    }
 }
 
 /// Weights stored one way: `elements` values affine-quantized as `quantization`, or float
@@ -128,9 +153,9 @@ pub struct ModelEntry {
 }
 
 impl ModelEntry {
-    /// `(bits, group_size)`, as `WeightFormat::resolve` takes it.
-    pub fn quantization_pair(&self) -> Option<(i32, i32)> {
-        self.quantization.map(|q| (q.bits as i32, q.group_size as i32))
+    /// The quantization, as `WeightFormat::resolve` takes it.
+    pub fn quantization_spec(&self) -> Option<QuantSpec> {
+        self.quantization.map(Quantization::spec)
     }
 
     /// Bytes of keys and values one token takes in every layer.
@@ -177,7 +202,7 @@ mod tests {
             revision: None,
             architecture: Some("llama".into()),
             parameters: Some(10),
-            quantization: Some(Quantization { bits: 4, group_size: 32 }),
+            quantization: Some(Quantization::affine(4, 32)),
             size_bytes: 5,
             context_length: Some(8192),
             chat_template: true,
@@ -198,7 +223,7 @@ mod tests {
         };
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!((v["format"].as_str(), v["source"].as_str()), (Some("gguf"), Some("lm-studio")));
-        assert_eq!(v["quantization"], serde_json::json!({"bits": 4, "group_size": 32}));
+        assert_eq!(v["quantization"], serde_json::json!({"bits": 4, "group_size": 32, "mode": "affine"}));
         assert_eq!(e.kv_bytes_per_token(4), Some(2 * 30 * 3 * 64 * 4));
         assert_eq!(e.float32_weight_bytes(), Some(40));
         for s in [ModelSource::Path, ModelSource::Mlxbar, ModelSource::ModelsDir, ModelSource::HubCache, ModelSource::LmStudio] {

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::engine::model::config::{from_hf_config, Arch, ModelConfig, QuantizationConfig};
+use crate::engine::model::config::{from_hf_config, Arch, ModelConfig, QuantMode, QuantizationConfig};
 use crate::engine::model::gguf::config_from_header;
 use crate::engine::model::validate::{self, GgufSummary};
 
@@ -89,11 +89,17 @@ pub fn folder(dir: &Path) -> ModelEntry {
     let mut shapes = BTreeMap::new();
     for f in &weights {
         match check_safetensors(f) {
-            Ok(summary) => shapes.extend(summary.shapes),
+            Ok(summary) => shapes.extend(summary.ranges.into_iter().map(|(name, r)| {
+                let shape = summary.shapes.get(&name).cloned().unwrap_or_default();
+                (name, Tensor { shape, dtype: r.dtype })
+            })),
             Err(err) => e.refuse(format!("{err:#}")),
         }
     }
-    e.weight_parts = folder_parts(&shapes, quant.as_ref());
+    match folder_parts(&shapes, quant.as_ref()) {
+        Ok(parts) => e.weight_parts = parts,
+        Err(err) => e.refuse(format!("{err:#}")),
+    }
     e.experts = expert_parts(&dir.join("config.json"), &shapes, quant.as_ref());
     if !dir.join("tokenizer.json").is_file() {
         e.refuse("no tokenizer.json");
@@ -142,7 +148,11 @@ fn read_config(e: &mut ModelEntry, text: &str) -> Option<QuantizationConfig> {
         Ok((cfg, quant)) => {
             fill_from_config(e, &cfg);
             e.parameters = Some(parameter_count(&cfg));
-            e.quantization = quant.as_ref().map(|q| Quantization { bits: q.bits as u32, group_size: q.group_size as u32 });
+            e.quantization = quant.as_ref().map(|q| Quantization {
+                bits: q.default.bits as u32,
+                group_size: q.default.group_size as u32,
+                mode: q.default.mode,
+            });
             quant
         }
         Err(err) => {
@@ -152,56 +162,79 @@ fn read_config(e: &mut ModelEntry, text: &str) -> Option<QuantizationConfig> {
     }
 }
 
-/// An MLX folder's weights by width, from its safetensors shapes: a module with `.scales`
-/// holds `scales × group_size` values at its (group_size, bits) from config.json, as the
-/// loader reads it (a mixture-of-experts router's as float); every other tensor is float.
-fn folder_parts(shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&QuantizationConfig>) -> Vec<WeightPart> {
+/// A safetensors tensor's shape and dtype (as the header names it).
+struct Tensor {
+    shape: Vec<u64>,
+    dtype: String,
+}
+
+/// An MLX folder's weights by width, from its safetensors headers: a module with `.scales`
+/// holds `scales × group_size` values packed as config.json and its scales say (as the
+/// loader reads it; a mixture-of-experts router's as float), OpenAI's MXFP4 `*_blocks`
+/// two values a byte; every other tensor is float.
+fn folder_parts(tensors: &BTreeMap<String, Tensor>, quant: Option<&QuantizationConfig>) -> anyhow::Result<Vec<WeightPart>> {
     let count = |shape: &Vec<u64>| shape.iter().product::<u64>();
-    let mut by_width: BTreeMap<Option<(u32, u32)>, u64> = BTreeMap::new();
-    for (name, shape) in shapes {
-        let scales = |module: &str| shapes.get(&format!("{module}.scales"));
+    let cols = |t: &Tensor| t.shape.last().copied().unwrap_or(0) as i32;
+    let mxfp4 = Quantization { bits: 4, group_size: 32, mode: QuantMode::Mxfp4 };
+    let mut by_width: BTreeMap<Option<Quantization>, u64> = BTreeMap::new();
+    for (name, t) in tensors {
+        let scales = |module: &str| tensors.get(&format!("{module}.scales"));
         if let Some(module) = name.strip_suffix(".scales").or(name.strip_suffix(".biases")) {
             if scales(module).is_some() {
                 continue;
             }
         }
-        let quantized = name.strip_suffix(".weight").and_then(|m| Some((scales(m)?, quant?.for_module(m))));
+        if name.ends_with("_blocks") {
+            *by_width.entry(Some(mxfp4)).or_default() += count(&t.shape) * 2;
+            continue;
+        }
+        if name.strip_suffix("_scales").is_some_and(|base| tensors.contains_key(&format!("{base}_blocks"))) {
+            continue;
+        }
+        let Some((module, s)) = name.strip_suffix(".weight").and_then(|m| Some((m, scales(m)?))) else {
+            *by_width.entry(None).or_default() += count(&t.shape);
+            continue;
+        };
+        let q = quant.with_context(|| format!("{module} is quantized but config.json has no quantization"))?;
+        let spec = q.spec(module, safetensors_dtype(&s.dtype), cols(t), cols(s))?;
+        let elements = count(&s.shape) * spec.group_size as u64;
         // A mixture-of-experts router is held float32 on the CPU whatever its file width
         // (engine::model: its choice is discrete).
         let router = name.ends_with(".mlp.gate.weight") || name.ends_with(".block_sparse_moe.gate.weight");
-        match quantized {
-            Some((scales, (group, _))) if router => *by_width.entry(None).or_default() += count(scales) * group as u64,
-            Some((scales, (group, bits))) => {
-                *by_width.entry(Some((bits as u32, group as u32))).or_default() += count(scales) * group as u64;
-            }
-            None => *by_width.entry(None).or_default() += count(shape),
-        }
+        let width = (!router).then_some(Quantization { bits: spec.bits as u32, group_size: spec.group_size as u32, mode: spec.mode });
+        *by_width.entry(width).or_default() += elements;
     }
-    parts(by_width)
+    Ok(by_width.into_iter().map(|(quantization, elements)| WeightPart { quantization, elements }).collect())
+}
+
+/// The MLX dtype of a safetensors dtype name, as far as telling scales apart needs.
+fn safetensors_dtype(name: &str) -> mlx_rs::Dtype {
+    match name {
+        "U8" => mlx_rs::Dtype::Uint8,
+        "F16" => mlx_rs::Dtype::Float16,
+        "BF16" => mlx_rs::Dtype::Bfloat16,
+        _ => mlx_rs::Dtype::Float32,
+    }
 }
 
 /// A mixture-of-experts folder's expert tensors, as [`folder_parts`] counts them.
-fn expert_parts(config: &Path, shapes: &BTreeMap<String, Vec<u64>>, quant: Option<&QuantizationConfig>) -> Option<ExpertParts> {
+fn expert_parts(config: &Path, tensors: &BTreeMap<String, Tensor>, quant: Option<&QuantizationConfig>) -> Option<ExpertParts> {
     let (cfg, _) = from_hf_config(&files::read_text(config).ok()?).ok()?;
     let moe = cfg.moe.as_ref()?;
-    let experts: BTreeMap<String, Vec<u64>> = shapes
+    let experts: BTreeMap<String, Tensor> = tensors
         .iter()
         .filter(|(name, _)| crate::engine::experts::locate::is_expert_tensor(name, cfg.arch))
-        .map(|(n, s)| (n.clone(), s.clone()))
+        .map(|(n, t)| (n.clone(), Tensor { shape: t.shape.clone(), dtype: t.dtype.clone() }))
         .collect();
     let sparse = (0..cfg.num_layers).filter(|&l| moe.is_sparse(l)).count() as u64;
-    (!experts.is_empty()).then(|| ExpertParts {
-        parts: folder_parts(&experts, quant),
+    if experts.is_empty() {
+        return None;
+    }
+    Some(ExpertParts {
+        parts: folder_parts(&experts, quant).ok()?,
         count: sparse * moe.num_experts as u64,
         per_token: sparse * moe.experts_per_token as u64,
     })
-}
-
-fn parts(by_width: BTreeMap<Option<(u32, u32)>, u64>) -> Vec<WeightPart> {
-    by_width
-        .into_iter()
-        .map(|(q, elements)| WeightPart { quantization: q.map(|(bits, group_size)| Quantization { bits, group_size }), elements })
-        .collect()
 }
 
 /// Why a config.json describes a vision (image + text) model, if it does.
@@ -251,6 +284,10 @@ pub fn parameter_count(cfg: &ModelConfig) -> u64 {
     let attention = h * q + 2 * h * kv + q * h + 2 * h + extra;
     let mlps: u64 = (0..cfg.num_layers)
         .map(|l| match cfg.moe.as_ref().filter(|m| m.is_sparse(l)) {
+            // gpt-oss's experts and router carry biases too.
+            Some(m) if cfg.arch == Arch::GptOss => {
+                m.num_experts as u64 * (3 * h * m.expert_intermediate_size as u64 + h + 2 * m.expert_intermediate_size as u64 + h + 1)
+            }
             Some(m) => m.num_experts as u64 * (3 * h * m.expert_intermediate_size as u64 + h),
             None => 3 * h * i,
         })
@@ -336,18 +373,19 @@ fn gguf_quantization(h: &GgufSummary) -> Option<Quantization> {
         *elements.entry(t.ggml_type.name).or_default() += t.dims.iter().product::<u64>();
     }
     let (name, _) = elements.into_iter().max_by_key(|&(name, n)| (n, std::cmp::Reverse(name)))?;
-    ggml_bits(name).map(|(bits, group_size)| Quantization { bits, group_size })
+    ggml_bits(name).map(|(bits, group_size)| Quantization::affine(bits, group_size))
 }
 
 /// A GGUF's tensors by width as MLX reads them: Q4_0, Q4_1 and Q8_0 as affine-quantized
 /// triplets (group 32), every other type as float (MLX casts other quantizations to float16).
 fn gguf_parts(h: &GgufSummary) -> Vec<WeightPart> {
-    let mut by_width: BTreeMap<Option<(u32, u32)>, u64> = BTreeMap::new();
+    let mut by_width: BTreeMap<Option<Quantization>, u64> = BTreeMap::new();
     for t in &h.tensor_infos {
         let width = matches!(t.ggml_type.name, "Q4_0" | "Q4_1" | "Q8_0").then(|| ggml_bits(t.ggml_type.name)).flatten();
-        *by_width.entry(width).or_default() += t.dims.iter().product::<u64>();
+        *by_width.entry(width.map(|(bits, group_size)| Quantization::affine(bits, group_size))).or_default() +=
+            t.dims.iter().product::<u64>();
     }
-    parts(by_width)
+    by_width.into_iter().map(|(quantization, elements)| WeightPart { quantization, elements }).collect()
 }
 
 /// (bits, group size) of a GGML quantized type: the scale block (K-quants: the sub-block
@@ -426,6 +464,38 @@ mod tests {
         assert_eq!(float, 8 * 64 + 2 * (2 * 64 + 2 * 16) + 64, "the router and the norms");
     }
 
+    /// gpt-oss with MXFP4 experts in both layouts: every parameter counted once, the experts
+    /// as mxfp4 (OpenAI's `_blocks` two values a byte), and held packed on the CPU.
+    #[test]
+    fn mxfp4_experts_are_counted_packed_in_both_layouts() {
+        use crate::engine::WeightFormat;
+        let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny");
+        let float = folder(&tiny.join("gpt-oss"));
+        let params = float.parameters.unwrap();
+        let total = |e: &ModelEntry| e.weight_parts.iter().map(|p| p.elements).sum::<u64>();
+        assert_eq!(total(&float), params);
+        // 2 sparse layers x 8 experts x (gate, up, down) of 64 x 32.
+        let experts = 2 * 8 * 3 * 64 * 32;
+        let mxfp4 = |e: &ModelEntry| {
+            e.weight_parts.iter().filter(|p| p.quantization.is_some_and(|q| q.mode == QuantMode::Mxfp4)).map(|p| p.elements).sum::<u64>()
+        };
+        for name in ["gpt-oss-openai", "gpt-oss-mxfp4-q8"] {
+            let e = folder(&tiny.join(name));
+            assert!(e.runnable, "{name}: {:?}", e.unsupported_reason);
+            assert_eq!((total(&e), mxfp4(&e)), (params, experts), "{name}: {:?}", e.weight_parts);
+            assert_eq!(e.quantization.map(|q| q.mode), Some(QuantMode::Mxfp4), "{name}");
+            // On the CPU the experts stay packed: half a byte a value and a byte a group.
+            let held = crate::registry::budget::weights_as_held(&e, WeightFormat::Native, false);
+            let others: u64 = e
+                .weight_parts
+                .iter()
+                .filter(|p| p.quantization.is_none_or(|q| q.mode != QuantMode::Mxfp4))
+                .map(|p| crate::registry::budget::parts_as_held(std::slice::from_ref(p), WeightFormat::Native, false))
+                .sum();
+            assert_eq!(held, others + experts / 2 + experts / 32, "{name}");
+        }
+    }
+
     fn folder_with(config: &str, files: &[&str]) -> (tempfile::TempDir, ModelEntry) {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("config.json"), config).unwrap();
@@ -440,7 +510,7 @@ mod tests {
     fn folder_reasons_name_what_is_wrong() {
         let (_d, e) = folder_with(SMOLLM2, &["tokenizer.json"]);
         assert_eq!(e.unsupported_reason.as_deref(), Some("no *.safetensors weights"));
-        assert_eq!(e.quantization, Some(Quantization { bits: 8, group_size: 64 }));
+        assert_eq!(e.quantization, Some(Quantization::affine(8, 64)));
         assert_eq!((e.context_length, e.parameters), (Some(8192), Some(134_515_008)));
 
         let (_d, e) = folder_with(&SMOLLM2.replace(r#""llama""#, r#""gpt_bigcode""#), &[]);

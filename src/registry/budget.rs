@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use crate::config::Config;
+use crate::engine::model::quantized::QuantMode;
 use crate::engine::WeightFormat;
 use crate::library::entry::WeightPart;
 use crate::library::{ModelEntry, Shape};
@@ -337,7 +338,7 @@ pub fn parts_as_held(parts: &[WeightPart], format: WeightFormat, on_gpu: bool) -
         .iter()
         .map(|p| match (format, p.quantization) {
             (WeightFormat::Float32 | WeightFormat::Auto, _) => p.elements * 4,
-            (WeightFormat::Native, Some(q)) if on_gpu => p.elements * q.bits as u64 / 8 + p.elements * 4 / q.group_size.max(1) as u64,
+            (WeightFormat::Native, Some(q)) if on_gpu => q.packed_bytes(p.elements, 2),
             (WeightFormat::Native, None) if on_gpu => p.elements * 2,
             (WeightFormat::Native, _) => cpu_bytes(p),
         })
@@ -345,11 +346,12 @@ pub fn parts_as_held(parts: &[WeightPart], format: WeightFormat, on_gpu: bool) -
 }
 
 /// What the CPU device holds of `part`: packed values plus a float32 scale and bias a group
-/// where its kernel runs them, else float32.
+/// where its kernel runs them, mxfp4 as stored (MLX's ops run it), else float32.
 fn cpu_bytes(part: &WeightPart) -> u64 {
     match part.quantization {
+        Some(q) if q.mode == QuantMode::Mxfp4 => q.packed_bytes(part.elements, 4),
         Some(q) if crate::engine::cpu_backend::quantized_kernel(q.bits as i32, q.group_size as i32).is_some() => {
-            part.elements * q.bits as u64 / 8 + part.elements * 8 / q.group_size.max(1) as u64
+            q.packed_bytes(part.elements, 4)
         }
         _ => part.elements * 4,
     }
@@ -574,10 +576,10 @@ mod tests {
         let params = 7_615_616_512u64;
         let mut e = entry(Some(QWEN7B_SHAPE));
         e.parameters = Some(params);
-        e.quantization = Some(crate::library::Quantization { bits: 4, group_size: 64 });
+        e.quantization = Some(crate::library::Quantization::affine(4, 64));
         assert_eq!(b.need(&e, WeightFormat::Native, false).weights, params / 2 + params / 8);
         assert_eq!(b.need(&e, WeightFormat::Float32, false).weights, params * 4);
-        e.quantization = Some(crate::library::Quantization { bits: 3, group_size: 64 });
+        e.quantization = Some(crate::library::Quantization::affine(3, 64));
         assert_eq!(b.need(&e, WeightFormat::Native, false).weights, params * 4);
     }
 
@@ -590,12 +592,12 @@ mod tests {
     fn each_part_is_estimated_at_its_own_width() {
         let b = budget(18 * GB, 2);
         let part = |width: Option<(u32, u32)>, elements| WeightPart {
-            quantization: width.map(|(bits, group_size)| crate::library::Quantization { bits, group_size }),
+            quantization: width.map(|(bits, group_size)| crate::library::Quantization::affine(bits, group_size)),
             elements,
         };
         let mut e = entry(Some(SMOL_SHAPE));
         e.parameters = Some(134_515_008);
-        e.quantization = Some(crate::library::Quantization { bits: 4, group_size: 32 });
+        e.quantization = Some(crate::library::Quantization::affine(4, 32));
         e.weight_parts = vec![part(None, 35_136), part(Some((4, 32)), 106_168_320), part(Some((8, 32)), 28_311_552)];
         assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 106_168_320 * 3 / 4 + 28_311_552 * 5 / 4 + 35_136 * 4);
         assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 115_156_224);

@@ -421,7 +421,7 @@ impl Models {
             return Err(ModelError::NotRunnable { id: id.into(), reason });
         }
         let on_gpu = self.device == DeviceKind::Gpu;
-        let format = self.config.weight_format.resolve(on_gpu, entry.quantization_pair());
+        let format = self.config.weight_format.resolve(on_gpu, entry.quantization_spec());
         let residents = self.residents();
         let available = self.telemetry.latest().memory.as_ref().map(|m| m.available).unwrap_or(u64::MAX / 4);
         let ask = experts::Ask {
@@ -853,7 +853,7 @@ impl Models {
         let need = entry
             .shape
             .is_some()
-            .then(|| self.budget.need(&entry, self.config.weight_format.resolve(on_gpu, entry.quantization_pair()), on_gpu).least());
+            .then(|| self.budget.need(&entry, self.config.weight_format.resolve(on_gpu, entry.quantization_spec()), on_gpu).least());
         // Lock order everywhere: pinned, refused, then slots.
         let pinned = lock(&self.pinned).contains(&id);
         let keep_alive = self.keep_alive_of(&id);

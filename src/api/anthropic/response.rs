@@ -1,4 +1,5 @@
-//! Anthropic's Message object from the core's [`Answer`]: content blocks (text, then each
+//! Anthropic's Message object from the core's [`Answer`]: content blocks (a reasoning
+//! model's `thinking` block first, with an empty `signature`: nothing here signs it; text, then each
 //! call as a `tool_use` block with its input parsed), `stop_reason`, `stop_sequence` and
 //! `usage` (input tokens not read from the prefix cache, and those that were).
 use serde_json::{json, Value};
@@ -39,6 +40,9 @@ pub fn usage(c: &Completion) -> Value {
 
 pub fn message(model: &str, answer: &Answer) -> Value {
     let mut content = vec![];
+    if !answer.reasoning.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": answer.reasoning, "signature": ""}));
+    }
     if !answer.text.is_empty() {
         content.push(json!({"type": "text", "text": answer.text}));
     }

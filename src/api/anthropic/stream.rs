@@ -1,6 +1,7 @@
 //! Answers as Anthropic's named server-sent events: `message_start` (the message with no
 //! content yet), `ping`, then per content block `content_block_start`, its deltas
-//! (`text_delta`, or `input_json_delta` pieces of a call's input) and `content_block_stop`,
+//! (`thinking_delta` of a reasoning model's thinking, `text_delta`, or `input_json_delta`
+//! pieces of a call's input) and `content_block_stop`,
 //! then `message_delta` (stop reason, usage) and `message_stop`. An error mid-stream is an
 //! `error` event.
 use std::convert::Infallible;
@@ -14,6 +15,15 @@ use crate::inference::{Generation, Output};
 
 fn event(name: &str, data: Value) -> SseEvent {
     SseEvent::default().event(name).data(data.to_string())
+}
+
+/// What the open content block holds (a call's block is closed by the next call or the end).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    None,
+    Thinking,
+    Text,
+    Call,
 }
 
 /// Where the stream is: the index of the open content block, if any, and of the next one.
@@ -52,9 +62,8 @@ pub fn sse(generation: Generation) -> Sse<impl Stream<Item = Result<SseEvent, In
         }}),
     );
     let opening = [start, event("ping", json!({"type": "ping"}))];
-    // Whether the open block is text (a call's block is closed by the next call or the end).
-    let state = (generation, Blocks { open: None, next: 0 }, false, false);
-    let body = stream::unfold(state, |(mut generation, mut blocks, mut in_text, ended)| async move {
+    let state = (generation, Blocks { open: None, next: 0 }, Kind::None, false);
+    let body = stream::unfold(state, |(mut generation, mut blocks, mut kind, ended)| async move {
         if ended {
             return None;
         }
@@ -63,17 +72,26 @@ pub fn sse(generation: Generation) -> Sse<impl Stream<Item = Result<SseEvent, In
         };
         let (events, ended) = match generation.next().await {
             Some(Ok(Output::Text { text, .. })) if text.is_empty() => (vec![], false),
+            Some(Ok(Output::Reasoning { text })) => {
+                let mut out = vec![];
+                if kind != Kind::Thinking {
+                    out = blocks.start(json!({"type": "thinking", "thinking": "", "signature": ""}));
+                    kind = Kind::Thinking;
+                }
+                out.push(delta(blocks.open.unwrap_or_default(), json!({"type": "thinking_delta", "thinking": text})));
+                (out, false)
+            }
             Some(Ok(Output::Text { text, .. })) => {
                 let mut out = vec![];
-                if !in_text {
+                if kind != Kind::Text {
                     out = blocks.start(json!({"type": "text", "text": ""}));
-                    in_text = true;
+                    kind = Kind::Text;
                 }
                 out.push(delta(blocks.open.unwrap_or_default(), json!({"type": "text_delta", "text": text})));
                 (out, false)
             }
             Some(Ok(Output::ToolCallStart { id, name, .. })) => {
-                in_text = false;
+                kind = Kind::Call;
                 (blocks.start(json!({"type": "tool_use", "id": tool_use_id(&id), "name": name, "input": {}})), false)
             }
             Some(Ok(Output::ToolCallArguments { fragment, .. })) => {
@@ -91,7 +109,7 @@ pub fn sse(generation: Generation) -> Sse<impl Stream<Item = Result<SseEvent, In
             Some(Err(e)) => (vec![event("error", super::errors::body(&e))], true),
             None => (vec![], true),
         };
-        Some((events, (generation, blocks, in_text, ended)))
+        Some((events, (generation, blocks, kind, ended)))
     });
     let body = stream::iter(opening).chain(body.flat_map(stream::iter)).map(Ok);
     Sse::new(body).keep_alive(KeepAlive::default())

@@ -1,6 +1,6 @@
 //! Anthropic's request in the core's terms: the system prompt, user turns whose
 //! `tool_result` blocks become tool messages, assistant turns whose `tool_use` blocks become
-//! calls, tools with their `input_schema`, `tool_choice`, `output_config.format`, sampling.
+//! calls (and whose `thinking` blocks, sent back, their reasoning), tools with their `input_schema`, `tool_choice`, `output_config.format`, sampling.
 use serde_json::{Map, Value};
 
 use super::request::{Content, CountTokensRequest, MessageIn, MessagesRequest};
@@ -37,6 +37,7 @@ pub fn messages(req: MessagesRequest) -> Result<InferenceRequest, ApiError> {
         input: Input::Chat(conversation(req.system, req.messages)?),
         tools,
         format,
+        reasoning_effort: None,
         sampling: Sampling { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k.map(|k| k as usize), ..Sampling::default() },
         max_tokens: Some(req.max_tokens as usize),
         overflow: Overflow::Refuse,
@@ -61,6 +62,7 @@ pub fn count_tokens(req: CountTokensRequest) -> Result<InferenceRequest, ApiErro
         input: Input::Chat(conversation(req.system, req.messages)?),
         tools: tools(req.tools, req.tool_choice)?,
         format: output_format(req.output_config)?,
+        reasoning_effort: None,
         sampling: Sampling::default(),
         max_tokens: None,
         overflow: Overflow::Refuse,
@@ -148,7 +150,7 @@ fn block_type<'a>(v: &'a Value, at: &str) -> Result<&'a str, ApiError> {
 
 fn unsupported_block(kind: &str, at: &str) -> ApiError {
     match kind {
-        "thinking" | "redacted_thinking" => bad(format!("{at}: '{kind}' blocks are not supported: mlxbar's models do not think")),
+        "thinking" | "redacted_thinking" => bad(format!("{at}: '{kind}' blocks belong to assistant turns")),
         _ => bad(format!("{at}: content block type '{kind}' is not supported (text, tool_use and tool_result are)")),
     }
 }
@@ -170,7 +172,7 @@ fn conversation(system: Option<Content>, messages: Vec<MessageIn>) -> Result<Vec
                 parts.join("\n")
             }
         };
-        out.push(Message { role: Role::System, content: vec![Part::Text(text)], tool_calls: vec![], tool_call_id: None });
+        out.push(Message::plain(Role::System, text));
     }
     let last = messages.len().checked_sub(1);
     if last.is_none() {
@@ -196,7 +198,7 @@ fn conversation(system: Option<Content>, messages: Vec<MessageIn>) -> Result<Vec
 fn user_turn(content: Content, at: &str, out: &mut Vec<Message>) -> Result<(), ApiError> {
     let blocks = match content {
         Content::Text(t) => {
-            out.push(Message { role: Role::User, content: vec![Part::Text(t)], tool_calls: vec![], tool_call_id: None });
+            out.push(Message::plain(Role::User, t));
             return Ok(());
         }
         Content::Blocks(b) => b,
@@ -231,20 +233,23 @@ fn user_turn(content: Content, at: &str, out: &mut Vec<Message>) -> Result<(), A
                     Some(Value::Bool(true)) => result = format!("Error: {result}"),
                     Some(_) => return Err(bad(format!("{at}.is_error: a boolean"))),
                 }
-                out.push(Message { role: Role::Tool, content: vec![Part::Text(result)], tool_calls: vec![], tool_call_id: Some(id) });
+                out.push(Message { tool_call_id: Some(id), ..Message::plain(Role::Tool, result) });
             }
             other => return Err(unsupported_block(other, &at)),
         }
     }
     if !text.is_empty() {
-        out.push(Message { role: Role::User, content: text, tool_calls: vec![], tool_call_id: None });
+        out.push(Message { role: Role::User, content: text, tool_calls: vec![], tool_call_id: None, reasoning: None });
     }
     Ok(())
 }
 
-/// An assistant turn of the history: its text and its `tool_use` blocks as calls.
+/// An assistant turn of the history: its text, its `tool_use` blocks as calls and its
+/// `thinking` blocks as its reasoning. A thinking block's `signature` is not checked (mlxbar
+/// signs none: it sends an empty one); a `redacted_thinking` block is another server's
+/// encrypted reasoning, which no template can read: accepted, and left out of the prompt.
 fn assistant_turn(content: Content, at: &str) -> Result<Message, ApiError> {
-    let mut message = Message { role: Role::Assistant, content: vec![], tool_calls: vec![], tool_call_id: None };
+    let mut message = Message { role: Role::Assistant, content: vec![], tool_calls: vec![], tool_call_id: None, reasoning: None };
     let blocks = match content {
         Content::Text(t) => {
             message.content.push(Part::Text(t));
@@ -264,6 +269,23 @@ fn assistant_turn(content: Content, at: &str) -> Result<Message, ApiError> {
                     name: string(o, "name", &at)?.to_string(),
                     arguments: input.to_string(),
                 });
+            }
+            "thinking" => {
+                let o = block(b, &at, &["thinking", "signature"])?;
+                let thinking = string(o, "thinking", &at)?;
+                match o.get("signature") {
+                    None | Some(Value::Null) | Some(Value::String(_)) => {}
+                    Some(_) => return Err(bad(format!("{at}.signature: a string"))),
+                }
+                if !thinking.is_empty() {
+                    message.reasoning = Some(match message.reasoning.take() {
+                        Some(before) => format!("{before}\n{thinking}"),
+                        None => thinking.to_string(),
+                    });
+                }
+            }
+            "redacted_thinking" => {
+                string(block(b, &at, &["data"])?, "data", &at)?;
             }
             other => return Err(unsupported_block(other, &at)),
         }
@@ -360,5 +382,45 @@ fn output_format(config: Option<Value>) -> Result<Option<OutputFormat>, ApiError
     match f.get("schema") {
         Some(s) if s.is_object() => Ok(Some(OutputFormat::JsonSchema(s.clone()))),
         _ => Err(bad("output_config.format.schema: Field required (a JSON Schema object)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn conversation_of(turns: Value) -> Result<Vec<Message>, String> {
+        let req: MessagesRequest =
+            serde_json::from_value(json!({"model": "m", "max_tokens": 8, "messages": turns})).map_err(|e| e.to_string())?;
+        match messages(req).map_err(|e| e.message)?.input {
+            Input::Chat(m) => Ok(m),
+            _ => unreachable!("a Messages request is a conversation"),
+        }
+    }
+
+    #[test]
+    fn thinking_blocks_sent_back_are_the_assistant_turns_reasoning() {
+        let m = conversation_of(json!([
+            {"role": "user", "content": "Time?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Need the clock.", "signature": ""},
+                {"type": "redacted_thinking", "data": "c2VjcmV0"},
+                {"type": "thinking", "thinking": "Call it.", "signature": "sig"},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_time", "input": {}},
+            ]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "12:00"}]},
+        ]))
+        .unwrap();
+        assert_eq!(m[1].reasoning.as_deref(), Some("Need the clock.\nCall it."));
+        assert_eq!((m[1].text().as_str(), m[1].tool_calls[0].name.as_str()), ("", "get_time"));
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("toolu_1"));
+        // a user turn has no thinking; a thinking block's fields are checked
+        let user = conversation_of(json!([{"role": "user", "content": [{"type": "thinking", "thinking": "x", "signature": ""}]}]));
+        assert!(user.unwrap_err().contains("belong to assistant turns"));
+        let extra = json!([{"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "budget": 1}]}, {"role": "user", "content": "y"}]);
+        assert!(conversation_of(extra).unwrap_err().contains("messages.0.content.0.budget"));
+        let redacted = json!([{"role": "assistant", "content": [{"type": "redacted_thinking"}]}, {"role": "user", "content": "y"}]);
+        assert!(conversation_of(redacted).unwrap_err().contains("data"));
     }
 }

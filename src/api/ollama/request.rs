@@ -68,7 +68,7 @@ pub struct MessageIn {
     pub tool_calls: Option<Vec<ToolCallIn>>,
     /// On a tool message: the function whose result this is.
     pub tool_name: Option<String>,
-    /// A thinking model's reasoning, sent back: refused when not empty (no model here thinks).
+    /// An assistant turn's reasoning, sent back: the template's `thinking` (an empty one is none).
     pub thinking: Option<String>,
 }
 

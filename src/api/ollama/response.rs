@@ -1,5 +1,6 @@
 //! Ollama's answer objects from the core's output: `created_at` (RFC 3339), the assistant
-//! `message` (chat) or `response` text (generate), `tool_calls` with parsed `arguments`,
+//! `message` (chat) or `response` text (generate), a reasoning model's `thinking` beside it
+//! (`message.thinking`, or `thinking` for generate), `tool_calls` with parsed `arguments`,
 //! `done_reason` and the counts and durations of the final object, in nanoseconds:
 //! `total_duration` (request in to answer done), `load_duration` (model lease, load if it
 //! was not loaded, and prompt preparation), `prompt_eval_*` (prefill: every prompt token,
@@ -58,6 +59,20 @@ pub fn chunk(shape: Shape, model: &str, text: &str, calls: &[ToolCall], logprobs
     o
 }
 
+/// A reasoning model's thinking, where Ollama puts it for the route.
+pub fn with_thinking(o: &mut Map<String, Value>, shape: Shape, thinking: &str) {
+    match shape {
+        Shape::Chat => {
+            if let Some(m) = o.get_mut("message") {
+                m["thinking"] = json!(thinking);
+            }
+        }
+        Shape::Generate => {
+            o.insert("thinking".into(), json!(thinking));
+        }
+    }
+}
+
 /// The last object's fields: `done`, `done_reason`, counts and durations.
 pub fn finish(o: &mut Map<String, Value>, finish: Finish, usage: &Completion, clock: Clock) {
     let reason = match finish {
@@ -77,6 +92,9 @@ pub fn finish(o: &mut Map<String, Value>, finish: Finish, usage: &Completion, cl
 /// The whole answer (`stream: false`).
 pub fn whole(shape: Shape, model: &str, answer: &Answer, clock: Clock) -> Value {
     let mut o = chunk(shape, model, &answer.text, &answer.tool_calls, &answer.logprobs);
+    if !answer.reasoning.is_empty() {
+        with_thinking(&mut o, shape, &answer.reasoning);
+    }
     finish(&mut o, answer.finish, &answer.usage, clock);
     Value::Object(o)
 }

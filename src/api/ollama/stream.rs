@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use futures::stream::{self, StreamExt};
 use serde_json::Value;
 
-use super::response::{chunk, finish, Clock, Shape};
+use super::response::{chunk, finish, with_thinking, Clock, Shape};
 use crate::engine::tools::ToolCall;
 use crate::inference::{Generation, Output};
 
@@ -41,6 +41,11 @@ pub fn ndjson(generation: Generation, shape: Shape, model: String, clock: Clock)
                 Some(Ok(Output::Text { text, logprobs })) if text.is_empty() && logprobs.is_empty() => (vec![], false),
                 Some(Ok(Output::Text { text, logprobs })) => {
                     (vec![line(Value::Object(chunk(shape, &model, &text, &[], &logprobs)))], false)
+                }
+                Some(Ok(Output::Reasoning { text })) => {
+                    let mut o = chunk(shape, &model, "", &[], &[]);
+                    with_thinking(&mut o, shape, &text);
+                    (vec![line(Value::Object(o))], false)
                 }
                 Some(Ok(Output::ToolCallStart { id, name, .. })) => {
                     calls.push(ToolCall { id, name, arguments: String::new() });

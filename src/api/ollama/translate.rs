@@ -1,15 +1,16 @@
 //! Ollama's requests in the core's terms: chat messages (tool calls in the history, `tool`
-//! messages answering them), generate's `system` + `prompt`, `tools`, `format` (`"json"` or
+//! messages answering them, an assistant's `thinking` sent back), generate's `system` + `prompt`, `tools`, `format` (`"json"` or
 //! a JSON Schema, through the constrained decoder), `options`, `keep_alive`, `logprobs`.
-//! What mlxbar cannot do is refused by name: `think` (no model here thinks), `images`,
-//! `raw`, `template`, `suffix`, `context` and image generation's fields.
+//! `think` (true, false or a level) sets a harmony model's reasoning effort; the core refuses
+//! it for other models. What mlxbar cannot do is refused by name: `images`, `raw`,
+//! `template`, `suffix`, `context` and image generation's fields.
 use serde_json::{Map, Value};
 
 use super::options::{self, Options};
 use super::request::{ChatRequest, GenerateRequest, MessageIn};
 use crate::api::error::ApiError;
 use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
-use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Overflow, Part, Role, ToolSet};
+use crate::inference::{Effort, InferenceRequest, Input, Message, OutputFormat, Overflow, ReasoningEffort, Role, ToolSet};
 
 /// The core's request and what only the handler can check (`num_ctx` against the model).
 pub struct Translated {
@@ -23,7 +24,7 @@ fn bad(message: impl Into<String>) -> ApiError {
 
 /// `model` is the library id [`super::names::model_id`] found for the request's name.
 pub fn chat(req: ChatRequest, model: String) -> Result<Translated, ApiError> {
-    check_think(req.think.as_ref(), &model)?;
+    let effort = think(req.think.as_ref())?;
     let options = options::parse(req.options)?;
     let format = format(req.format)?;
     let tools = tools(req.tools)?;
@@ -31,8 +32,7 @@ pub fn chat(req: ChatRequest, model: String) -> Result<Translated, ApiError> {
     Ok(core(
         model,
         Input::Chat(messages),
-        tools,
-        format,
+        (tools, format, effort),
         options,
         req.keep_alive,
         logprobs(req.logprobs, req.top_logprobs)?,
@@ -44,7 +44,7 @@ pub fn chat(req: ChatRequest, model: String) -> Result<Translated, ApiError> {
 /// `chat_template`: whether the model has one; without, the prompt goes to it as text
 /// (Ollama's template is then `{{ .System }}{{ .Prompt }}` too).
 pub fn generate(req: GenerateRequest, model: String, chat_template: bool) -> Result<Translated, ApiError> {
-    check_think(req.think.as_ref(), &model)?;
+    let effort = think(req.think.as_ref())?;
     let refused = [
         ("suffix", req.suffix.as_ref().is_some_and(|s| !s.is_empty()), "fill-in-the-middle is not supported by mlxbar"),
         ("template", req.template.as_ref().is_some_and(|s| !s.is_empty()), "mlxbar renders the model's own chat template"),
@@ -64,22 +64,30 @@ pub fn generate(req: GenerateRequest, model: String, chat_template: bool) -> Res
     let input = if chat_template {
         let mut messages = vec![];
         if let Some(system) = req.system.filter(|s| !s.is_empty()) {
-            messages.push(text_message(Role::System, system));
+            messages.push(Message::plain(Role::System, system));
         }
-        messages.push(text_message(Role::User, prompt));
+        messages.push(Message::plain(Role::User, prompt));
         Input::Chat(messages)
     } else {
         Input::Text(format!("{}{prompt}", req.system.unwrap_or_default()))
     };
-    Ok(core(model, input, None, format, options, req.keep_alive, logprobs(req.logprobs, req.top_logprobs)?, req.stream, super::GENERATE))
+    Ok(core(
+        model,
+        input,
+        (None, format, effort),
+        options,
+        req.keep_alive,
+        logprobs(req.logprobs, req.top_logprobs)?,
+        req.stream,
+        super::GENERATE,
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn core(
     model: String,
     input: Input,
-    tools: Option<ToolSet>,
-    format: Option<OutputFormat>,
+    (tools, format, reasoning_effort): (Option<ToolSet>, Option<OutputFormat>, Option<ReasoningEffort>),
     o: Options,
     keep_alive: Option<crate::registry::KeepAlive>,
     logprobs: Option<usize>,
@@ -93,6 +101,7 @@ fn core(
             input,
             tools,
             format,
+            reasoning_effort,
             sampling: o.sampling,
             max_tokens: o.max_tokens,
             // Ollama's window: `num_ctx` (else the model's context) holds prompt and answer;
@@ -107,19 +116,20 @@ fn core(
     }
 }
 
-fn text_message(role: Role, text: String) -> Message {
-    Message { role, content: vec![Part::Text(text)], tool_calls: vec![], tool_call_id: None }
-}
-
-/// `think`: false or absent passes; anything that asks for thinking is refused, as Ollama
-/// refuses it for a model that cannot think.
-fn check_think(think: Option<&Value>, model: &str) -> Result<(), ApiError> {
-    match think {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(()),
-        Some(_) => Err(bad(format!(
-            "think: \"{model}\" does not support thinking (mlxbar's models do not think); send think: false or leave it out"
-        ))),
-    }
+/// `think`: false or absent asks nothing; true (gpt-oss's default, "medium") or a level asks
+/// for reasoning, which the core refuses for a model that cannot reason, as Ollama does.
+/// (A harmony model reasons whatever `think` says: false does not turn it off, as in Ollama.)
+fn think(think: Option<&Value>) -> Result<Option<ReasoningEffort>, ApiError> {
+    const PARAM: &str = "think";
+    let level = match think {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => return Ok(None),
+        Some(Value::Bool(true)) => Effort::Medium,
+        Some(Value::String(s)) => {
+            Effort::parse(s, PARAM).map_err(|_| bad(format!("think: {s:?} is not true, false, \"low\", \"medium\" or \"high\"")))?
+        }
+        Some(other) => return Err(bad(format!("think: {other} is not true, false, \"low\", \"medium\" or \"high\""))),
+    };
+    Ok(Some(ReasoningEffort { level, param: PARAM }))
 }
 
 /// `logprobs: true` (and `top_logprobs`, the alternatives per token, 0-20).
@@ -199,9 +209,6 @@ fn conversation(messages: Vec<MessageIn>) -> Result<Vec<Message>, ApiError> {
         if m.images.as_ref().is_some_and(|v| !v.is_empty()) {
             return Err(bad(format!("{at}.images: mlxbar's models read text only")));
         }
-        if m.thinking.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(bad(format!("{at}.thinking: mlxbar's models do not think; leave it out")));
-        }
         let role = match m.role.as_str() {
             "system" => Role::System,
             "user" => Role::User,
@@ -215,7 +222,11 @@ fn conversation(messages: Vec<MessageIn>) -> Result<Vec<Message>, ApiError> {
         if m.tool_name.is_some() && role != Role::Tool {
             return Err(bad(format!("{at}.tool_name: only tool messages name a tool")));
         }
-        let mut message = text_message(role, m.content);
+        let thinking = m.thinking.filter(|t| !t.is_empty());
+        if thinking.is_some() && role != Role::Assistant {
+            return Err(bad(format!("{at}.thinking: only assistant messages carry reasoning")));
+        }
+        let mut message = Message { reasoning: thinking, ..Message::plain(role, m.content) };
         match role {
             Role::Assistant => {
                 calls.clear();
@@ -270,13 +281,31 @@ mod tests {
         assert!(t.core.stream, "Ollama streams by default");
     }
 
+    #[test]
+    fn thinking_sent_back_is_the_assistant_turns_reasoning() {
+        let t = chat_of(json!({"model": "m", "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "thinking": "Look it up.", "tool_calls": [{"function": {"name": "get_weather", "arguments": {}}}]},
+            {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+            {"role": "assistant", "content": "Sunny.", "thinking": ""},
+            {"role": "user", "content": "thanks"},
+        ]}))
+        .unwrap();
+        let Input::Chat(m) = t.core.input else { panic!() };
+        assert_eq!(m[1].reasoning.as_deref(), Some("Look it up."));
+        assert_eq!(m[3].reasoning, None, "an empty thinking is none");
+        let err = refusal(json!({"model": "m", "messages": [{"role": "user", "content": "x", "thinking": "y"}]}));
+        assert!(err.contains("thinking"), "{err}");
+    }
+
     fn refusal(v: Value) -> String {
         chat_of(v).err().expect("refused")
     }
 
     #[test]
     fn what_mlxbar_cannot_do_is_named() {
-        assert!(refusal(json!({"model": "m", "think": true, "messages": []})).contains("does not support thinking"));
+        // a level is the core's to refuse for a model without one; a bad one is refused here
+        assert!(refusal(json!({"model": "m", "think": "extreme", "messages": []})).starts_with("think"));
         assert!(refusal(json!({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})).contains("images"));
         assert!(refusal(json!({"model": "m", "format": 3, "messages": []})).contains("format"));
         assert!(

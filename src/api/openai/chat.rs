@@ -8,7 +8,7 @@ use crate::api::error::ApiError;
 use crate::api::json::OpenAiJson;
 use crate::api::AppState;
 use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
-use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Overflow, Part, Role, Sampling, ToolSet};
+use crate::inference::{Effort, InferenceRequest, Input, Message, OutputFormat, Overflow, Part, ReasoningEffort, Role, Sampling, ToolSet};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -40,6 +40,7 @@ pub fn translate(req: ChatCompletionRequest) -> Result<(InferenceRequest, bool, 
         input: Input::Chat(messages),
         tools,
         format: format(req.response_format)?,
+        reasoning_effort: reasoning_effort(req.reasoning_effort)?,
         sampling: Sampling {
             temperature: req.temperature,
             top_p: req.top_p,
@@ -57,6 +58,16 @@ pub fn translate(req: ChatCompletionRequest) -> Result<(InferenceRequest, bool, 
         stream: req.stream,
     };
     Ok((core, req.stream_options.is_some_and(|o| o.include_usage), logprobs.is_some()))
+}
+
+/// `reasoning_effort`: a level for the core (which refuses it for a model without the control).
+fn reasoning_effort(v: Option<serde_json::Value>) -> Result<Option<ReasoningEffort>, ApiError> {
+    const PARAM: &str = "reasoning_effort";
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(ReasoningEffort { level: Effort::parse(&s, PARAM)?, param: PARAM })),
+        Some(other) => Err(ApiError::bad_request(format!("'{PARAM}' must be a string, got {other}")).param(PARAM)),
+    }
 }
 
 fn message(index: usize, m: ChatMessageIn) -> Result<Message, ApiError> {
@@ -77,6 +88,9 @@ fn message(index: usize, m: ChatMessageIn) -> Result<Message, ApiError> {
     }
     if m.refusal.is_some() && role != Role::Assistant {
         return bad("only assistant messages carry a 'refusal'".into());
+    }
+    if m.reasoning_content.is_some() && role != Role::Assistant {
+        return bad("only assistant messages carry 'reasoning_content'".into());
     }
     let mut content = match m.content {
         None => vec![],
@@ -118,7 +132,8 @@ fn message(index: usize, m: ChatMessageIn) -> Result<Message, ApiError> {
         (Role::Tool, Some(_)) | (_, None) => {}
         (_, Some(_)) => return bad("only tool messages carry a 'tool_call_id'".into()),
     }
-    Ok(Message { role, content, tool_calls, tool_call_id: m.tool_call_id })
+    let reasoning = m.reasoning_content.filter(|r| !r.is_empty());
+    Ok(Message { role, content, tool_calls, tool_call_id: m.tool_call_id, reasoning })
 }
 
 fn tools(
@@ -238,5 +253,32 @@ mod tests {
         assert!(parse(&format!("{{{many}}}")).unwrap_err().contains("entries"));
         let at_limit = (0..LOGIT_BIAS_MAX_ENTRIES).map(|i| format!("\"{i}\": 1")).collect::<Vec<_>>().join(",");
         assert_eq!(parse(&format!("{{{at_limit}}}")).unwrap().len(), LOGIT_BIAS_MAX_ENTRIES);
+    }
+
+    fn messages_of(v: serde_json::Value) -> Result<Vec<Message>, String> {
+        let req: ChatCompletionRequest = serde_json::from_value(serde_json::json!({"messages": v})).map_err(|e| e.to_string())?;
+        match translate(req).map_err(|e| e.message)?.0.input {
+            Input::Chat(m) => Ok(m),
+            _ => unreachable!("a chat request is a conversation"),
+        }
+    }
+
+    #[test]
+    fn reasoning_content_sent_back_is_the_assistant_turns_reasoning() {
+        let m = messages_of(serde_json::json!([
+            {"role": "user", "content": "Time?"},
+            {"role": "assistant", "content": null, "reasoning_content": "Need the clock.",
+             "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+            {"role": "assistant", "content": "Noon.", "reasoning_content": ""},
+        ]))
+        .unwrap();
+        assert_eq!(m[1].reasoning.as_deref(), Some("Need the clock."));
+        assert_eq!(m[1].tool_calls[0].name, "get_time");
+        assert_eq!(m[3].reasoning, None, "an empty reasoning is none");
+        let err = messages_of(serde_json::json!([{"role": "user", "content": "x", "reasoning_content": "y"}])).unwrap_err();
+        assert!(err.contains("only assistant messages carry 'reasoning_content'"), "{err}");
+        // fields OpenAI does not have stay refused
+        assert!(messages_of(serde_json::json!([{"role": "assistant", "content": "x", "reasoning": "y"}])).is_err());
     }
 }

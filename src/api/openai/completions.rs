@@ -50,6 +50,7 @@ pub fn translate(req: CompletionRequest) -> Result<(InferenceRequest, bool, bool
         input,
         tools: None,
         format: format(req.response_format)?,
+        reasoning_effort: None,
         sampling: Sampling {
             temperature: req.temperature,
             top_p: req.top_p,

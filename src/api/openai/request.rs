@@ -42,13 +42,14 @@ pub struct ChatCompletionRequest {
     pub safety_identifier: Option<String>,
     /// Prompts are prefix-cached anyway; the key is not needed to find them.
     pub prompt_cache_key: Option<String>,
+    /// "low", "medium", "high": honoured by harmony models (gpt-oss), refused by the others.
+    pub reasoning_effort: Option<Value>,
     // Known, not done: refused by name in `check_unsupported`.
     audio: Option<Value>,
     modalities: Option<Vec<String>>,
     functions: Option<Value>,
     function_call: Option<Value>,
     prediction: Option<Value>,
-    reasoning_effort: Option<Value>,
     web_search_options: Option<Value>,
     verbosity: Option<Value>,
     service_tier: Option<String>,
@@ -104,9 +105,6 @@ impl ChatCompletionRequest {
         }
         if self.prediction.is_some() {
             return refuse("prediction", "predicted outputs are not implemented");
-        }
-        if self.reasoning_effort.is_some() {
-            return refuse("reasoning_effort", "the served models have no reasoning-effort control");
         }
         if self.web_search_options.is_some() {
             return refuse("web_search_options", "mlxbar does not search the web");
@@ -166,6 +164,8 @@ pub struct ChatMessageIn {
     pub tool_calls: Option<Vec<ToolCallIn>>,
     pub tool_call_id: Option<String>,
     pub refusal: Option<String>,
+    /// An assistant turn's reasoning sent back (as mlxbar answers it): the template's `thinking`.
+    pub reasoning_content: Option<String>,
     pub audio: Option<Value>,
     pub function_call: Option<Value>,
 }

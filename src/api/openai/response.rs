@@ -92,6 +92,10 @@ impl ResponseMeta {
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut message = json!({"role": "assistant", "content": a.text, "refusal": null});
+                // Where vLLM and llama.cpp's server put a reasoning model's thinking.
+                if !a.reasoning.is_empty() {
+                    message["reasoning_content"] = json!(a.reasoning);
+                }
                 if !a.tool_calls.is_empty() {
                     message["tool_calls"] = tool_calls_json(a);
                     if a.text.is_empty() {

@@ -1,5 +1,5 @@
 //! Answers as OpenAI's server-sent events: chat opens with the assistant role, then one
-//! chunk per text delta (content, with its logprobs) or tool-call delta (the call's index, id
+//! chunk per text delta (content, with its logprobs), reasoning delta (`reasoning_content`) or tool-call delta (the call's index, id
 //! and name first, then pieces of its arguments), a last chunk with the finish reason, the
 //! usage chunk if asked, and `[DONE]`. An error mid-stream is an error object, then `[DONE]`.
 use std::convert::Infallible;
@@ -47,6 +47,10 @@ pub fn sse(
                 };
                 offset += text.len();
                 (vec![data(chunk(json!({"content": text}), lp, Value::Null))], false)
+            }
+            // vLLM's and llama.cpp's field for a reasoning model's thinking (only chat has it).
+            Some(Ok(Output::Reasoning { text })) => {
+                (vec![data(chunk(json!({"reasoning_content": text}), Value::Null, Value::Null))], false)
             }
             Some(Ok(Output::ToolCallStart { index, id, name })) => {
                 let call = json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}});

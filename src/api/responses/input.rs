@@ -1,7 +1,9 @@
 //! The Responses `input` in the core's terms: a string is one user message; items are
 //! `message`s (roles user, system, developer, assistant; a string or `input_text` /
-//! `output_text` / `refusal` parts), `function_call`s (joined to the assistant turn before
-//! them, as chat templates want calls) and `function_call_output`s (tool messages). The
+//! `output_text` / `refusal` parts), `reasoning` items sent back (the reasoning of the
+//! assistant turn after them: the template's `thinking`), `function_call`s (joined to the
+//! assistant turn before them, as chat templates want calls) and `function_call_output`s
+//! (tool messages). The
 //! fields a client sends back from an earlier Response's `output` (`id`, `status`, a text's
 //! `annotations` and `logprobs`) describe that output and are accepted; anything else is a
 //! 400 naming it and where it is.
@@ -36,7 +38,15 @@ pub fn conversation(instructions: Option<String>, input: Input) -> Result<Vec<Me
         let at = format!("input[{i}]");
         let o = item.as_object().ok_or_else(|| bad(format!("{at}: an item is an object")))?;
         match o.get("type").map(|t| t.as_str().ok_or_else(|| bad(format!("{at}.type: a string")))).transpose()? {
-            None | Some("message") => out.push(message_item(o, &at)?),
+            None | Some("message") => {
+                let m = message_item(o, &at)?;
+                match out.last_mut() {
+                    // The answer of the turn whose reasoning came just before it.
+                    Some(last) if m.role == Role::Assistant && only_reasoning(last) => last.content = m.content,
+                    _ => out.push(m),
+                }
+            }
+            Some("reasoning") => reasoning(o, &at, &mut out)?,
             Some("function_call") => function_call(o, &at, &mut out)?,
             Some("function_call_output") => out.push(function_call_output(o, &at)?),
             Some("item_reference") => {
@@ -44,7 +54,7 @@ pub fn conversation(instructions: Option<String>, input: Input) -> Result<Vec<Me
             }
             Some(other) => {
                 return Err(bad(format!(
-                    "{at}.type: '{other}' is not supported (message, function_call and function_call_output items are)"
+                    "{at}.type: '{other}' is not supported (message, reasoning, function_call and function_call_output items are)"
                 )))
             }
         }
@@ -53,7 +63,57 @@ pub fn conversation(instructions: Option<String>, input: Input) -> Result<Vec<Me
 }
 
 fn message(role: Role, content: Vec<Part>) -> Message {
-    Message { role, content, tool_calls: vec![], tool_call_id: None }
+    Message { role, content, tool_calls: vec![], tool_call_id: None, reasoning: None }
+}
+
+/// An assistant turn holding reasoning and nothing yet: the message or calls after it are its.
+fn only_reasoning(m: &Message) -> bool {
+    m.role == Role::Assistant && m.reasoning.is_some() && m.content.is_empty() && m.tool_calls.is_empty()
+}
+
+/// A `reasoning` item sent back: its `reasoning_text` parts (else its summary's `summary_text`
+/// parts) are the reasoning of the assistant turn that follows. `encrypted_content` is
+/// another server's reasoning, which mlxbar cannot read: refused.
+fn reasoning(o: &Map<String, Value>, at: &str, out: &mut Vec<Message>) -> Result<(), ApiError> {
+    let o = fields(o, at, &["summary", "content", "encrypted_content"])?;
+    if o.get("encrypted_content").is_some_and(|e| !e.is_null()) {
+        return Err(bad(format!("{at}.encrypted_content: mlxbar cannot read encrypted reasoning; send its 'content' as text")));
+    }
+    let texts = |key: &str, kind: &str| -> Result<Vec<String>, ApiError> {
+        match o.get(key) {
+            None | Some(Value::Null) => Ok(vec![]),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .enumerate()
+                .map(|(j, p)| {
+                    let at = format!("{at}.{key}[{j}]");
+                    let p = p.as_object().ok_or_else(|| bad(format!("{at}: a part is an object")))?;
+                    if string(p, "type", &at)? != kind {
+                        return Err(bad(format!("{at}.type: a {key} part is '{kind}'")));
+                    }
+                    if let Some(extra) = p.keys().find(|k| !["type", "text"].contains(&k.as_str())) {
+                        return Err(bad(format!("{at}.{extra}: Unrecognized argument for a '{kind}' part")));
+                    }
+                    Ok(string(p, "text", &at)?.to_string())
+                })
+                .collect(),
+            Some(_) => Err(bad(format!("{at}.{key}: a list of '{kind}' parts"))),
+        }
+    };
+    let content = texts("content", "reasoning_text")?;
+    let parts = if content.is_empty() { texts("summary", "summary_text")? } else { content };
+    let text = parts.join("\n");
+    if text.is_empty() {
+        return Ok(());
+    }
+    match out.last_mut() {
+        Some(last) if only_reasoning(last) => {
+            let before = last.reasoning.take().unwrap_or_default();
+            last.reasoning = Some(format!("{before}\n{text}"));
+        }
+        _ => out.push(Message { reasoning: Some(text), ..message(Role::Assistant, vec![]) }),
+    }
+    Ok(())
 }
 
 /// The item's object, with no field beyond `allowed` (and `type`, `id`, `status`, which
@@ -127,7 +187,7 @@ fn function_call(o: &Map<String, Value>, at: &str, out: &mut Vec<Message>) -> Re
     };
     match out.last_mut() {
         Some(last) if last.role == Role::Assistant => last.tool_calls.push(call),
-        _ => out.push(Message { role: Role::Assistant, content: vec![], tool_calls: vec![call], tool_call_id: None }),
+        _ => out.push(Message { tool_calls: vec![call], ..message(Role::Assistant, vec![]) }),
     }
     Ok(())
 }
@@ -153,5 +213,56 @@ fn function_call_output(o: &Map<String, Value>, at: &str) -> Result<Message, Api
         }
         _ => return Err(bad(format!("{at}.output: Field required (a string or input_text parts)"))),
     };
-    Ok(Message { role: Role::Tool, content: vec![Part::Text(text)], tool_calls: vec![], tool_call_id: Some(id) })
+    Ok(Message { tool_call_id: Some(id), ..Message::plain(Role::Tool, text) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn conversation_of(items: Value) -> Result<Vec<Message>, String> {
+        let Value::Array(items) = items else { unreachable!("items are a list") };
+        conversation(None, Input::Items(items)).map_err(|e| e.message)
+    }
+
+    fn reasoning_item(text: &str) -> Value {
+        json!({"type": "reasoning", "id": "rs_1", "status": "completed", "summary": [], "content": [{"type": "reasoning_text", "text": text}]})
+    }
+
+    #[test]
+    fn a_reasoning_item_sent_back_is_the_next_assistant_turns_reasoning() {
+        let m = conversation_of(json!([
+            {"role": "user", "content": "Time?"},
+            reasoning_item("Need the clock."),
+            {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_time", "arguments": "{}", "status": "completed"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "12:00"},
+            reasoning_item("Say it."),
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Noon.", "annotations": []}]},
+            {"role": "user", "content": "Thanks"},
+        ]))
+        .unwrap();
+        let turns: Vec<_> = m.iter().map(|m| (m.role, m.reasoning.as_deref(), m.text(), m.tool_calls.len())).collect();
+        assert_eq!(
+            turns,
+            [
+                (Role::User, None, "Time?".into(), 0),
+                (Role::Assistant, Some("Need the clock."), String::new(), 1),
+                (Role::Tool, None, "12:00".into(), 0),
+                (Role::Assistant, Some("Say it."), "Noon.".into(), 0),
+                (Role::User, None, "Thanks".into(), 0),
+            ]
+        );
+        // a summary stands for reasoning sent without its text
+        let summary = json!({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Clock."}]});
+        let m = conversation_of(json!([{"role": "user", "content": "Time?"}, summary])).unwrap();
+        assert_eq!(m[1].reasoning.as_deref(), Some("Clock."));
+        // encrypted reasoning cannot be read; fields beyond the item's are refused
+        let encrypted = json!({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"});
+        assert!(conversation_of(json!([encrypted])).unwrap_err().contains("input[0].encrypted_content"));
+        let extra = json!({"type": "reasoning", "id": "rs_1", "summary": [], "effort": "low"});
+        assert!(conversation_of(json!([extra])).unwrap_err().contains("input[0].effort"));
+        let wrong = json!({"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "output_text", "text": "x"}]});
+        assert!(conversation_of(json!([wrong])).unwrap_err().contains("reasoning_text"));
+    }
 }

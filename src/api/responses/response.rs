@@ -1,5 +1,6 @@
-//! The Response object from the core's [`Answer`]: `output` items (a `message` with one
-//! `output_text` part, its logprobs when `include` asked; each call as a `function_call`),
+//! The Response object from the core's [`Answer`]: `output` items (a reasoning model's
+//! `reasoning` item first, its text as one `reasoning_text` part, as OpenAI's gpt-oss server
+//! and vLLM send it; a `message` with one `output_text` part, its logprobs when `include` asked; each call as a `function_call`),
 //! `status` (`incomplete` with `incomplete_details.reason` when `max_output_tokens` or the
 //! context cut it), `usage` (with the prefix cache's `cached_tokens`) and the request's
 //! parameters repeated, as the SDK's `Response` model expects them.
@@ -21,6 +22,21 @@ fn unix_now() -> u64 {
 /// A message item's id (`msg_…`).
 pub fn message_id() -> String {
     format!("msg_{}", random_suffix())
+}
+
+/// A reasoning item's id (`rs_…`).
+pub fn reasoning_id() -> String {
+    format!("rs_{}", random_suffix())
+}
+
+/// A `reasoning_text` part.
+pub fn reasoning_part(text: &str) -> Value {
+    json!({"type": "reasoning_text", "text": text})
+}
+
+/// A `reasoning` item: no summary (the text itself is the content).
+pub fn reasoning_item(id: &str, status: &str, content: Vec<Value>) -> Value {
+    json!({"id": id, "type": "reasoning", "status": status, "summary": [], "content": content})
 }
 
 /// A function_call item's id (`fc_…`), from the call's `call_…` id.
@@ -113,6 +129,9 @@ impl Meta {
         let (status, incomplete) = status(a.finish);
         let item_status = if a.finish == Finish::Length { "incomplete" } else { "completed" };
         let mut output = vec![];
+        if !a.reasoning.is_empty() {
+            output.push(reasoning_item(&reasoning_id(), item_status, vec![reasoning_part(&a.reasoning)]));
+        }
         if !a.text.is_empty() || a.tool_calls.is_empty() {
             let lps = self.echo.logprobs.then_some(a.logprobs.as_slice());
             output.push(message_item(&message_id(), item_status, vec![text_part(&a.text, lps)]));

@@ -1,6 +1,8 @@
 //! Answers as the Responses API's server-sent events, each named by its `type` and numbered
 //! by `sequence_number`: `response.created` and `response.in_progress`; per output item
-//! `response.output_item.added`, then for text `response.content_part.added`, the
+//! `response.output_item.added`, then for reasoning `response.content_part.added`, the
+//! `response.reasoning_text.delta`s, `.done` and `response.content_part.done`, for text
+//! `response.content_part.added`, the
 //! `response.output_text.delta`s, `response.output_text.done` and
 //! `response.content_part.done`, for a call the `response.function_call_arguments.delta`s
 //! and `.done`; `response.output_item.done`; at the end `response.completed` (or
@@ -13,11 +15,15 @@ use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
 use super::errors::{response_error, responses_words};
-use super::response::{call_item, call_item_id, logprobs, message_id, message_item, status, text_part, usage, Meta};
+use super::response::{
+    call_item, call_item_id, logprobs, message_id, message_item, reasoning_id, reasoning_item, reasoning_part, status, text_part, usage,
+    Meta,
+};
 use crate::inference::{Finish, Generation, Output, TextLogprobs};
 
 /// The output item being written.
 enum Open {
+    Reasoning { id: String, text: String },
     Text { id: String, text: String, logprobs: Vec<TextLogprobs> },
     Call { call_id: String, name: String, arguments: String },
 }
@@ -46,12 +52,17 @@ impl Writer {
     fn open(&mut self, open: Open) -> Vec<SseEvent> {
         let index = self.done.len();
         let item = match &open {
+            Open::Reasoning { id, .. } => reasoning_item(id, "in_progress", vec![]),
             Open::Text { id, .. } => message_item(id, "in_progress", vec![]),
             Open::Call { call_id, name, .. } => call_item(call_id, name, "", "in_progress"),
         };
         let mut out = vec![self.event("response.output_item.added", json!({"output_index": index, "item": item}))];
-        if let Open::Text { id, .. } = &open {
-            let part = text_part("", self.meta.echo.logprobs.then_some(&[]));
+        let part = match &open {
+            Open::Reasoning { id, .. } => Some((id, reasoning_part(""))),
+            Open::Text { id, .. } => Some((id, text_part("", self.meta.echo.logprobs.then_some(&[])))),
+            Open::Call { .. } => None,
+        };
+        if let Some((id, part)) = part {
             out.push(
                 self.event("response.content_part.added", json!({"item_id": id, "output_index": index, "content_index": 0, "part": part})),
             );
@@ -65,6 +76,16 @@ impl Writer {
         let index = self.done.len();
         let (events, item) = match self.open.take() {
             None => return vec![],
+            Some(Open::Reasoning { id, text }) => {
+                let part = reasoning_part(&text);
+                let at = json!({"item_id": id, "output_index": index, "content_index": 0});
+                let mut done = at.clone();
+                done["text"] = json!(text);
+                let mut part_done = at;
+                part_done["part"] = part.clone();
+                let events = vec![self.event("response.reasoning_text.done", done), self.event("response.content_part.done", part_done)];
+                (events, reasoning_item(&id, status, vec![part]))
+            }
             Some(Open::Text { id, text, logprobs: lps }) => {
                 let part = text_part(&text, self.meta.echo.logprobs.then_some(lps.as_slice()));
                 let at = json!({"item_id": id, "output_index": index, "content_index": 0});
@@ -107,6 +128,19 @@ impl Writer {
                 events.push(self.event("response.output_text.delta", data));
                 events
             }
+            Output::Reasoning { text } => {
+                let mut events = vec![];
+                if !matches!(self.open, Some(Open::Reasoning { .. })) {
+                    events.extend(self.close("completed"));
+                    events.extend(self.open(Open::Reasoning { id: reasoning_id(), text: String::new() }));
+                }
+                let index = self.done.len();
+                let Some(Open::Reasoning { id, text: all }) = &mut self.open else { unreachable!("opened above") };
+                all.push_str(&text);
+                let data = json!({"item_id": id.clone(), "output_index": index, "content_index": 0, "delta": text});
+                events.push(self.event("response.reasoning_text.delta", data));
+                events
+            }
             Output::ToolCallStart { id, name, .. } => {
                 let mut events = self.close("completed");
                 events.extend(self.open(Open::Call { call_id: id, name, arguments: String::new() }));
@@ -147,6 +181,7 @@ pub fn sse(meta: Meta, generation: Generation) -> Sse<impl Stream<Item = Result<
                 let mut output = writer.done.clone();
                 if let Some(open) = &writer.open {
                     output.push(match open {
+                        Open::Reasoning { id, text } => reasoning_item(id, "incomplete", vec![reasoning_part(text)]),
                         Open::Text { id, text, .. } => message_item(id, "incomplete", vec![text_part(text, None)]),
                         Open::Call { call_id, name, arguments } => call_item(call_id, name, arguments, "incomplete"),
                     });

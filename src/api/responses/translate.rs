@@ -9,7 +9,7 @@ use super::input::conversation;
 use super::request::ResponsesRequest;
 use crate::api::error::ApiError;
 use crate::engine::tools::{ToolMode, ToolSpec};
-use crate::inference::{InferenceRequest, Input, OutputFormat, Overflow, Sampling, ToolSet};
+use crate::inference::{Effort, InferenceRequest, Input, OutputFormat, Overflow, ReasoningEffort, Sampling, ToolSet};
 
 /// The one `include` value mlxbar has.
 pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
@@ -50,6 +50,7 @@ pub fn translate(req: ResponsesRequest) -> Result<(InferenceRequest, Echo), ApiE
     };
     let tools = tools(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?;
     let (format, text) = text_format(req.text.as_ref())?;
+    let reasoning_effort = reasoning(req.reasoning.as_ref())?;
     let mut params = Map::new();
     params.insert("instructions".into(), json!(req.instructions));
     params.insert("tools".into(), json!(req.tools.clone().unwrap_or_default()));
@@ -65,7 +66,8 @@ pub fn translate(req: ResponsesRequest) -> Result<(InferenceRequest, Echo), ApiE
     params.insert("store".into(), json!(false));
     params.insert("background".into(), json!(false));
     params.insert("previous_response_id".into(), Value::Null);
-    params.insert("reasoning".into(), Value::Null);
+    let echoed = reasoning_effort.map(|r| json!({"effort": r.level.as_str(), "summary": null}));
+    params.insert("reasoning".into(), echoed.unwrap_or(Value::Null));
     params.insert("service_tier".into(), json!("default"));
     params.insert("truncation".into(), json!("disabled"));
     if let Some(t) = req.temperature {
@@ -80,6 +82,7 @@ pub fn translate(req: ResponsesRequest) -> Result<(InferenceRequest, Echo), ApiE
         input: Input::Chat(conversation(req.instructions, req.input)?),
         tools,
         format,
+        reasoning_effort,
         sampling: Sampling { temperature: req.temperature, top_p: req.top_p, ..Sampling::default() },
         max_tokens: req.max_output_tokens.map(|m| m as usize),
         overflow: Overflow::Refuse,
@@ -89,6 +92,29 @@ pub fn translate(req: ResponsesRequest) -> Result<(InferenceRequest, Echo), ApiE
         stream: req.stream,
     };
     Ok((core, Echo { params, logprobs: logprobs.is_some() }))
+}
+
+/// `reasoning`: `{"effort": "low" | "medium" | "high"}` for the core (which refuses it for a
+/// model without the control); a summary is refused (the reasoning item carries the text).
+fn reasoning(v: Option<&Value>) -> Result<Option<ReasoningEffort>, ApiError> {
+    const PARAM: &str = "reasoning";
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
+    let Some(o) = v.as_object() else {
+        return Err(ApiError::bad_request(format!("'{PARAM}' must be an object like {{\"effort\": \"low\"}}")).param(PARAM));
+    };
+    for (k, v) in o {
+        if k != "effort" && !v.is_null() {
+            return Err(ApiError::bad_request(format!(
+                "'{PARAM}.{k}' is not supported: the reasoning item carries the reasoning's own text, not a summary"
+            ))
+            .param(PARAM));
+        }
+    }
+    match o.get("effort") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(e)) => Ok(Some(ReasoningEffort { level: Effort::parse(e, PARAM)?, param: PARAM })),
+        Some(other) => Err(ApiError::bad_request(format!("'{PARAM}.effort' must be a string, got {other}")).param(PARAM)),
+    }
 }
 
 /// Known fields that need what mlxbar does not do; each is a 400 naming it when sent.
@@ -117,7 +143,6 @@ fn check_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
         }
     }
     for (param, value, why) in [
-        ("reasoning", &req.reasoning, "the served models have no reasoning-effort control"),
         ("conversation", &req.conversation, "mlxbar keeps no conversations; send the whole conversation in 'input'"),
         ("context_management", &req.context_management, "mlxbar does not compact conversations"),
         ("max_tool_calls", &req.max_tool_calls, "mlxbar runs no tools itself (function calls end the response)"),

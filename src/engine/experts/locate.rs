@@ -15,7 +15,7 @@ use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::{Array, Dtype};
 
 use super::cache::Key;
-use crate::engine::model::config::{Arch, QuantizationConfig};
+use crate::engine::model::config::{Arch, QuantMode, QuantSpec, QuantizationConfig};
 use crate::engine::model::linear::{Quantized, Weight};
 use crate::engine::model::switch::{SwitchGlu, SwitchLinear};
 
@@ -37,8 +37,10 @@ struct Projection {
     scales: Option<Part>,
     biases: Option<Part>,
     bias: Option<Part>,
-    /// (group_size, bits) when quantized.
-    quantization: Option<(i32, i32)>,
+    /// The stacked module's path (config.json's quantization overrides name it).
+    module: String,
+    /// How it is packed, when quantized (from the whole index: the scales and weight).
+    quantization: Option<QuantSpec>,
 }
 
 /// Every expert of every sparse layer of a folder, by (layer, expert).
@@ -72,9 +74,7 @@ impl ExpertFiles {
                         "biases" => p.biases = part,
                         _ => p.bias = part,
                     }
-                    if t.kind == "scales" {
-                        p.quantization = quantization.map(|q| q.for_module(&t.stacked_module));
-                    }
+                    p.module.clone_from(&t.stacked_module);
                 };
                 match t.expert {
                     Some(e) => {
@@ -92,13 +92,23 @@ impl ExpertFiles {
             }
             opened.push((path.clone(), File::open(path).with_context(|| format!("opening {}", path.display()))?));
         }
-        for ((layer, expert), projections) in &experts {
-            for (p, name) in projections.iter().zip(PROJECTIONS) {
-                ensure!(p.weight.is_some(), "layer {layer} expert {expert}: no {name} weight");
+        for ((layer, expert), projections) in experts.iter_mut() {
+            for (p, name) in projections.iter_mut().zip(PROJECTIONS) {
+                let Some(weight) = &p.weight else { bail!("layer {layer} expert {expert}: no {name} weight") };
+                let Some(scales) = &p.scales else {
+                    ensure!(p.biases.is_none(), "layer {layer} expert {expert}: {name} has biases and no scales");
+                    continue;
+                };
+                let q = quantization.with_context(|| format!("{} is quantized but config.json has no quantization", p.module))?;
+                let cols = |part: &Part| part.shape.last().copied().unwrap_or(0);
+                let spec = q.spec(&p.module, scales.dtype, cols(weight), cols(scales))?;
                 ensure!(
-                    p.scales.is_some() == p.biases.is_some() && p.scales.is_some() == p.quantization.is_some(),
-                    "layer {layer} expert {expert}: {name} is partly quantized (or config.json has no quantization)"
+                    p.biases.is_some() == (spec.mode == QuantMode::Affine),
+                    "layer {layer} expert {expert}: {name} is {} with{} biases",
+                    spec.mode.name(),
+                    if p.biases.is_some() { "" } else { "out" }
                 );
+                p.quantization = Some(spec);
             }
         }
         Ok(ExpertFiles { files: opened, experts })
@@ -112,10 +122,10 @@ impl ExpertFiles {
         layers
     }
 
-    /// `(bits, group_size)` of the experts when quantized (of the first one indexed).
-    pub fn quantization(&self) -> Option<(i32, i32)> {
+    /// How the experts are quantized, if they are (the first one's).
+    pub fn quantization(&self) -> Option<QuantSpec> {
         let first = self.experts.keys().min()?;
-        self.experts[first][0].quantization.map(|(group_size, bits)| (bits, group_size))
+        self.experts[first][0].quantization
     }
 
     pub fn has(&self, key: Key) -> bool {
@@ -141,10 +151,10 @@ impl ExpertFiles {
         let [gate, up, down] = projections;
         let linear = |p: &Projection| -> Result<SwitchLinear> {
             let weight = self.array(p.weight.as_ref().expect("indexed with a weight"))?;
-            let weight = match (&p.scales, &p.biases, p.quantization) {
-                (Some(s), Some(b), Some((group_size, bits))) => {
-                    let (scales, biases) = (self.array(s)?, self.array(b)?);
-                    Weight::Quantized(Quantized { weight, scales, biases, group_size, bits, cpu_kernel: false })
+            let weight = match (&p.scales, p.quantization) {
+                (Some(s), Some(spec)) => {
+                    let biases = p.biases.as_ref().map(|b| self.array(b)).transpose()?;
+                    Weight::Quantized(Quantized::new(weight, self.array(s)?, biases, spec)?)
                 }
                 _ => Weight::Dense(weight),
             };

@@ -2,7 +2,10 @@
 //! llama's, plus what a family's file ([`super::qwen3_moe`], [`super::mixtral`],
 //! [`super::phi3`], [`super::gemma3`], [`super::gpt_oss`]) reads from its own keys: a mixture-of-experts
 //! family's [`MoeConfig`], another family's [`LayerStyle`].
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
+use mlx_rs::Dtype;
+
+pub use super::quantized::{QuantMode, QuantSpec};
 use serde::Deserialize;
 
 pub use super::switch::MoeConfig;
@@ -209,18 +212,31 @@ impl ModelConfig {
     }
 }
 
-/// `quantization` in an mlx-community `config.json`: defaults plus per-module overrides.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// `quantization` in an mlx-community `config.json`: defaults plus per-module overrides
+/// (or OpenAI's `quantization_config: {"quant_method": "mxfp4"}`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct QuantizationConfig {
-    pub group_size: i32,
-    pub bits: i32,
-    pub overrides: std::collections::HashMap<String, (i32, i32)>,
+    pub default: QuantSpec,
+    pub overrides: std::collections::HashMap<String, QuantSpec>,
 }
 
 impl QuantizationConfig {
-    /// (group_size, bits) for a module path such as `model.layers.0.self_attn.q_proj`.
-    pub fn for_module(&self, module: &str) -> (i32, i32) {
-        self.overrides.get(module).copied().unwrap_or((self.group_size, self.bits))
+    /// How the module at `module` (a path such as `model.layers.0.self_attn.q_proj`) is
+    /// packed, as mlx-lm's loader decides: what config.json names for it, else what its
+    /// scales say (`u8` scales are mxfp4's), else the default when that is affine.
+    pub fn spec(&self, module: &str, scales_dtype: Dtype, weight_cols: i32, scale_cols: i32) -> Result<QuantSpec> {
+        if let Some(s) = self.overrides.get(module) {
+            return Ok(*s);
+        }
+        if let Some(s) = QuantMode::infer(scales_dtype, weight_cols, scale_cols).with_context(|| module.to_string())? {
+            return Ok(s);
+        }
+        ensure!(
+            self.default.mode == QuantMode::Affine,
+            "{module}: float scales (affine quantization) but config.json names no group size and bits for it (its default is {})",
+            self.default.mode.name()
+        );
+        Ok(self.default)
     }
 }
 
@@ -249,7 +265,6 @@ struct HfConfig {
     /// `use_sliding_window: false`).
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
-    quantization: Option<serde_json::Value>,
 }
 fn default_eps() -> f32 {
     1e-6
@@ -294,7 +309,7 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
             }
         }
     }
-    let quant = quantization(hf.quantization.as_ref())?;
+    let quant = quantization(&serde_json::from_str(json).context("config.json")?)?;
     let mut cfg = ModelConfig {
         arch,
         hidden_size: hf.hidden_size,
@@ -331,26 +346,36 @@ pub fn from_hf_config(json: &str) -> Result<(ModelConfig, Option<QuantizationCon
     Ok((cfg, quant))
 }
 
-/// A config.json's `quantization` (None when absent or not an object).
-pub fn quantization(q: Option<&serde_json::Value>) -> Result<Option<QuantizationConfig>> {
-    q.filter(|q| q.is_object()).map(parse_quantization).transpose()
+/// A config.json's `quantization` (None when absent or not an object), else its
+/// `quantization_config` when that is OpenAI's MXFP4 (gpt-oss as OpenAI ships it); any other
+/// `quant_method` (GPTQ, AWQ, FP8, bitsandbytes) is refused by name.
+pub fn quantization(config: &serde_json::Value) -> Result<Option<QuantizationConfig>> {
+    if let Some(q) = config.get("quantization").filter(|q| q.is_object()) {
+        return parse_quantization(q).map(Some);
+    }
+    let Some(method) = config.get("quantization_config").and_then(|q| q.get("quant_method")) else { return Ok(None) };
+    match method.as_str() {
+        Some("mxfp4") => Ok(Some(QuantizationConfig {
+            default: QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 },
+            overrides: Default::default(),
+        })),
+        _ => bail!("unsupported quantization_config.quant_method {method} (supported: MLX's quantization, OpenAI's mxfp4)"),
+    }
 }
 
 fn parse_quantization(q: &serde_json::Value) -> Result<QuantizationConfig> {
     let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_i64()).map(|x| x as i32);
-    let mut out = QuantizationConfig {
+    let mode = |v: &serde_json::Value| v.get("mode").and_then(|m| m.as_str()).map_or(Ok(QuantMode::Affine), QuantMode::parse);
+    let default = QuantSpec {
         group_size: num(q, "group_size").context("quantization.group_size")?,
         bits: num(q, "bits").context("quantization.bits")?,
-        overrides: Default::default(),
+        mode: mode(q)?,
     };
+    let mut out = QuantizationConfig { default: default.validate()?, overrides: Default::default() };
     for (k, v) in q.as_object().into_iter().flatten() {
-        if let (Some(g), Some(b)) = (num(v, "group_size"), num(v, "bits")) {
-            out.overrides.insert(k.clone(), (g, b));
-        }
-    }
-    if let Some(mode) = q.get("mode").and_then(|m| m.as_str()) {
-        if mode != "affine" {
-            bail!("unsupported quantization mode '{mode}' (only affine)");
+        if let (Some(group_size), Some(bits)) = (num(v, "group_size"), num(v, "bits")) {
+            let spec = QuantSpec { group_size, bits, mode: mode(v).with_context(|| format!("quantization.{k}"))? };
+            out.overrides.insert(k.clone(), spec.validate().with_context(|| format!("quantization.{k}"))?);
         }
     }
     Ok(out)
@@ -370,8 +395,8 @@ mod tests {
         assert_eq!(cfg.head_dim, 64);
         assert!(cfg.tie_word_embeddings);
         let q = q.unwrap();
-        assert_eq!(q.for_module("model.embed_tokens"), (32, 8));
-        assert_eq!(q.for_module("model.layers.0.mlp.up_proj"), (32, 4));
+        assert_eq!(q.spec("model.embed_tokens", Dtype::Float16, 72, 18).unwrap(), QuantSpec::affine(32, 8));
+        assert_eq!(q.spec("model.layers.0.mlp.up_proj", Dtype::Float16, 72, 18).unwrap(), QuantSpec::affine(32, 4));
         assert_eq!(cfg.kv_bytes_per_token(4), 2 * 30 * 192 * 4);
     }
 

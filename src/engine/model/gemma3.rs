@@ -122,7 +122,7 @@ pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
             other => bail!("unsupported gemma3 rope_scaling type '{other}' (supported: linear)"),
         }
     }
-    let quant = super::config::quantization(outer.get("quantization"))?;
+    let quant = super::config::quantization(&outer)?;
     let cfg = ModelConfig {
         arch: Arch::Gemma3,
         hidden_size: k.hidden_size,
@@ -208,7 +208,7 @@ mod tests {
             "quantization":{"group_size":64,"bits":4}}"#;
         let (c, q) = config(mm).unwrap();
         assert_eq!((c.num_heads, c.num_kv_heads, c.vocab_size, c.rope.position_scale), (8, 4, 262208, 0.125));
-        assert_eq!((c.style.local.unwrap().window, q.unwrap().bits), (1024, 4));
+        assert_eq!((c.style.local.unwrap().window, q.unwrap().default.bits), (1024, 4));
         assert!(config(&text.replace(r#""rope_scaling":null"#, r#""rope_scaling":{"rope_type":"yarn"}"#)).is_err());
     }
 

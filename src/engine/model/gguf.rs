@@ -1,5 +1,6 @@
 //! Loads a llama-family GGUF file: hyper-parameters from `{arch}.*` metadata, tensors from
-//! GGML names. MLX returns Q4_0/Q4_1/Q8_0 tensors as affine-quantized triplets
+//! GGML names, mixture-of-experts ones (qwen3moe, mixtral as llama with experts) with their
+//! stacked experts. MLX returns Q4_0/Q4_1/Q8_0 tensors as affine-quantized triplets
 //! (`.weight` packed u32, `.scales`, `.biases`; group 32).
 //!
 //! llama.cpp's converter permutes the rows of attn_q/attn_k of llama-arch models for GGML's
@@ -7,14 +8,16 @@
 //! (rotate-half) RoPE like every other format: MLX's traditional RoPE is equivalent in
 //! float32 but loses the argmax in float16 (measured on this model). Rows are output
 //! features, so permuting them leaves quantized packing intact. qwen2/qwen3 GGUFs are not
-//! permuted.
+//! permuted; mixtral's (written as llama) are.
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::{io::GgufFile, Array, Dtype};
 
-use super::config::{Arch, LayerStyle, ModelConfig, RopeConfig};
+use super::config::{Activation, Arch, LayerStyle, ModelConfig, RopeConfig};
 use super::linear::{Quantized, Weight};
+use super::quantized::QuantSpec;
+use super::switch::{MoeConfig, Routing};
 use super::validate::GgufSummary;
 use super::{rope, TensorMap};
 
@@ -58,7 +61,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
             let group_size = 32;
             let in_features = scales.shape()[scales.ndim() - 1] * group_size;
             let bits = w.shape()[w.ndim() - 1] * 32 / in_features;
-            t.weights.insert(name, Weight::Quantized(Quantized { weight: w, scales, biases, group_size, bits, cpu_kernel: false }));
+            t.weights.insert(name, Weight::Quantized(Quantized::new(w, scales, Some(biases), QuantSpec::affine(group_size, bits))?));
         } else if is_matrix(&name) {
             t.weights.insert(name, Weight::dense(w)?);
         } else if name == "rope_periods" {
@@ -80,7 +83,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
         config.tie_word_embeddings = true;
     }
     config.validate()?;
-    if matches!(config.arch, Arch::Llama | Arch::Mistral) {
+    if matches!(config.arch, Arch::Llama | Arch::Mistral | Arch::Mixtral) {
         for i in 0..config.num_layers {
             for (part, heads) in [("q", config.num_heads), ("k", config.num_kv_heads)] {
                 let name = format!("layers.{i}.{part}");
@@ -103,11 +106,16 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
 /// calls runnable is what loads.
 pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
     let arch_name = h.string("general.architecture").context("no general.architecture")?;
-    let arch = Arch::parse(arch_name)?;
-    if matches!(arch, Arch::Qwen3Moe | Arch::Mixtral) {
-        // llama.cpp names it qwen3moe, with its own expert tensors; not read yet.
-        bail!("mixture-of-experts GGUF ('{arch_name}') is not supported yet: use an MLX or Hugging Face folder");
-    }
+    let has_experts = h.number(&format!("{arch_name}.expert_count")).is_some_and(|n| n > 0.0);
+    let arch = match arch_name {
+        // llama.cpp's names: qwen3_moe is `qwen3moe`, mixtral a llama with experts.
+        "qwen3moe" => Arch::Qwen3Moe,
+        "llama" if has_experts => Arch::Mixtral,
+        "gpt-oss" => bail!(
+            "gpt-oss GGUF is not supported (its MXFP4 experts are a GGML type MLX's GGUF reader does not read): use an MLX or Hugging Face folder"
+        ),
+        other => Arch::parse(other)?,
+    };
     if matches!(arch, Arch::Phi3 | Arch::Gemma3) {
         // llama.cpp's layouts for these (fused phi3 tensors, gemma's norms) are not read yet.
         bail!("{arch_name} GGUF is not supported yet: use an MLX or Hugging Face folder");
@@ -134,7 +142,9 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
         num_heads: heads,
         num_kv_heads: m("attention.head_count_kv").map(|v| v as i32).unwrap_or(heads),
         head_dim,
-        intermediate_size: req("feed_forward_length")? as i32,
+        intermediate_size: m("feed_forward_length")
+            .or(m("expert_feed_forward_length"))
+            .with_context(|| format!("GGUF lacks {arch_name}.feed_forward_length"))? as i32,
         vocab_size: vocab,
         rms_norm_eps: m("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
         rope: RopeConfig {
@@ -144,11 +154,42 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
         // No output head: the embedding doubles as it.
         tie_word_embeddings: !h.tensor_infos.iter().any(|t| t.name == "output.weight"),
         max_position_embeddings: m("context_length").map(|v| v as usize).unwrap_or(4096),
-        moe: None,
+        moe: match arch {
+            Arch::Qwen3Moe | Arch::Mixtral => Some(experts(h, arch_name, arch, req("block_count")? as usize)?),
+            _ => None,
+        },
         style: LayerStyle::llama(),
     };
     config.validate()?;
     Ok(config)
+}
+
+/// A mixture-of-experts GGUF's experts (`{arch}.expert_count`, `expert_used_count`,
+/// `expert_feed_forward_length`; llama.cpp's qwen3moe renormalizes the top k, mixtral takes a
+/// softmax over the k largest logits). A layer is sparse when it has a router
+/// (`blk.{l}.ffn_gate_inp`); its experts are stacked (`ffn_{gate,up,down}_exps`), as
+/// current converters write them.
+fn experts(h: &GgufSummary, arch_name: &str, arch: Arch, layers: usize) -> Result<MoeConfig> {
+    let m = |k: &str| h.number(&format!("{arch_name}.{k}"));
+    let req = |k: &str| m(k).with_context(|| format!("GGUF lacks {arch_name}.{k}"));
+    let has = |name: String| h.tensor_infos.iter().any(|t| t.name == name);
+    if has("blk.0.ffn_gate.0.weight".into()) {
+        bail!("one tensor per expert (blk.N.ffn_gate.E.weight, older llama.cpp converters) is not supported: reconvert with a current convert_hf_to_gguf.py");
+    }
+    let sparse_layers: Vec<bool> = (0..layers).map(|l| has(format!("blk.{l}.ffn_gate_inp.weight"))).collect();
+    ensure!(sparse_layers.iter().any(|s| *s), "{arch_name}.expert_count is set but no layer has a router (ffn_gate_inp)");
+    Ok(MoeConfig {
+        num_experts: req("expert_count")? as i32,
+        experts_per_token: req("expert_used_count")? as i32,
+        expert_intermediate_size: m("expert_feed_forward_length").or(m("feed_forward_length")).context("GGUF lacks the experts' width")?
+            as i32,
+        routing: match arch {
+            Arch::Mixtral => Routing::TopKSoftmax,
+            _ => Routing::Softmax { renormalize: true },
+        },
+        activation: Activation::Silu,
+        sparse_layers,
+    })
 }
 
 /// For each HF row, the GGUF row holding it: llama.cpp stores head h's row (half, i) at
@@ -194,6 +235,11 @@ fn canonical_name(base: &str) -> Option<String> {
         "ffn_gate" => "gate",
         "ffn_up" => "up",
         "ffn_down" => "down",
+        // Mixture of experts: the router and the stacked experts.
+        "ffn_gate_inp" => "router",
+        "ffn_gate_exps" => "experts.gate",
+        "ffn_up_exps" => "experts.up",
+        "ffn_down_exps" => "experts.down",
         _ => return None,
     };
     Some(format!("layers.{layer}.{part}"))

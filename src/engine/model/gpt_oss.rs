@@ -4,9 +4,13 @@
 //! of them, and in every layer a mixture of experts with a biased router (top-k logits,
 //! then a softmax over those k), biased experts and gpt-oss's clamped SwiGLU. Weights load
 //! from MLX folders as mlx-lm saves them (experts stacked: `mlp.experts.{gate,up,down}_proj`).
-//! Not yet: the MXFP4 experts of OpenAI's and mlx-community's checkpoints (MLX's `mxfp4`
-//! quantization mode: refused by name at load), and the harmony chat format's tool calls.
-use anyhow::{bail, Context, Result};
+//! Experts quantized as gpt-oss ships them (MXFP4, MLX's `mxfp4` mode) load in both
+//! checkpoint layouts: mlx-community's (`mlp.experts.*_proj.{weight,scales}`) and OpenAI's
+//! (`mlp.experts.gate_up_proj_blocks`, gate and up rows interleaved: [`openai_experts`]).
+use std::collections::HashMap;
+
+use anyhow::{bail, ensure, Context, Result};
+use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
 use super::config::{Activation, Arch, LayerStyle, LocalAttention, ModelConfig, QuantizationConfig, RopeConfig};
@@ -85,7 +89,7 @@ mod d {
     }
 }
 
-/// The model config of a gpt_oss config.json, and its quantization (affine only for now).
+/// The model config of a gpt_oss config.json, and its quantization.
 pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
     let outer: serde_json::Value = serde_json::from_str(json).context("config.json")?;
     let k: Keys = serde_json::from_value(outer.clone()).context("config.json (gpt_oss keys)")?;
@@ -113,7 +117,7 @@ pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
             .collect::<Result<Vec<bool>>>()?,
         None => (0..k.num_hidden_layers).map(|i| i % 2 == 0).collect(),
     };
-    let quant = super::config::quantization(outer.get("quantization"))?;
+    let quant = super::config::quantization(&outer)?;
     let cfg = ModelConfig {
         arch: Arch::GptOss,
         hidden_size: k.hidden_size,
@@ -145,9 +149,59 @@ pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
     Ok((cfg, quant))
 }
 
+/// Whether `name` is an expert tensor in OpenAI's checkpoint layout
+/// (`mlp.experts.gate_up_proj_blocks`, `_scales`, `_bias`, and `down_proj_*` alike).
+pub fn is_openai_expert_tensor(name: &str) -> bool {
+    name.contains(".mlp.experts.") && ["_blocks", "_scales", "_bias"].iter().any(|s| name.ends_with(s))
+}
+
+/// OpenAI's expert tensors in mlx-lm's layout, as mlx-lm's `gpt_oss.sanitize` turns them:
+/// `*_blocks` (`[experts, out, in/32, 16]` bytes, two E2M1 values each) become `u32` words
+/// `[experts, out, in/8]` (`.weight`), `*_scales` `.scales`, `*_bias` `.bias`; and the fused
+/// `gate_up_proj`, whose even rows are gate's and odd rows up's, splits into the two.
+pub fn openai_experts(raw: &mut HashMap<String, Array>) -> Result<()> {
+    let keys: Vec<String> = raw.keys().filter(|k| is_openai_expert_tensor(k)).cloned().collect();
+    for key in keys {
+        let v = raw.remove(&key).expect("listed from the map");
+        let (base, kind) = key.rsplit_once('_').expect("ends with _blocks, _scales or _bias");
+        let (v, suffix) = match kind {
+            "blocks" => {
+                ensure!(
+                    v.dtype() == Dtype::Uint8 && v.ndim() == 4,
+                    "{key}: {:?} {:?}, not [experts, out, groups, 16] bytes",
+                    v.dtype(),
+                    v.shape()
+                );
+                let s = v.shape().to_vec();
+                (v.view_dtype(Dtype::Uint32)?.reshape(&[s[0], s[1], -1])?, "weight")
+            }
+            "scales" => (v, "scales"),
+            _ => (v, "bias"),
+        };
+        if let Some(prefix) = base.strip_suffix("gate_up_proj") {
+            // Rows (the last axis of a bias) alternate gate, up.
+            let axis = if suffix == "bias" { v.ndim() - 1 } else { v.ndim() - 2 } as i32;
+            let mut pairs = v.shape().to_vec();
+            let rows = pairs[axis as usize];
+            ensure!(rows % 2 == 0, "{key}: {rows} rows, not gate and up pairs");
+            pairs.splice(axis as usize..=axis as usize, [rows / 2, 2]);
+            let v = v.reshape(&pairs)?;
+            for (i, proj) in ["gate_proj", "up_proj"].into_iter().enumerate() {
+                raw.insert(format!("{prefix}{proj}.{suffix}"), v.take_axis(Array::from_int(i as i32), axis + 1)?);
+            }
+        } else if base.ends_with("down_proj") {
+            raw.insert(format!("{base}.{suffix}"), v);
+        } else {
+            bail!("unknown expert tensor {key}");
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::model::quantized::{QuantMode, QuantSpec};
 
     /// gpt-oss-20b's config.json, trimmed to what it sets.
     const GPT_OSS_20B: &str = r#"{"model_type":"gpt_oss","num_hidden_layers":24,"num_local_experts":32,
@@ -170,9 +224,24 @@ mod tests {
         assert!((p[31] / 150000f32.powf(62.0 / 64.0) - 32.0).abs() < 1e-3);
         let moe = c.moe.unwrap();
         assert_eq!((moe.num_experts, moe.experts_per_token, moe.activation), (32, 4, Activation::SwigluOai));
-        let mxfp4 =
-            GPT_OSS_20B.replace(r#""truncate":false}"#, r#""truncate":false},"quantization":{"group_size":32,"bits":4,"mode":"mxfp4"}"#);
-        let err = format!("{:#}", config(&mxfp4).unwrap_err());
-        assert!(err.contains("mxfp4"), "{err}");
+    }
+
+    /// MXFP4 as mlx-community's config.json says it, as OpenAI's does, and a quantization
+    /// method mlxbar does not run, refused by name.
+    #[test]
+    fn reads_mxfp4_quantization_both_ways() {
+        let with = |extra: &str| config(&GPT_OSS_20B.replace(r#""truncate":false}"#, &format!(r#""truncate":false}},{extra}"#)));
+        let mxfp4 = QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 };
+        let mlx =
+            with(r#""quantization":{"group_size":32,"bits":4,"mode":"mxfp4","model.layers.0.mlp.router":{"group_size":64,"bits":8}}"#);
+        let q = mlx.unwrap().1.unwrap();
+        assert_eq!(q.default, mxfp4);
+        assert_eq!(q.overrides["model.layers.0.mlp.router"], QuantSpec::affine(64, 8));
+        let openai = with(r#""quantization_config":{"modules_to_not_convert":["model.layers.*.self_attn"],"quant_method":"mxfp4"}"#);
+        assert_eq!(openai.unwrap().1.unwrap().default, mxfp4);
+        let err = format!("{:#}", with(r#""quantization_config":{"quant_method":"gptq","bits":4}"#).unwrap_err());
+        assert!(err.contains("gptq"), "{err}");
+        let err = format!("{:#}", with(r#""quantization":{"group_size":16,"bits":4,"mode":"nvfp4"}"#).unwrap_err());
+        assert!(err.contains("nvfp4"), "{err}");
     }
 }

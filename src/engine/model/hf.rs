@@ -2,7 +2,8 @@
 //! mlx-community quantized folders (`.weight`/`.scales`/`.biases` per module) and
 //! mixture-of-experts folders in either layout (experts one by one, stacked at load, or
 //! stacked as mlx-community ships them), and the families whose checkpoints need more
-//! (phi3's fused projections, gemma3's multimodal names and `1 + weight` norms).
+//! (phi3's fused projections, gemma3's multimodal names and `1 + weight` norms, gpt-oss's
+//! MXFP4 experts in OpenAI's layout).
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -29,12 +30,19 @@ pub fn load(dir: &Path, expert_cache: Option<u64>) -> Result<(ModelConfig, Tenso
         raw.extend(Array::load_safetensors(f).with_context(|| format!("reading {}", f.display()))?);
     }
 
+    let openai_layout = config.arch == config::Arch::GptOss && raw.keys().any(|k| super::gpt_oss::is_openai_expert_tensor(k));
     match config.arch {
         config::Arch::Phi3 => super::phi3::split_fused(&mut raw, &config)?,
         config::Arch::Gemma3 => super::gemma3::text_weights(&mut raw),
+        config::Arch::GptOss if openai_layout && expert_cache.is_none() => super::gpt_oss::openai_experts(&mut raw)?,
         _ => {}
     }
     let streamed = match (expert_cache, &config.moe) {
+        (Some(_), Some(_)) if openai_layout => bail!(
+            "{}: gpt-oss in OpenAI's checkpoint layout (gate and up rows interleaved in gate_up_proj_blocks) cannot stream \
+             its experts yet; it needs the memory to load them all, or mlx_lm.convert's layout (mlx-community's), which streams",
+            dir.display()
+        ),
         (Some(budget), Some(moe)) => {
             let files = ExpertFiles::index(&files, config.arch, moe.num_experts, quant.as_ref())?;
             // MLX reads a tensor when it is first evaluated: dropped now, experts are never read.
@@ -63,9 +71,11 @@ pub fn load(dir: &Path, expert_cache: Option<u64>) -> Result<(ModelConfig, Tenso
         let w = raw.remove(&format!("{module}.weight")).unwrap();
         if let Some(scales) = raw.remove(&format!("{module}.scales")) {
             let q = quant.as_ref().with_context(|| format!("{module} is quantized but config.json has no quantization"))?;
-            let (group_size, bits) = q.for_module(&module);
-            let biases = raw.remove(&format!("{module}.biases")).with_context(|| format!("{module}.biases"))?;
-            t.weights.insert(name.clone(), Weight::Quantized(Quantized { weight: w, scales, biases, group_size, bits, cpu_kernel: false }));
+            let cols = |a: &Array| a.shape().last().copied().unwrap_or(0);
+            let spec = q.spec(&module, scales.dtype(), cols(&w), cols(&scales))?;
+            let biases = raw.remove(&format!("{module}.biases"));
+            let quantized = Quantized::new(w, scales, biases, spec).with_context(|| module.clone())?;
+            t.weights.insert(name.clone(), Weight::Quantized(quantized));
         } else if name.ends_with("norm") {
             t.vectors.insert(name.clone(), w);
         } else {

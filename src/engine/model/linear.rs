@@ -1,32 +1,9 @@
-//! Projection and embedding weights, dense or MLX affine-quantized.
+//! Projection and embedding weights, dense or MLX-quantized ([`Quantized`]).
 use anyhow::{ensure, Result};
 use mlx_rs::{fast, nn, ops, Array, Dtype};
 
-use crate::engine::cpu_backend::{self, Prologue};
-
-/// MLX affine quantization: `bits`-bit values packed in u32, one scale and bias per group.
-#[derive(Clone)]
-pub struct Quantized {
-    pub weight: Array,
-    pub scales: Array,
-    pub biases: Array,
-    pub group_size: i32,
-    pub bits: i32,
-    /// Runs mlxbar's CPU kernel (`engine::cpu_backend::affine_qmm`) instead of MLX's
-    /// `quantized_matmul`: set at assembly on the CPU device, scales and biases float32.
-    pub cpu_kernel: bool,
-}
-
-impl Quantized {
-    /// The CPU kernel's product, with what it fuses around it.
-    fn cpu_matmul(&self, x: &Array, prologue: Prologue, residual: Option<&Array>) -> Result<Array> {
-        cpu_backend::quantized_matmul(x, &self.weight, &self.scales, &self.biases, self.group_size, self.bits, prologue, residual)
-    }
-
-    pub fn dequantize(&self) -> Result<Array> {
-        Ok(ops::dequantize(&self.weight, &self.scales, &self.biases, self.group_size, self.bits)?)
-    }
-}
+pub use super::quantized::{QuantMode, Quantized};
+use crate::engine::cpu_backend::Prologue;
 
 /// The weight matrix of a projection.
 #[derive(Clone)]
@@ -35,7 +12,7 @@ pub enum Weight {
     /// contiguous row, which single-row decode (gemv) and batched decode
     /// (`engine::cpu_backend::small_m`) both stream once.
     Dense(Array),
-    /// `[out_features, in_features/pack]` as MLX quantizes.
+    /// `[out_features, in_features·bits/32]` as MLX quantizes.
     Quantized(Quantized),
 }
 
@@ -50,7 +27,7 @@ impl Weight {
         Ok(match self {
             Weight::Dense(w) => ops::matmul(x, w.t())?,
             Weight::Quantized(q) if q.cpu_kernel => q.cpu_matmul(x, Prologue::None, None)?,
-            Weight::Quantized(q) => ops::quantized_matmul(x, &q.weight, &q.scales, &q.biases, true, q.group_size, q.bits)?,
+            Weight::Quantized(q) => q.matmul(x)?,
         })
     }
 
@@ -69,8 +46,8 @@ impl Weight {
             // Scales to the target type first: dequantizing with float16 scales would round
             // every weight to float16 (and float16 arithmetic is emulated on x86).
             Weight::Quantized(q) => {
-                let q = Quantized { scales: q.scales.as_dtype(dtype)?, biases: q.biases.as_dtype(dtype)?, ..q };
-                Weight::dense(q.dequantize()?)
+                let q = q.map(Ok, |a| cast(a, dtype))?;
+                Weight::dense(q.dequantize(dtype)?)
             }
         }
     }
@@ -79,18 +56,22 @@ impl Weight {
     pub fn cast_floats(self, dtype: Dtype) -> Result<Weight> {
         Ok(match self {
             Weight::Dense(w) => Weight::Dense(cast(w, dtype)?),
-            Weight::Quantized(q) => Weight::Quantized(Quantized { scales: cast(q.scales, dtype)?, biases: cast(q.biases, dtype)?, ..q }),
+            Weight::Quantized(q) => Weight::Quantized(q.map(Ok, |a| cast(a, dtype))?),
         })
     }
 
     /// For the CPU device: quantized weights the CPU kernel runs stay packed (float32
-    /// scales and biases), the rest become float32 matrices.
+    /// scales and biases), mxfp4 ones too (MLX's own CPU ops run them: float32 would be
+    /// eight times their size), the rest become float32 matrices.
     pub fn for_cpu(self) -> Result<Weight> {
         match self {
-            Weight::Quantized(q) if crate::engine::cpu_backend::quantized_kernel(q.bits, q.group_size).is_some() => {
-                let (scales, biases) = (cast(q.scales, Dtype::Float32)?, cast(q.biases, Dtype::Float32)?);
-                Ok(Weight::Quantized(Quantized { scales, biases, cpu_kernel: true, ..q }))
+            Weight::Quantized(q)
+                if q.mode == QuantMode::Affine && crate::engine::cpu_backend::quantized_kernel(q.bits, q.group_size).is_some() =>
+            {
+                let q = q.map(Ok, |a| cast(a, Dtype::Float32))?;
+                Ok(Weight::Quantized(Quantized { cpu_kernel: true, ..q }))
             }
+            Weight::Quantized(q) if q.mode == QuantMode::Mxfp4 => Ok(Weight::Quantized(q)),
             other => other.into_dense(Dtype::Float32),
         }
     }
@@ -117,44 +98,36 @@ impl Weight {
             .collect();
         let Some(qs) = qs else { return Ok(None) };
         let first = qs[0];
-        if qs.iter().any(|q| q.bits != first.bits || q.group_size != first.group_size || q.cpu_kernel != first.cpu_kernel) {
+        if qs.iter().any(|q| q.spec() != first.spec() || q.cpu_kernel != first.cpu_kernel) {
             return Ok(None);
         }
         let cat = |f: fn(&Quantized) -> &Array| -> Result<Array> { Ok(ops::concatenate(&qs.iter().map(|q| f(q)).collect::<Vec<_>>(), 0)?) };
-        Ok(Some(Weight::Quantized(Quantized {
-            weight: cat(|q| &q.weight)?,
-            scales: cat(|q| &q.scales)?,
-            biases: cat(|q| &q.biases)?,
-            group_size: first.group_size,
-            bits: first.bits,
-            cpu_kernel: first.cpu_kernel,
-        })))
+        let biases = match first.biases {
+            Some(_) => Some(ops::concatenate(&qs.iter().filter_map(|q| q.biases.as_ref()).collect::<Vec<_>>(), 0)?),
+            None => None,
+        };
+        Ok(Some(Weight::Quantized(Quantized { weight: cat(|q| &q.weight)?, scales: cat(|q| &q.scales)?, biases, ..first.clone() })))
     }
 
     /// Reorders the output features by `perm` (indices into the current order).
     pub fn take_outputs(self, perm: &Array) -> Result<Weight> {
         Ok(match self {
             Weight::Dense(w) => Weight::Dense(w.take_axis(perm, 0)?),
-            Weight::Quantized(q) => Weight::Quantized(Quantized {
-                weight: q.weight.take_axis(perm, 0)?,
-                scales: q.scales.take_axis(perm, 0)?,
-                biases: q.biases.take_axis(perm, 0)?,
-                ..q
-            }),
+            Weight::Quantized(q) => Weight::Quantized(q.map_all(|a| Ok(a.take_axis(perm, 0)?))?),
         })
     }
 
     pub fn nbytes(&self) -> usize {
         match self {
             Weight::Dense(w) => w.nbytes(),
-            Weight::Quantized(q) => q.weight.nbytes() + q.scales.nbytes() + q.biases.nbytes(),
+            Weight::Quantized(q) => q.nbytes(),
         }
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             Weight::Dense(w) => vec![w],
-            Weight::Quantized(q) => vec![&q.weight, &q.scales, &q.biases],
+            Weight::Quantized(q) => q.arrays(),
         }
     }
 }
@@ -244,8 +217,8 @@ impl Embedding {
         Ok(match &self.0 {
             Weight::Dense(w) => w.take_axis(ids, 0)?,
             Weight::Quantized(q) => {
-                let rows = |a: &Array| a.take_axis(ids, 0);
-                ops::dequantize(&rows(&q.weight)?, &rows(&q.scales)?, &rows(&q.biases)?, q.group_size, q.bits)?
+                let dtype = q.biases.as_ref().map_or(Dtype::Float32, |b| b.dtype());
+                q.clone().map_all(|a| Ok(a.take_axis(ids, 0)?))?.dequantize(dtype)?
             }
         })
     }

@@ -17,6 +17,7 @@ pub mod linear;
 pub mod mixtral;
 mod mlp;
 pub mod phi3;
+pub mod quantized;
 pub mod qwen3_moe;
 pub mod rope;
 pub mod switch;
@@ -55,14 +56,17 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
-    /// The format a model quantized as `quantization` (`(bits, group_size)`, None for float
-    /// weights) is held in on this device.
-    pub fn resolve(self, on_gpu: bool, quantization: Option<(i32, i32)>) -> WeightFormat {
+    /// The format a model quantized as `quantization` (None for float weights) is held in
+    /// on this device. MXFP4 stays packed on the CPU too: MLX's own CPU ops run it, and
+    /// float32 would be eight times its size.
+    pub fn resolve(self, on_gpu: bool, quantization: Option<quantized::QuantSpec>) -> WeightFormat {
         match self {
             WeightFormat::Auto if on_gpu => WeightFormat::Native,
             WeightFormat::Auto => match quantization {
-                Some((bits, group_size))
-                    if super::cpu_backend::quantized_kernel(bits, group_size).is_some() && super::cpu_backend::quantized_is_faster() =>
+                Some(q) if q.mode == quantized::QuantMode::Mxfp4 => WeightFormat::Native,
+                Some(q)
+                    if super::cpu_backend::quantized_kernel(q.bits, q.group_size).is_some()
+                        && super::cpu_backend::quantized_is_faster() =>
                 {
                     WeightFormat::Native
                 }
@@ -94,14 +98,14 @@ impl TensorMap {
         self.vectors.remove(name).ok_or_else(|| anyhow!("missing tensor '{name}'"))
     }
 
-    /// `(bits, group_size)` of the first layer's MLP projections (its experts when sparse),
-    /// None when they are float.
-    pub fn quantization(&self) -> Option<(i32, i32)> {
+    /// How the first layer's MLP projections (its experts when sparse) are quantized, None
+    /// when they are float.
+    pub fn quantization(&self) -> Option<quantized::QuantSpec> {
         if let Some(s) = &self.streamed {
             return s.files.quantization();
         }
         match self.weights.get("layers.0.gate").or_else(|| self.weights.get("layers.0.experts.gate"))? {
-            Weight::Quantized(q) => Some((q.bits, q.group_size)),
+            Weight::Quantized(q) => Some(q.spec()),
             Weight::Dense(_) => None,
         }
     }
@@ -228,7 +232,7 @@ impl Model {
             // float16 arithmetic is emulated on x86 CPUs: ~10x slower and, over 30 layers,
             // enough rounding to move the logits by ~0.5.
             (WeightFormat::Native, _) if !on_gpu => Dtype::Float32,
-            (WeightFormat::Native, Weight::Quantized(q)) => q.scales.dtype(),
+            (WeightFormat::Native, Weight::Quantized(q)) => q.biases.as_ref().map_or(Dtype::Bfloat16, |b| b.dtype()),
             (WeightFormat::Native, Weight::Dense(w)) => w.dtype(),
         };
         let weight = move |w: Weight| -> Result<Weight> {

@@ -3,7 +3,7 @@
 //! the family's way ([`Routing`]: qwen3_moe's softmax over all experts, then the k largest,
 //! optionally renormalized to sum to 1; mixtral's k largest logits, then a softmax over
 //! those k), a SwitchGLU runs each token through its k experts (`gather_mm` over
-//! stacked float experts, `gather_qmm` over stacked affine-quantized ones, tokens sorted by
+//! stacked float experts, `gather_qmm` over stacked quantized ones, tokens sorted by
 //! expert when there are many, so each expert's weights are read in one run), and the
 //! experts' outputs are summed weighted by their router scores.
 //!
@@ -114,7 +114,7 @@ impl SwitchLinear {
     fn apply(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         let y = match &self.0 {
             Weight::Dense(w) => ops::gather_mm(x, w.swap_axes(-1, -2)?, None, indices, sorted)?,
-            Weight::Quantized(q) => ops::gather_qmm(x, &q.weight, &q.scales, &q.biases, None, indices, true, q.group_size, q.bits, sorted)?,
+            Weight::Quantized(q) => q.gather(x, indices, sorted)?,
         };
         Ok(match &self.1 {
             Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?)?,
@@ -263,7 +263,7 @@ impl SparseMoe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::model::linear::Quantized;
+    use crate::engine::model::quantized::{QuantSpec, Quantized};
     use mlx_rs::random;
 
     const HIDDEN: i32 = 64;
@@ -280,7 +280,7 @@ mod tests {
             SwitchLinear(
                 if packed {
                     let (weight, scales, biases) = ops::quantize(&w, 32, 4).unwrap();
-                    Weight::Quantized(Quantized { weight, scales, biases, group_size: 32, bits: 4, cpu_kernel: false })
+                    Weight::Quantized(Quantized::new(weight, scales, Some(biases), QuantSpec::affine(32, 4)).unwrap())
                 } else {
                     Weight::Dense(w)
                 },
@@ -305,7 +305,7 @@ mod tests {
     fn slice(l: &SwitchLinear, e: i32) -> Array {
         let w = match &l.0 {
             Weight::Dense(w) => w.clone(),
-            Weight::Quantized(q) => q.dequantize().unwrap(),
+            Weight::Quantized(q) => q.dequantize(mlx_rs::Dtype::Float32).unwrap(),
         };
         w.index(e)
     }

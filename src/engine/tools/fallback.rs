@@ -13,6 +13,8 @@
 //! - `tool` messages (results) become a user message holding each result as
 //!   `<tool_response>\n...\n</tool_response>`, consecutive results in one message.
 //!
+//! An assistant turn's `thinking` stays on it, for the template to render or not.
+//!
 //! The model's answer is then read with the Hermes parser.
 use minijinja::Value;
 
@@ -79,9 +81,9 @@ pub fn apply(messages: &[ChatMessage], tools: &[ToolSpec]) -> Vec<ChatMessage> {
                     let name = serde_json::to_string(&c.name).expect("a string serializes");
                     content.push_str(&format!("<tool_call>\n{{\"name\": {name}, \"arguments\": {args}}}\n</tool_call>"));
                 }
-                out.push(ChatMessage::new("assistant", content));
+                out.push(ChatMessage { thinking: m.thinking.clone(), ..ChatMessage::new("assistant", content) });
             }
-            _ => out.push(ChatMessage::new(m.role.clone(), m.content.clone())),
+            _ => out.push(ChatMessage { thinking: m.thinking.clone(), ..ChatMessage::new(m.role.clone(), m.content.clone()) }),
         }
         prev_tool = is_tool;
     }

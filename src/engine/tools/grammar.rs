@@ -72,7 +72,7 @@ pub(super) fn forbid_text(text: &str) -> String {
 
 /// The tools `mode` allows: all, or the named one (one with any object arguments when it is not
 /// among `tools`; callers reject unknown names before this).
-fn allowed(tools: &[ToolSpec], mode: &ToolMode) -> Vec<ToolSpec> {
+pub(super) fn allowed(tools: &[ToolSpec], mode: &ToolMode) -> Vec<ToolSpec> {
     match mode {
         ToolMode::Named(n) => match tools.iter().find(|t| &t.name == n) {
             Some(t) => vec![t.clone()],
@@ -85,7 +85,7 @@ fn allowed(tools: &[ToolSpec], mode: &ToolMode) -> Vec<ToolSpec> {
 /// The arguments schema for `%json`: the tool's parameters when they are a JSON object, else
 /// any object, with the compact JSON layout of [`schema::prepare`] (whose keyword check the
 /// server runs on every tool before it builds a grammar).
-fn schema(t: &ToolSpec) -> String {
+pub(super) fn schema(t: &ToolSpec) -> String {
     let params = match &t.parameters {
         serde_json::Value::Object(m) if !m.is_empty() => t.parameters.clone(),
         _ => serde_json::json!({"type": "object"}),

@@ -1,11 +1,12 @@
 //! Tool calling, engine side: the neutral tool types, the call syntax of each model family
 //! (one parser per family behind [`ToolCallParser`], chosen at load by [`ToolFormat::detect`]),
-//! the streaming splitter of calls from text ([`stream`]) and the prompt fallback for chat
-//! templates that know nothing of tools ([`fallback`]).
+//! the streaming splitter of calls (and harmony's reasoning) from text ([`stream`]) and the
+//! prompt fallback for chat templates that know nothing of tools ([`fallback`]).
 use serde::Serialize;
 
 pub mod fallback;
 mod grammar;
+mod harmony;
 mod hermes;
 mod llama3;
 mod mistral;
@@ -50,15 +51,22 @@ pub enum ToolFormat {
     Llama3Json,
     /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` (v3) or `[TOOL_CALLS]name[ARGS]{...}` (v11+).
     Mistral,
+    /// gpt-oss's harmony channels: `<|channel|>analysis<|message|>…<|end|>`, then
+    /// `<|start|>assistant<|channel|>final<|message|>…` or a call
+    /// `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`.
+    Harmony,
 }
 
 impl ToolFormat {
-    /// The family from the chat template's text, then from the vocabulary: `<tool_call>` is
-    /// Hermes, `[TOOL_CALLS]` Mistral, `<|python_tag|>` or Llama 3.1's `"parameters"` JSON
+    /// The family from the chat template's text, then from the vocabulary: `<|channel|>` is
+    /// Harmony, `<tool_call>` Hermes, `[TOOL_CALLS]` Mistral, `<|python_tag|>` or Llama 3.1's `"parameters"` JSON
     /// instructions Llama3Json. The template is asked first (a Hermes fine-tune of Llama keeps
     /// Llama's vocabulary); without any sign, Hermes, the format of the fallback prompt.
     pub fn detect(template_source: Option<&str>, tokenizer: &tokenizers::Tokenizer) -> ToolFormat {
         if let Some(t) = template_source {
+            if t.contains("<|channel|>") {
+                return ToolFormat::Harmony;
+            }
             if t.contains("<tool_call>") {
                 return ToolFormat::Hermes;
             }
@@ -70,7 +78,9 @@ impl ToolFormat {
             }
         }
         let has = |s: &str| tokenizer.token_to_id(s).is_some();
-        if has("<tool_call>") {
+        if has("<|channel|>") {
+            ToolFormat::Harmony
+        } else if has("<tool_call>") {
             ToolFormat::Hermes
         } else if has("[TOOL_CALLS]") {
             ToolFormat::Mistral
@@ -86,7 +96,13 @@ impl ToolFormat {
             ToolFormat::Hermes => &hermes::Hermes,
             ToolFormat::Llama3Json => &llama3::Llama3Json,
             ToolFormat::Mistral => &mistral::Mistral,
+            ToolFormat::Harmony => &harmony::Harmony,
         }
+    }
+
+    /// The answer always needs reading (its reasoning is apart from its text), tools or not.
+    pub fn has_channels(&self) -> bool {
+        *self == ToolFormat::Harmony
     }
 }
 
@@ -151,5 +167,8 @@ mod tests {
         // nothing known: Hermes, the fallback prompt's format
         let smol = include_str!("../../../tests/data/templates/smollm2-instruct.jinja");
         assert_eq!(ToolFormat::detect(Some(smol), &plain), ToolFormat::Hermes);
+        let gpt_oss = include_str!("../../../tests/data/templates/gpt-oss.jinja");
+        assert_eq!(ToolFormat::detect(Some(gpt_oss), &plain), ToolFormat::Harmony);
+        assert_eq!(ToolFormat::detect(None, &tokenizer(&["<|channel|>"])), ToolFormat::Harmony);
     }
 }

@@ -10,6 +10,8 @@ use super::{ParsedCall, ToolParseError};
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Seg {
     Text(String),
+    /// The model's reasoning (harmony's analysis channel; the call families have none).
+    Reasoning(String),
     Call(PartialCall),
     /// A call `max_tokens` cut short (only when read with [`End::Cut`]): not a call.
     Cut,
@@ -130,6 +132,12 @@ fn push_text(segs: &mut Vec<Seg>, t: &str, after_call: bool, trim_end: bool) {
 /// `parse` for any family: the text outside calls, and the calls with compact arguments.
 pub(super) fn parse(syn: &dyn Syntax, text: &str) -> Result<(String, Vec<ParsedCall>), ToolParseError> {
     let (segs, err) = scan(syn, text, End::Final);
+    content_and_calls(segs, err)
+}
+
+/// A whole answer's segments (from any family's reader) as its text outside calls, reasoning
+/// left out, and its calls; the reader's error, if it had one.
+pub(super) fn content_and_calls(segs: Vec<Seg>, err: Option<String>) -> Result<(String, Vec<ParsedCall>), ToolParseError> {
     if let Some(e) = err {
         return Err(ToolParseError::new(e));
     }
@@ -139,7 +147,7 @@ pub(super) fn parse(syn: &dyn Syntax, text: &str) -> Result<(String, Vec<ParsedC
         match s {
             Seg::Text(t) => out.push_str(&t),
             Seg::Call(c) => calls.push(finish_call(&c)?),
-            Seg::Cut => {}
+            Seg::Reasoning(_) | Seg::Cut => {}
         }
     }
     Ok((out, calls))

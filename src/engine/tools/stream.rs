@@ -1,21 +1,30 @@
-//! Splits a growing answer into text and tool-call deltas. Text that could be the start of a
+//! Splits a growing answer into text, reasoning and tool-call deltas. Text that could be the start of a
 //! call (a partial opener, like `TextStream` holds a partial stop string) and whitespace that
 //! may border a call are held back; inside a call, `CallStart` goes out as soon as the name is
 //! complete and the arguments' raw JSON text follows in fragments as it arrives. Each push
 //! re-reads the whole answer with the parser's own reading (answers are short) and sends what
 //! that reading adds, so the deltas always add up to what `parse` returns for the whole.
 use super::scan::{self, finish_call, End, Seg, Syntax};
-use super::{hermes, llama3, mistral, ToolFormat, ToolParseError};
+use super::{harmony, hermes, llama3, mistral, ToolFormat, ToolParseError};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolDelta {
     Text(String),
-    CallStart { index: usize, name: String },
-    CallArguments { index: usize, fragment: String },
+    /// The model's reasoning (harmony's analysis channel).
+    Reasoning(String),
+    CallStart {
+        index: usize,
+        name: String,
+    },
+    CallArguments {
+        index: usize,
+        fragment: String,
+    },
 }
 
 pub struct ToolCallStream {
-    syntax: &'static dyn Syntax,
+    /// The call families' reading ([`scan`]); None: harmony's ([`harmony::read`]).
+    syntax: Option<&'static dyn Syntax>,
     text: String,
     /// Per segment already seen: bytes of text sent, or (call started, argument bytes sent).
     sent: Vec<Sent>,
@@ -31,12 +40,20 @@ enum Sent {
 
 impl ToolCallStream {
     pub fn new(format: ToolFormat) -> Self {
-        let syntax: &'static dyn Syntax = match format {
-            ToolFormat::Hermes => &hermes::Hermes,
-            ToolFormat::Llama3Json => &llama3::Llama3Json,
-            ToolFormat::Mistral => &mistral::Mistral,
+        let syntax: Option<&'static dyn Syntax> = match format {
+            ToolFormat::Hermes => Some(&hermes::Hermes),
+            ToolFormat::Llama3Json => Some(&llama3::Llama3Json),
+            ToolFormat::Mistral => Some(&mistral::Mistral),
+            ToolFormat::Harmony => None,
         };
         ToolCallStream { syntax, text: String::new(), sent: Vec::new(), failed: None }
+    }
+
+    fn read(&self, end: End) -> (Vec<Seg>, Option<String>) {
+        match self.syntax {
+            Some(syntax) => scan::scan(syntax, &self.text, end),
+            None => harmony::read(&self.text, end),
+        }
     }
 
     pub fn push(&mut self, text: &str) -> Vec<ToolDelta> {
@@ -44,7 +61,7 @@ impl ToolCallStream {
         if self.failed.is_some() {
             return vec![];
         }
-        let (segs, err) = scan::scan(self.syntax, &self.text, End::Growing);
+        let (segs, err) = self.read(End::Growing);
         self.failed = err;
         self.emit(&segs)
     }
@@ -54,7 +71,7 @@ impl ToolCallStream {
         if let Some(e) = &self.failed {
             return Err(ToolParseError::new(e.clone()));
         }
-        let (segs, err) = scan::scan(self.syntax, &self.text, End::Final);
+        let (segs, err) = self.read(End::Final);
         if let Some(e) = err {
             self.failed = Some(e.clone());
             return Err(ToolParseError::new(e));
@@ -75,7 +92,7 @@ impl ToolCallStream {
         if self.failed.is_some() {
             return (vec![], false);
         }
-        let (segs, err) = scan::scan(self.syntax, &self.text, End::Cut);
+        let (segs, err) = self.read(End::Cut);
         if err.is_some() {
             return (vec![], false);
         }
@@ -88,13 +105,13 @@ impl ToolCallStream {
         let mut index = 0;
         for (i, seg) in segs.iter().enumerate() {
             match seg {
-                Seg::Text(t) => {
+                Seg::Text(t) | Seg::Reasoning(t) => {
                     let from = match self.sent.get(i) {
                         Some(Sent::Text(n)) => *n,
                         _ => 0,
                     };
                     if t.len() > from {
-                        push_text(&mut out, &t[from..]);
+                        push_text(&mut out, &t[from..], matches!(seg, Seg::Reasoning(_)));
                     }
                     self.set(i, Sent::Text(t.len()));
                 }
@@ -129,10 +146,11 @@ impl ToolCallStream {
     }
 }
 
-fn push_text(out: &mut Vec<ToolDelta>, t: &str) {
-    if let Some(ToolDelta::Text(prev)) = out.last_mut() {
-        prev.push_str(t);
-    } else {
-        out.push(ToolDelta::Text(t.to_string()));
+/// Appends text (or reasoning) to the last delta when it is of the same kind.
+fn push_text(out: &mut Vec<ToolDelta>, t: &str, reasoning: bool) {
+    match out.last_mut() {
+        Some(ToolDelta::Text(prev)) if !reasoning => prev.push_str(t),
+        Some(ToolDelta::Reasoning(prev)) if reasoning => prev.push_str(t),
+        _ => out.push(if reasoning { ToolDelta::Reasoning(t.to_string()) } else { ToolDelta::Text(t.to_string()) }),
     }
 }

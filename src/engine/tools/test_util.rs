@@ -76,13 +76,20 @@ pub fn call(name: &str, args: serde_json::Value) -> ParsedCall {
     ParsedCall { name: name.into(), arguments: args.to_string() }
 }
 
-/// What a stream's deltas add up to: the text, and each call's name and arguments text.
+/// The reasoning a stream's deltas add up to.
+pub fn reasoning(deltas: &[ToolDelta]) -> String {
+    deltas.iter().filter_map(|d| if let ToolDelta::Reasoning(r) = d { Some(r.as_str()) } else { None }).collect()
+}
+
+/// What a stream's deltas add up to: the text, and each call's name and arguments text
+/// (reasoning apart: [`reasoning`]).
 pub fn collect(deltas: &[ToolDelta]) -> (String, Vec<(String, String)>) {
     let mut text = String::new();
     let mut calls: Vec<(String, String)> = Vec::new();
     for d in deltas {
         match d {
             ToolDelta::Text(t) => text.push_str(t),
+            ToolDelta::Reasoning(_) => {}
             ToolDelta::CallStart { index, name } => {
                 assert_eq!(*index, calls.len(), "calls start in order");
                 calls.push((name.clone(), String::new()));
