@@ -13,6 +13,8 @@
 //!
 //! The gap between the full step and its matmuls is MLX's per-op overhead and the
 //! non-matmul ops.
+mod common;
+
 use std::time::Instant;
 
 use mlx_rs::{ops, random, Device};
@@ -28,17 +30,6 @@ fn time_ms(iters: usize, mut f: impl FnMut()) -> f64 {
         f();
     }
     t.elapsed().as_secs_f64() * 1e3 / iters as f64
-}
-
-/// Copy bandwidth: read + write of a 256 MB buffer, in bytes/s.
-fn copy_bandwidth() -> f64 {
-    let big = vec![1u8; 256 << 20];
-    let mut dst = vec![0u8; 256 << 20];
-    let copy_ms = time_ms(5, || {
-        dst.copy_from_slice(std::hint::black_box(&big));
-        std::hint::black_box(&mut dst);
-    });
-    2.0 * big.len() as f64 / (copy_ms / 1e3)
 }
 
 /// A decode step's projections for `rows` sequences, with weights of the default model's
@@ -110,7 +101,7 @@ fn per_op_us() -> f64 {
 fn main() -> anyhow::Result<()> {
     Device::set_default(&Device::cpu());
     let path = mlxbar::model_store::ensure_default_model()?;
-    let bandwidth = copy_bandwidth();
+    let bandwidth = common::copy_bandwidth();
     let machine = mlxbar::bench::machine::Machine::this();
     println!("CPU: {}, {} cores", machine.chip, machine.cores);
     println!(

@@ -12,6 +12,8 @@
 //! experts hits about f of the time; trained routers are skewed and hit more. The file was
 //! just written, so "disk" reads come from the page cache: this measures the engine's cost
 //! of streaming (reads, copies, the per-layer sync), not an SSD's.
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
@@ -112,19 +114,12 @@ fn run(model: &Model, seed: u32) -> Run {
     Run { tok_s: DECODE as f64 / secs, hit_ratio, read_per_token }
 }
 
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
 fn main() {
     Device::set_default(&Device::cpu());
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path());
     let file_bytes = std::fs::metadata(dir.path().join("model.safetensors")).unwrap().len();
-    println!("CPU: {} ({} threads)", cpu_name(), std::thread::available_parallelism().map_or(1, |n| n.get()));
+    println!("CPU: {} ({} threads)", common::cpu_name(), std::thread::available_parallelism().map_or(1, |n| n.get()));
     println!(
         "model: qwen3_moe, {LAYERS} sparse layers x {EXPERTS} experts ({PER_TOKEN} a token), hidden {HIDDEN}, expert width {WIDTH}, 4-bit; file {:.0} MB",
         file_bytes as f64 / 1e6
@@ -149,6 +144,18 @@ fn main() {
         x.expert_bytes as f64 / 1e3,
         all as f64 / 1e6,
         floor / 1e6
+    );
+    // A resident decode step reads every non-expert weight and the experts its token routes to.
+    let bandwidth = common::copy_bandwidth();
+    let step_bytes = (resident_bytes - all) as f64 + (PER_TOKEN * LAYERS) as f64 * x.expert_bytes as f64;
+    let floor_ms = step_bytes / bandwidth * 1e3;
+    println!(
+        "resident step: {:.2} ms against a floor of {:.2} ms ({:.1} MB read a step at {:.1} GB/s copy bandwidth): {:.1}x the floor",
+        1e3 / base.tok_s,
+        floor_ms,
+        step_bytes / 1e6,
+        bandwidth / 1e9,
+        1e3 / base.tok_s / floor_ms
     );
     println!("{:>8}  {:>9}  {:>8}  {:>9}  {:>13}  {:>9}", "cache", "MB", "tok/s", "x resident", "read MB/token", "x floor");
     for share in [1.0, 0.5, 0.25, 0.125] {

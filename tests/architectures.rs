@@ -5,7 +5,7 @@
 //! mlx-lm's, one sequence at a time and with all sequences of a model in one batch.
 //! Mixture-of-experts models (qwen3_moe, mixtral) are checked the same way in both
 //! checkpoint layouts, and 4-bit quantized against mlx-lm's quantized model; phi3
-//! (LongRoPE, partial rotation) and gemma3 (local attention windows the longer sequences
+//! (LongRoPE, partial rotation; also as a GGUF) and gemma3 (local attention windows the longer sequences
 //! pass) as dense models, gemma3 also from a multimodal checkpoint; gpt_oss (sinks, windows,
 //! YaRN, biased experts) float, and with MXFP4 experts as OpenAI and mlx-community ship them.
 use std::path::{Path, PathBuf};
@@ -157,7 +157,7 @@ fn check_as(name: &str, format: WeightFormat, tolerance: f32) -> [f32; 3] {
 }
 
 /// The folders each test below covers; a new folder without a test fails here.
-const MODELS: [&str; 22] = [
+const MODELS: [&str; 23] = [
     "llama3-rope",
     "llama3-rope-gguf",
     "llama-gqa-untied",
@@ -175,6 +175,7 @@ const MODELS: [&str; 22] = [
     "mixtral-hf",
     "mixtral-4bit",
     "phi3",
+    "phi3-gguf",
     "gemma3",
     "gemma3-multimodal",
     "gpt-oss",
@@ -320,6 +321,14 @@ fn mixtral_4bit_packed() {
 #[test]
 fn phi3_with_fused_projections_partial_rotation_and_longrope() {
     check("phi3");
+}
+
+/// The same phi3 as llama.cpp's converter writes it: q|k|v in one `attn_qkv`, gate|up in
+/// one `ffn_up`, the rotated dims in `phi3.rope.dimension_count`, LongRoPE as the
+/// `rope_factors_long` tensor and `rope.scaling.attn_factor`.
+#[test]
+fn phi3_gguf_with_fused_tensors_and_rope_factors() {
+    check("phi3-gguf");
 }
 
 /// Layer 0 attends to its last 8 positions: the 13- and 50-token sequences and every decode

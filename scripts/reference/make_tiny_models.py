@@ -162,6 +162,8 @@ ROUTER_GAPS = []
 
 # GGUF copies: folder name -> source model.
 GGUFS = {"qwen2-bias-gguf": "qwen2-bias", "qwen3-qknorm-gguf": "qwen3-qknorm", "llama3-rope-gguf": "llama3-rope"}
+# Written after LATER_MODELS (their sources are among them).
+LATER_GGUFS = {"phi3-gguf": "phi3"}
 # Mixture-of-experts GGUF copies, in llama.cpp's layout (qwen3moe; mixtral as llama with
 # experts; routers ffn_gate_inp, experts stacked ffn_{gate,up,down}_exps).
 MOE_GGUFS = {"qwen3-moe-gguf": "qwen3-moe", "mixtral-gguf": "mixtral"}
@@ -352,9 +354,21 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
     g.add_feed_forward_length(config["intermediate_size"])
     g.add_head_count(heads)
     g.add_head_count_kv(kv_heads)
-    g.add_key_length(head_dim)
-    g.add_value_length(head_dim)
-    g.add_rope_dimension_count(head_dim)
+    if arch == "phi3":
+        # Phi3MiniModel.set_gguf_parameters: no key/value length, the rotated dims, the
+        # original context, a sliding window (0: none); LongRoPE's factors as tensors.
+        g.add_rope_dimension_count(int(config.get("partial_rotary_factor", 1.0) * config["hidden_size"]) // heads)
+        g.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
+        g.add_sliding_window(config.get("sliding_window") or 0)
+        scaling = config["rope_scaling"]
+        scale = config["max_position_embeddings"] / config["original_max_position_embeddings"]
+        g.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(config["original_max_position_embeddings"])))
+        g.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], dtype=np.float32))
+        g.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], dtype=np.float32))
+    else:
+        g.add_key_length(head_dim)
+        g.add_value_length(head_dim)
+        g.add_rope_dimension_count(head_dim)
     g.add_rope_freq_base(config["rope_theta"])
     g.add_layer_norm_rms_eps(config["rms_norm_eps"])
     if arch in ("qwen3_moe", "mixtral"):
@@ -373,13 +387,15 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
     g.add_eos_token_id(tok.token_to_id("<|im_end|>"))
     g.add_add_bos_token(False)
     g.add_chat_template(CHAT_TEMPLATE)
-    if config.get("rope_scaling"):
+    if config.get("rope_scaling") and arch != "phi3":
         g.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-             "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp"}
+             "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp",
+             # phi3's fused projections (gate_up as llama.cpp's FFN_UP, gate rows first).
+             "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
     for block in ("mlp", "block_sparse_moe"):
         for proj in ("gate", "up", "down"):
             names[f"{block}.switch_mlp.{proj}_proj"] = f"ffn_{proj}_exps"
@@ -565,6 +581,16 @@ def main():
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, logit std {ref['logit_std_longest']:.3g}, "
               f"greedy {[c['greedy_ids'] for c in ref['cases']]}"
               + (f", rope scaling moves logits by {ref['rope_scaling_effect_max_abs']:.3g}" if "rope_scaling_effect_max_abs" in ref else ""))
+    for name, src in LATER_GGUFS.items():
+        write_gguf(out_dir / src, out_dir / name, tok)
+        ref = json.loads((out_dir / src / "reference.json").read_text())
+        ref["model"] = name
+        ref["gguf_from"] = src
+        ref["exercises"] += (f"; as a GGUF (F32 tensors) in llama.cpp's phi3 layout (fused attn_qkv and ffn_up, "
+                             f"rope_factors_long/short, rope.scaling.attn_factor), written by gguf-py "
+                             f"{importlib.metadata.version('gguf')}")
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: GGUF of {src}")
     for name, (src, writer) in LATER_LAYOUTS.items():
         globals()[f"write_{writer}"](out_dir / src, out_dir / name)
         mine = reference(out_dir / name, sequences, "")

@@ -8,7 +8,8 @@
 //! (rotate-half) RoPE like every other format: MLX's traditional RoPE is equivalent in
 //! float32 but loses the argmax in float16 (measured on this model). Rows are output
 //! features, so permuting them leaves quantized packing intact. qwen2/qwen3 GGUFs are not
-//! permuted; mixtral's (written as llama) are.
+//! permuted; mixtral's (written as llama) are. phi3's fused `attn_qkv` and `ffn_up` (gate|up)
+//! are split here into the parts every family has.
 use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -43,7 +44,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
     // MLX's reader trusts the file; a truncated or lying one must not reach it.
     let header = super::validate::gguf_file(path)?;
     let mut config = config_from_header(&header)?;
-    let head_dim = config.head_dim;
+    let rope_dims = config.rope.dims.unwrap_or(config.head_dim);
     let g = GgufFile::load(path).with_context(|| format!("reading GGUF {}", path.display()))?;
 
     let mut t = TensorMap::default();
@@ -68,7 +69,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
             w.eval()?;
             let factors = w.as_dtype(Dtype::Float32)?;
             factors.eval()?;
-            let p = rope::gguf_periods(head_dim, config.rope.theta, factors.as_slice::<f32>());
+            let p = rope::gguf_periods(rope_dims, config.rope.theta, factors.as_slice::<f32>());
             t.vectors.insert(name, Array::from_slice(&p, &[p.len() as i32]));
         } else {
             t.vectors.insert(name, w);
@@ -83,6 +84,18 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
         config.tie_word_embeddings = true;
     }
     config.validate()?;
+    if config.arch == Arch::Phi3 {
+        let (q, kv) = (config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim);
+        for i in 0..config.num_layers {
+            for (fused, parts, sizes) in [("qkv", &["q", "k", "v"][..], vec![q, kv, kv]), ("up", &["gate", "up"][..], vec![config.intermediate_size; 2])] {
+                let name = format!("layers.{i}.{fused}");
+                let w = t.weights.remove(&name).with_context(|| format!("phi3 GGUF lacks blk.{i}.{}", if fused == "qkv" { "attn_qkv" } else { "ffn_up" }))?;
+                for (part, w) in parts.iter().zip(w.split_outputs(&sizes).with_context(|| name.clone())?) {
+                    t.weights.insert(format!("layers.{i}.{part}"), w);
+                }
+            }
+        }
+    }
     if matches!(config.arch, Arch::Llama | Arch::Mistral | Arch::Mixtral) {
         for i in 0..config.num_layers {
             for (part, heads) in [("q", config.num_heads), ("k", config.num_kv_heads)] {
@@ -116,9 +129,10 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
         ),
         other => Arch::parse(other)?,
     };
-    if matches!(arch, Arch::Phi3 | Arch::Gemma3) {
-        // llama.cpp's layouts for these (fused phi3 tensors, gemma's norms) are not read yet.
-        bail!("{arch_name} GGUF is not supported yet: use an MLX or Hugging Face folder");
+    if arch == Arch::Gemma3 {
+        // llama.cpp's gemma3 GGUFs carry a SentencePiece vocabulary, which mlxbar's GGUF
+        // tokenizer does not read (and norms stored as 1 + weight).
+        bail!("gemma3 GGUF is not supported yet (its SentencePiece tokenizer): use an MLX or Hugging Face folder");
     }
     let m = |k: &str| h.number(&format!("{arch_name}.{k}")).map(|v| v as f32);
     let req = |k: &str| -> Result<f32> { m(k).with_context(|| format!("GGUF lacks {arch_name}.{k}")) };
@@ -135,7 +149,7 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
             bail!("unsupported GGUF rope scaling '{kind}'");
         }
     }
-    let config = ModelConfig {
+    let mut config = ModelConfig {
         arch,
         hidden_size: hidden,
         num_layers: req("block_count")? as usize,
@@ -160,6 +174,9 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
         },
         style: LayerStyle::llama(),
     };
+    if arch == Arch::Phi3 {
+        super::phi3::adjust_gguf(&mut config, h)?;
+    }
     config.validate()?;
     Ok(config)
 }
@@ -216,6 +233,9 @@ fn canonical_name(base: &str) -> Option<String> {
         "output_norm" => Some("norm"),
         "output" => Some("lm_head"),
         "rope_freqs" => Some("rope_periods"),
+        // phi3's LongRoPE: mlx-lm applies the long factors at every length, and so does
+        // llama.cpp at the file's own context length; the short ones are not used.
+        "rope_factors_long" => Some("rope_periods"),
         _ => None,
     };
     if let Some(f) = fixed {
@@ -230,6 +250,7 @@ fn canonical_name(base: &str) -> Option<String> {
         "attn_k" => "k",
         "attn_v" => "v",
         "attn_output" => "o",
+        "attn_qkv" => "qkv",
         "attn_q_norm" => "q_norm",
         "attn_k_norm" => "k_norm",
         "ffn_gate" => "gate",

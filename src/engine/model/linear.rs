@@ -117,6 +117,21 @@ impl Weight {
         })
     }
 
+    /// Splits the output features into consecutive pieces of these sizes (a fused
+    /// projection into its parts).
+    pub fn split_outputs(self, sizes: &[i32]) -> Result<Vec<Weight>> {
+        let total: i32 = sizes.iter().sum();
+        ensure!(total == self.out_features(), "{} output features cannot split into {sizes:?}", self.out_features());
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(sizes.len());
+        for &n in sizes {
+            let rows: Vec<i32> = (start..start + n).collect();
+            parts.push(self.clone().take_outputs(&Array::from_slice(&rows, &[n]))?);
+            start += n;
+        }
+        Ok(parts)
+    }
+
     pub fn nbytes(&self) -> usize {
         match self {
             Weight::Dense(w) => w.nbytes(),

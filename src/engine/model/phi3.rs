@@ -4,7 +4,8 @@
 //! num_attention_heads`, RoPE over the first `partial_rotary_factor` of each head, and
 //! LongRoPE (`rope_scaling.type` `longrope` / `su`): per-pair `long_factor`s stretch the
 //! periods and the rotated part of q and k is scaled by the attention factor first. As in
-//! mlx-lm, the long factors apply at every length (`short_factor` is not used).
+//! mlx-lm, the long factors apply at every length (`short_factor` is not used). GGUFs
+//! (llama.cpp's `Phi3MiniModel`) store the same: see [`adjust_gguf`].
 use std::collections::HashMap;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -12,6 +13,7 @@ use mlx_rs::{ops, Array};
 use serde::Deserialize;
 
 use super::config::ModelConfig;
+use super::validate::GgufSummary;
 
 #[derive(Deserialize)]
 struct Keys {
@@ -66,6 +68,27 @@ pub fn adjust(cfg: &mut ModelConfig, json: &str) -> Result<()> {
             });
         }
         Some(s) => bail!("unsupported phi3 rope_scaling type '{}' (supported: linear, longrope, su)", s.r#type),
+    }
+    Ok(())
+}
+
+/// What llama.cpp's converter writes for phi3 beyond llama's keys: the rotated dims
+/// (`phi3.rope.dimension_count`), LongRoPE's attention factor (`rope.scaling.attn_factor`,
+/// beside the `rope_factors_long` tensor the loader turns into periods) and the sliding
+/// window (0 for Phi-4, which has none). The head size is `hidden / heads`, as for folders.
+pub fn adjust_gguf(cfg: &mut ModelConfig, h: &GgufSummary) -> Result<()> {
+    cfg.head_dim = cfg.hidden_size / cfg.num_heads.max(1);
+    let m = |k: &str| h.number(&format!("phi3.{k}"));
+    if let Some(d) = m("rope.dimension_count") {
+        let d = d as i32;
+        ensure!(d > 0 && d % 2 == 0 && d <= cfg.head_dim, "phi3.rope.dimension_count {d} for heads of {}", cfg.head_dim);
+        cfg.rope.dims = (d != cfg.head_dim).then_some(d);
+    }
+    if h.tensor_infos.iter().any(|t| t.name == "rope_factors_long.weight") {
+        cfg.rope.input_scale = m("rope.scaling.attn_factor").unwrap_or(1.0) as f32;
+    }
+    if let Some(w) = m("attention.sliding_window").filter(|w| *w > 0.0) {
+        cfg.max_position_embeddings = cfg.max_position_embeddings.min(w as usize);
     }
     Ok(())
 }
