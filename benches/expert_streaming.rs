@@ -119,7 +119,8 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     write_model(dir.path());
     let file_bytes = std::fs::metadata(dir.path().join("model.safetensors")).unwrap().len();
-    println!("CPU: {} ({} threads)", common::cpu_name(), std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let machine = mlxbar::bench::machine::Machine::this();
+    println!("CPU: {}, {} cores", machine.chip, machine.cores);
     println!(
         "model: qwen3_moe, {LAYERS} sparse layers x {EXPERTS} experts ({PER_TOKEN} a token), hidden {HIDDEN}, expert width {WIDTH}, 4-bit; file {:.0} MB",
         file_bytes as f64 / 1e6
@@ -147,7 +148,7 @@ fn main() {
     );
     // A resident decode step reads every non-expert weight and the experts its token routes to.
     let bandwidth = common::copy_bandwidth();
-    let step_bytes = (resident_bytes - all) as f64 + (PER_TOKEN * LAYERS) as f64 * x.expert_bytes as f64;
+    let step_bytes = resident_bytes as f64 - all as f64 + (PER_TOKEN * LAYERS) as f64 * x.expert_bytes as f64;
     let floor_ms = step_bytes / bandwidth * 1e3;
     println!(
         "resident step: {:.2} ms against a floor of {:.2} ms ({:.1} MB read a step at {:.1} GB/s copy bandwidth): {:.1}x the floor",

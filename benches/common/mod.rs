@@ -1,14 +1,6 @@
-//! What the benches print about the machine they ran on: the CPU's name (every figure is
-//! named with it) and the memory copy bandwidth that decode's floors are measured against.
+//! What benches share beside the library's `bench::machine`: the memory copy bandwidth that
+//! decode's floors are measured against.
 use std::time::Instant;
-
-/// The CPU's model name (`/proc/cpuinfo`), else the architecture.
-pub fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
 
 /// Copy bandwidth: read + write of a 256 MB buffer (best of 5 after a warm-up), in bytes/s.
 pub fn copy_bandwidth() -> f64 {

@@ -187,6 +187,37 @@ def responses_take_their_reasoning_item_back():
 
 
 @check
+def responses_as_codex_sends_them():
+    # Codex's every turn: no stored state, an effort and a summary, the reasoning sealed in
+    # `encrypted_content`; its next turn sends the item back with its summary and token only.
+    tool = {"type": "function", **WEATHER["function"]}
+    ask = dict(model=MODEL, tools=[tool], store=False, reasoning={"effort": "low", "summary": "auto"},
+               include=["reasoning.encrypted_content"], max_output_tokens=ROOM)
+    r = oa.responses.create(input=ASK_CALL, **ask)
+    rs, call = r.output
+    assert rs.type == "reasoning" and [p.text for p in rs.summary] == [CALL_REASONING], rs
+    assert rs.encrypted_content and "weather" not in rs.encrypted_content, rs
+    assert r.reasoning.summary == "auto" and r.reasoning.effort == "low", r.reasoning
+    events = list(oa.responses.create(input=ASK_CALL, stream=True, **ask))
+    summary = "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta")
+    assert summary == CALL_REASONING, [e.type for e in events]
+    assert events[-1].response.output[0].encrypted_content == rs.encrypted_content, events[-1]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": RESULT}
+    sent = {k: v for k, v in rs.model_dump(exclude_none=True).items() if k != "content"}
+    count = lambda h: oa.responses.create(input=h, **{**ask, "max_output_tokens": 16}).usage.input_tokens
+    whole = ASK_CALL + [o.model_dump(exclude_none=True) for o in r.output] + [result]
+    sealed = ASK_CALL + [sent, call.model_dump(exclude_none=True), result]
+    bare = ASK_CALL + [call.model_dump(exclude_none=True), result]
+    assert count(sealed) == count(whole) > count(bare), (count(sealed), count(whole), count(bare))
+    # Another server's token cannot be read: a 400 that names the field.
+    try:
+        oa.responses.create(input=ASK_CALL + [{**sent, "encrypted_content": "gAAAAABnot-ours"}, call.model_dump(exclude_none=True), result], **ask)
+        raise AssertionError("another server's encrypted_content was accepted")
+    except openai.BadRequestError as e:
+        assert "encrypted_content" in str(e), e
+
+
+@check
 def ollama_takes_its_thinking_back():
     r = ol.chat(model=MODEL, messages=ASK_CALL, tools=[WEATHER], think=True, options={"num_predict": ROOM})
     assert r.message.thinking == CALL_REASONING and [c.function.name for c in r.message.tool_calls] == ["get_weather"], r

@@ -72,13 +72,18 @@ fn only_reasoning(m: &Message) -> bool {
 }
 
 /// A `reasoning` item sent back: its `reasoning_text` parts (else its summary's `summary_text`
-/// parts) are the reasoning of the assistant turn that follows. `encrypted_content` is
-/// another server's reasoning, which mlxbar cannot read: refused.
+/// parts, else the text its `encrypted_content` seals) are the reasoning of the assistant turn
+/// that follows. An `encrypted_content` mlxbar did not seal ([`super::sealed`]) is another
+/// server's reasoning, which it cannot read: refused.
 fn reasoning(o: &Map<String, Value>, at: &str, out: &mut Vec<Message>) -> Result<(), ApiError> {
     let o = fields(o, at, &["summary", "content", "encrypted_content"])?;
-    if o.get("encrypted_content").is_some_and(|e| !e.is_null()) {
-        return Err(bad(format!("{at}.encrypted_content: mlxbar cannot read encrypted reasoning; send its 'content' as text")));
-    }
+    let sealed = match o.get("encrypted_content") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(token)) => Some(super::sealed::open(token).ok_or_else(|| {
+            bad(format!("{at}.encrypted_content: not reasoning mlxbar sealed (another server's?); send its 'content' as text"))
+        })?),
+        Some(_) => return Err(bad(format!("{at}.encrypted_content: a string"))),
+    };
     let texts = |key: &str, kind: &str| -> Result<Vec<String>, ApiError> {
         match o.get(key) {
             None | Some(Value::Null) => Ok(vec![]),
@@ -101,8 +106,12 @@ fn reasoning(o: &Map<String, Value>, at: &str, out: &mut Vec<Message>) -> Result
         }
     };
     let content = texts("content", "reasoning_text")?;
-    let parts = if content.is_empty() { texts("summary", "summary_text")? } else { content };
-    let text = parts.join("\n");
+    let summary = texts("summary", "summary_text")?;
+    let text = match (content.is_empty(), sealed) {
+        (false, _) => content.join("\n"),
+        (true, Some(text)) => text,
+        (true, None) => summary.join("\n"),
+    };
     if text.is_empty() {
         return Ok(());
     }
@@ -257,9 +266,14 @@ mod tests {
         let summary = json!({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Clock."}]});
         let m = conversation_of(json!([{"role": "user", "content": "Time?"}, summary])).unwrap();
         assert_eq!(m[1].reasoning.as_deref(), Some("Clock."));
-        // encrypted reasoning cannot be read; fields beyond the item's are refused
+        // another server's encrypted reasoning cannot be read; mlxbar's own opens; fields
+        // beyond the item's are refused
         let encrypted = json!({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"});
         assert!(conversation_of(json!([encrypted])).unwrap_err().contains("input[0].encrypted_content"));
+        let sealed = json!({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Short."}],
+            "encrypted_content": super::super::sealed::seal("Clock first.")});
+        let m = conversation_of(json!([{"role": "user", "content": "Time?"}, sealed])).unwrap();
+        assert_eq!(m[1].reasoning.as_deref(), Some("Clock first."), "the sealed text, not the summary");
         let extra = json!({"type": "reasoning", "id": "rs_1", "summary": [], "effort": "low"});
         assert!(conversation_of(json!([extra])).unwrap_err().contains("input[0].effort"));
         let wrong = json!({"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "output_text", "text": "x"}]});

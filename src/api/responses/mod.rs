@@ -8,6 +8,7 @@ pub mod errors;
 pub mod input;
 pub mod request;
 pub mod response;
+pub mod sealed;
 pub mod stream;
 pub mod translate;
 

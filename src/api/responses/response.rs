@@ -34,9 +34,29 @@ pub fn reasoning_part(text: &str) -> Value {
     json!({"type": "reasoning_text", "text": text})
 }
 
-/// A `reasoning` item: no summary (the text itself is the content).
+/// A `reasoning` item: the text is the content; the summary stays empty until
+/// [`Echo::dress_reasoning`] fills it.
 pub fn reasoning_item(id: &str, status: &str, content: Vec<Value>) -> Value {
     json!({"id": id, "type": "reasoning", "status": status, "summary": [], "content": content})
+}
+
+/// A `summary_text` part.
+pub fn summary_part(text: &str) -> Value {
+    json!({"type": "summary_text", "text": text})
+}
+
+impl Echo {
+    /// A finished reasoning item as the request asked for it: its whole `text` as the summary
+    /// when `reasoning.summary` was set, and sealed in `encrypted_content` when `include`
+    /// named it.
+    pub fn dress_reasoning(&self, item: &mut Value, text: &str) {
+        if self.summary && !text.is_empty() {
+            item["summary"] = json!([summary_part(text)]);
+        }
+        if self.sealed_reasoning {
+            item["encrypted_content"] = json!(super::sealed::seal(text));
+        }
+    }
 }
 
 /// A function_call item's id (`fc_…`), from the call's `call_…` id.
@@ -130,7 +150,9 @@ impl Meta {
         let item_status = if a.finish == Finish::Length { "incomplete" } else { "completed" };
         let mut output = vec![];
         if !a.reasoning.is_empty() {
-            output.push(reasoning_item(&reasoning_id(), item_status, vec![reasoning_part(&a.reasoning)]));
+            let mut item = reasoning_item(&reasoning_id(), item_status, vec![reasoning_part(&a.reasoning)]);
+            self.echo.dress_reasoning(&mut item, &a.reasoning);
+            output.push(item);
         }
         if !a.text.is_empty() || a.tool_calls.is_empty() {
             let lps = self.echo.logprobs.then_some(a.logprobs.as_slice());

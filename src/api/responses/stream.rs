@@ -1,7 +1,9 @@
 //! Answers as the Responses API's server-sent events, each named by its `type` and numbered
 //! by `sequence_number`: `response.created` and `response.in_progress`; per output item
 //! `response.output_item.added`, then for reasoning `response.content_part.added`, the
-//! `response.reasoning_text.delta`s, `.done` and `response.content_part.done`, for text
+//! `response.reasoning_text.delta`s, `.done` and `response.content_part.done` (then, when
+//! `reasoning.summary` was asked, the `response.reasoning_summary_*` events of its one
+//! summary part), for text
 //! `response.content_part.added`, the
 //! `response.output_text.delta`s, `response.output_text.done` and
 //! `response.content_part.done`, for a call the `response.function_call_arguments.delta`s
@@ -16,8 +18,8 @@ use serde_json::{json, Value};
 
 use super::errors::{response_error, responses_words};
 use super::response::{
-    call_item, call_item_id, logprobs, message_id, message_item, reasoning_id, reasoning_item, reasoning_part, status, text_part, usage,
-    Meta,
+    call_item, call_item_id, logprobs, message_id, message_item, reasoning_id, reasoning_item, reasoning_part, status, summary_part,
+    text_part, usage, Meta,
 };
 use crate::inference::{Finish, Generation, Output, TextLogprobs};
 
@@ -83,8 +85,24 @@ impl Writer {
                 done["text"] = json!(text);
                 let mut part_done = at;
                 part_done["part"] = part.clone();
-                let events = vec![self.event("response.reasoning_text.done", done), self.event("response.content_part.done", part_done)];
-                (events, reasoning_item(&id, status, vec![part]))
+                let mut events =
+                    vec![self.event("response.reasoning_text.done", done), self.event("response.content_part.done", part_done)];
+                if self.meta.echo.summary && !text.is_empty() {
+                    // The summary is the whole text (no summarizer): its events come at once.
+                    let at = json!({"item_id": id, "output_index": index, "summary_index": 0});
+                    let with = |key: &str, v: Value| {
+                        let mut o = at.clone();
+                        o[key] = v;
+                        o
+                    };
+                    events.push(self.event("response.reasoning_summary_part.added", with("part", summary_part(""))));
+                    events.push(self.event("response.reasoning_summary_text.delta", with("delta", json!(text))));
+                    events.push(self.event("response.reasoning_summary_text.done", with("text", json!(text))));
+                    events.push(self.event("response.reasoning_summary_part.done", with("part", summary_part(&text))));
+                }
+                let mut item = reasoning_item(&id, status, vec![part]);
+                self.meta.echo.dress_reasoning(&mut item, &text);
+                (events, item)
             }
             Some(Open::Text { id, text, logprobs: lps }) => {
                 let part = text_part(&text, self.meta.echo.logprobs.then_some(lps.as_slice()));
@@ -181,7 +199,11 @@ pub fn sse(meta: Meta, generation: Generation) -> Sse<impl Stream<Item = Result<
                 let mut output = writer.done.clone();
                 if let Some(open) = &writer.open {
                     output.push(match open {
-                        Open::Reasoning { id, text } => reasoning_item(id, "incomplete", vec![reasoning_part(text)]),
+                        Open::Reasoning { id, text } => {
+                            let mut item = reasoning_item(id, "incomplete", vec![reasoning_part(text)]);
+                            writer.meta.echo.dress_reasoning(&mut item, text);
+                            item
+                        }
                         Open::Text { id, text, .. } => message_item(id, "incomplete", vec![text_part(text, None)]),
                         Open::Call { call_id, name, arguments } => call_item(call_id, name, arguments, "incomplete"),
                     });

@@ -11,8 +11,10 @@ use crate::api::error::ApiError;
 use crate::engine::tools::{ToolMode, ToolSpec};
 use crate::inference::{Effort, InferenceRequest, Input, OutputFormat, Overflow, ReasoningEffort, Sampling, ToolSet};
 
-/// The one `include` value mlxbar has.
+/// The `include` values mlxbar has: logprobs on `output_text`, and the reasoning as an opaque
+/// token a stateless client sends back ([`super::sealed`]).
 pub const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
+pub const INCLUDE_SEALED_REASONING: &str = "reasoning.encrypted_content";
 
 /// What the Response object repeats of the request.
 #[derive(Debug, Clone)]
@@ -21,6 +23,10 @@ pub struct Echo {
     pub params: Map<String, Value>,
     /// `include` asked for logprobs: each `output_text` carries them.
     pub logprobs: bool,
+    /// `reasoning.summary` was asked for: a reasoning item's summary is its whole text.
+    pub summary: bool,
+    /// `include` asked for `reasoning.encrypted_content`: reasoning items carry it.
+    pub sealed_reasoning: bool,
 }
 
 fn refuse(param: &'static str, why: &str) -> ApiError {
@@ -34,23 +40,24 @@ pub fn number(x: f32) -> Value {
 
 pub fn translate(req: ResponsesRequest) -> Result<(InferenceRequest, Echo), ApiError> {
     check_unsupported(&req)?;
-    let logprobs = match (req.include.as_deref().unwrap_or_default(), req.top_logprobs) {
-        (include, top) if !include.is_empty() => {
-            if let Some(other) = include.iter().find(|i| *i != INCLUDE_LOGPROBS) {
-                return Err(
-                    ApiError::bad_request(format!("include: '{other}' is not supported (only '{INCLUDE_LOGPROBS}')")).param("include")
-                );
-            }
-            Some(top.unwrap_or(0) as usize)
-        }
-        (_, None) => None,
-        (_, Some(_)) => {
+    let include = req.include.as_deref().unwrap_or_default();
+    if let Some(other) = include.iter().find(|i| *i != INCLUDE_LOGPROBS && *i != INCLUDE_SEALED_REASONING) {
+        return Err(ApiError::bad_request(format!(
+            "include: '{other}' is not supported (only '{INCLUDE_LOGPROBS}' and '{INCLUDE_SEALED_REASONING}')"
+        ))
+        .param("include"));
+    }
+    let sealed_reasoning = include.iter().any(|i| i == INCLUDE_SEALED_REASONING);
+    let logprobs = match (include.iter().any(|i| i == INCLUDE_LOGPROBS), req.top_logprobs) {
+        (true, top) => Some(top.unwrap_or(0) as usize),
+        (false, None) => None,
+        (false, Some(_)) => {
             return Err(ApiError::bad_request(format!("top_logprobs needs include: [\"{INCLUDE_LOGPROBS}\"]")).param("top_logprobs"))
         }
     };
     let tools = tools(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls)?;
     let (format, text) = text_format(req.text.as_ref())?;
-    let reasoning_effort = reasoning(req.reasoning.as_ref())?;
+    let (reasoning_effort, summary) = reasoning(req.reasoning.as_ref())?;
     let mut params = Map::new();
     params.insert("instructions".into(), json!(req.instructions));
     params.insert("tools".into(), json!(req.tools.clone().unwrap_or_default()));
@@ -66,8 +73,11 @@ pub fn translate(req: ResponsesRequest) -> Result<(InferenceRequest, Echo), ApiE
     params.insert("store".into(), json!(false));
     params.insert("background".into(), json!(false));
     params.insert("previous_response_id".into(), Value::Null);
-    let echoed = reasoning_effort.map(|r| json!({"effort": r.level.as_str(), "summary": null}));
-    params.insert("reasoning".into(), echoed.unwrap_or(Value::Null));
+    let echoed = match (&reasoning_effort, summary) {
+        (None, None) => Value::Null,
+        (effort, summary) => json!({"effort": effort.as_ref().map(|r| r.level.as_str()), "summary": summary}),
+    };
+    params.insert("reasoning".into(), echoed);
     params.insert("service_tier".into(), json!("default"));
     params.insert("truncation".into(), json!("disabled"));
     if let Some(t) = req.temperature {
@@ -91,30 +101,42 @@ pub fn translate(req: ResponsesRequest) -> Result<(InferenceRequest, Echo), ApiE
         endpoint: super::ENDPOINT,
         stream: req.stream,
     };
-    Ok((core, Echo { params, logprobs: logprobs.is_some() }))
+    Ok((core, Echo { params, logprobs: logprobs.is_some(), summary: summary.is_some(), sealed_reasoning }))
 }
 
 /// `reasoning`: `{"effort": "low" | "medium" | "high"}` for the core (which refuses it for a
-/// model without the control); a summary is refused (the reasoning item carries the text).
-fn reasoning(v: Option<&Value>) -> Result<Option<ReasoningEffort>, ApiError> {
+/// model without the control) and `summary` (`auto`, `concise`, `detailed`: Codex asks for
+/// one every turn). mlxbar has no summarizer: the summary it gives is the reasoning's whole
+/// text, beside the same text in the item's `content`.
+fn reasoning(v: Option<&Value>) -> Result<(Option<ReasoningEffort>, Option<&'static str>), ApiError> {
     const PARAM: &str = "reasoning";
-    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok((None, None)) };
     let Some(o) = v.as_object() else {
         return Err(ApiError::bad_request(format!("'{PARAM}' must be an object like {{\"effort\": \"low\"}}")).param(PARAM));
     };
-    for (k, v) in o {
-        if k != "effort" && !v.is_null() {
-            return Err(ApiError::bad_request(format!(
-                "'{PARAM}.{k}' is not supported: the reasoning item carries the reasoning's own text, not a summary"
-            ))
-            .param(PARAM));
-        }
+    if let Some((k, _)) = o.iter().find(|(k, v)| !["effort", "summary"].contains(&k.as_str()) && !v.is_null()) {
+        return Err(ApiError::bad_request(format!("'{PARAM}.{k}' is not supported (only effort and summary)")).param(PARAM));
     }
-    match o.get("effort") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(e)) => Ok(Some(ReasoningEffort { level: Effort::parse(e, PARAM)?, param: PARAM })),
-        Some(other) => Err(ApiError::bad_request(format!("'{PARAM}.effort' must be a string, got {other}")).param(PARAM)),
-    }
+    let summary = match o.get("summary") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(match s.as_str() {
+            "auto" => "auto",
+            "concise" => "concise",
+            "detailed" => "detailed",
+            other => {
+                return Err(
+                    ApiError::bad_request(format!("'{PARAM}.summary' must be auto, concise or detailed, got '{other}'")).param(PARAM)
+                )
+            }
+        }),
+        Some(other) => return Err(ApiError::bad_request(format!("'{PARAM}.summary' must be a string, got {other}")).param(PARAM)),
+    };
+    let effort = match o.get("effort") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e)) => Some(ReasoningEffort { level: Effort::parse(e, PARAM)?, param: PARAM }),
+        Some(other) => return Err(ApiError::bad_request(format!("'{PARAM}.effort' must be a string, got {other}")).param(PARAM)),
+    };
+    Ok((effort, summary))
 }
 
 /// Known fields that need what mlxbar does not do; each is a 400 naming it when sent.

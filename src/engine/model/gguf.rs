@@ -87,9 +87,14 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
     if config.arch == Arch::Phi3 {
         let (q, kv) = (config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim);
         for i in 0..config.num_layers {
-            for (fused, parts, sizes) in [("qkv", &["q", "k", "v"][..], vec![q, kv, kv]), ("up", &["gate", "up"][..], vec![config.intermediate_size; 2])] {
+            for (fused, parts, sizes) in
+                [("qkv", &["q", "k", "v"][..], vec![q, kv, kv]), ("up", &["gate", "up"][..], vec![config.intermediate_size; 2])]
+            {
                 let name = format!("layers.{i}.{fused}");
-                let w = t.weights.remove(&name).with_context(|| format!("phi3 GGUF lacks blk.{i}.{}", if fused == "qkv" { "attn_qkv" } else { "ffn_up" }))?;
+                let w = t
+                    .weights
+                    .remove(&name)
+                    .with_context(|| format!("phi3 GGUF lacks blk.{i}.{}", if fused == "qkv" { "attn_qkv" } else { "ffn_up" }))?;
                 for (part, w) in parts.iter().zip(w.split_outputs(&sizes).with_context(|| name.clone())?) {
                     t.weights.insert(format!("layers.{i}.{part}"), w);
                 }
