@@ -190,7 +190,7 @@ async fn gpt_oss_speaks_harmony() {
         ("/v1/responses", json!({"model": "gpt-oss", "input": content, "reasoning": {"effort": "high"}}), "reasoning"),
         (
             "/v1/responses",
-            json!({"model": "gpt-oss-harmony", "input": content, "reasoning": {"effort": "low", "summary": "auto"}}),
+            json!({"model": "gpt-oss-harmony", "input": content, "reasoning": {"effort": "low", "summary": "verbose"}}),
             "reasoning",
         ),
         ("/api/chat", json!({"model": "gpt-oss", "messages": ask, "think": true, "stream": false}), "think"),

@@ -12,7 +12,11 @@
 - a second turn that sends the first one back (its reasoning, its tool call, the call's
   result), as agents do, is answered in every dialect, and its reasoning reaches the
   template (the prompt is longer than the same history without it: gpt-oss's template
-  renders a calling turn's `thinking` as its analysis).
+  renders a calling turn's `thinking` as its analysis);
+- a Responses turn as Codex sends it (`store: false`, `reasoning.summary`, `include:
+  ["reasoning.encrypted_content"]`) gets the reasoning as its summary (whole and as summary
+  events) and sealed, and the next turn sending the item back with only its summary and
+  token prompts exactly as with its text; another server's token is a 400 naming the field.
 
 Run by tests/families_chat.rs: `python harmony.py <base_url> <model id>`. Prints one line per
 check and exits non-zero if any failed.
