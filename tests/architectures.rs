@@ -7,7 +7,8 @@
 //! checkpoint layouts, and 4-bit quantized against mlx-lm's quantized model; phi3
 //! (LongRoPE, partial rotation; also as a GGUF) and gemma3 (local attention windows the longer sequences
 //! pass) as dense models, gemma3 also from a multimodal checkpoint; gpt_oss (sinks, windows,
-//! YaRN, biased experts) float, and with MXFP4 experts as OpenAI and mlx-community ship them.
+//! YaRN, biased experts) float, and with MXFP4 experts as OpenAI, mlx-community and
+//! llama.cpp's GGUF converter ship them.
 use std::path::{Path, PathBuf};
 
 use mlx_rs::Device;
@@ -157,7 +158,7 @@ fn check_as(name: &str, format: WeightFormat, tolerance: f32) -> [f32; 3] {
 }
 
 /// The folders each test below covers; a new folder without a test fails here.
-const MODELS: [&str; 23] = [
+const MODELS: [&str; 24] = [
     "llama3-rope",
     "llama3-rope-gguf",
     "llama-gqa-untied",
@@ -180,6 +181,7 @@ const MODELS: [&str; 23] = [
     "gemma3-multimodal",
     "gpt-oss",
     "gpt-oss-openai",
+    "gpt-oss-gguf",
     "gpt-oss-mxfp4-q8",
 ];
 
@@ -358,6 +360,18 @@ fn gpt_oss_with_sinks_windows_yarn_and_biased_experts() {
 #[test]
 fn gpt_oss_mxfp4_experts_in_openai_layout() {
     let worst = check_as("gpt-oss-openai", WeightFormat::Auto, TOLERANCE);
+    assert!(worst.iter().all(|d| *d < TOLERANCE));
+}
+
+/// The same gpt-oss as llama.cpp's converter writes OpenAI's checkpoint: the experts as
+/// GGML's MXFP4 (type 39, written before every other tensor; MLX's GGUF reader returns no
+/// tensor of such a file, so mlxbar reads it itself), gate and up split from the
+/// interleaved rows, `attn_sinks`, `post_attention_norm`, YaRN from the `rope.scaling.*`
+/// keys. The experts reach MLX's mxfp4 mode bit for bit, so this is the OpenAI folder's
+/// computation and its tolerance.
+#[test]
+fn gpt_oss_gguf_with_mxfp4_experts() {
+    let worst = check_as("gpt-oss-gguf", WeightFormat::Auto, TOLERANCE);
     assert!(worst.iter().all(|d| *d < TOLERANCE));
 }
 

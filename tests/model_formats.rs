@@ -99,7 +99,7 @@ fn the_memory_estimate_is_what_the_engine_holds() {
 
 /// A mixture-of-experts model's estimate counts every expert (the tiny qwen3_moe and mixtral
 /// fixtures: experts stacked, one tensor per expert, and 4-bit with an 8-bit or 4-bit router
-/// the CPU holds as float32), as float32 and packed.
+/// the CPU holds as float32), as float32 and packed; gpt-oss's MXFP4 experts packed.
 #[test]
 fn the_memory_estimate_counts_every_expert() {
     Device::set_default(&Device::cpu());
@@ -109,4 +109,8 @@ fn the_memory_estimate_counts_every_expert() {
         assert_eq!(estimate, held, "{name}: float32 is exact");
         estimate_and_held(&tiny.join(name), WeightFormat::Native);
     }
+    // gpt-oss's MXFP4 experts, from OpenAI's folder and from llama.cpp's GGUF: the same
+    // weights, so the same estimate and the same bytes held, within the tolerance.
+    let both = ["gpt-oss-openai", "gpt-oss-gguf/model.gguf"].map(|name| estimate_and_held(&tiny.join(name), WeightFormat::Auto));
+    assert_eq!(both[0], both[1], "folder and GGUF");
 }

@@ -167,6 +167,9 @@ LATER_GGUFS = {"phi3-gguf": "phi3"}
 # Mixture-of-experts GGUF copies, in llama.cpp's layout (qwen3moe; mixtral as llama with
 # experts; routers ffn_gate_inp, experts stacked ffn_{gate,up,down}_exps).
 MOE_GGUFS = {"qwen3-moe-gguf": "qwen3-moe", "mixtral-gguf": "mixtral"}
+# gpt-oss as llama.cpp's GptOssModel converts OpenAI's checkpoint: experts MXFP4 (GGML type 39,
+# repacked from OpenAI's blocks and written before every other tensor), everything else F32.
+MXFP4_GGUFS = {"gpt-oss-gguf": "gpt-oss-openai"}
 
 CORPUS = (
     "The lighthouse keeper climbed the stairs again, counting each step aloud. "
@@ -339,7 +342,7 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
 
     config = json.loads((src / "config.json").read_text())
     arch = config["model_type"]
-    gguf_arch = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}.get(arch, arch)
+    gguf_arch = {"qwen3_moe": "qwen3moe", "mixtral": "llama", "gpt_oss": "gpt-oss"}.get(arch, arch)
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     w = {k: np.array(v) for k, v in mx.load(str(src / "model.safetensors")).items()}
@@ -371,7 +374,16 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
         g.add_rope_dimension_count(head_dim)
     g.add_rope_freq_base(config["rope_theta"])
     g.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if arch in ("qwen3_moe", "mixtral"):
+    if arch == "gpt_oss":
+        # GptOssModel.set_gguf_parameters and TextModel's YaRN keys.
+        g.add_sliding_window(config["sliding_window"])
+        yarn = config["rope_scaling"]
+        g.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        g.add_rope_scaling_factor(yarn["factor"])
+        g.add_rope_scaling_orig_ctx_len(yarn["original_max_position_embeddings"])
+        g.add_rope_scaling_yarn_beta_fast(yarn["beta_fast"])
+        g.add_rope_scaling_yarn_beta_slow(yarn["beta_slow"])
+    if arch in ("qwen3_moe", "mixtral", "gpt_oss"):
         g.add_expert_count(config.get("num_experts") or config["num_local_experts"])
         g.add_expert_used_count(config["num_experts_per_tok"])
         g.add_expert_feed_forward_length(config.get("moe_intermediate_size") or config["intermediate_size"])
@@ -387,7 +399,7 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
     g.add_eos_token_id(tok.token_to_id("<|im_end|>"))
     g.add_add_bos_token(False)
     g.add_chat_template(CHAT_TEMPLATE)
-    if config.get("rope_scaling") and arch != "phi3":
+    if config.get("rope_scaling") and arch not in ("phi3", "gpt_oss"):
         g.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -395,7 +407,12 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
              "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp",
              # phi3's fused projections (gate_up as llama.cpp's FFN_UP, gate rows first).
-             "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+             "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
+             # gpt-oss: the norm before the experts is llama.cpp's ATTN_POST_NORM.
+             "mlp.router": "ffn_gate_inp"}
+    if arch == "gpt_oss":
+        names["post_attention_layernorm"] = "post_attention_norm"
+        names.update(write_mxfp4_experts(g, w))
     for block in ("mlp", "block_sparse_moe"):
         for proj in ("gate", "up", "down"):
             names[f"{block}.switch_mlp.{proj}_proj"] = f"ffn_{proj}_exps"
@@ -410,7 +427,7 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
         else:
             layer, rest = k.removeprefix("model.layers.").split(".", 1)
             module, kind = rest.rsplit(".", 1)
-            name = f"blk.{layer}.{names[module]}.{kind}"
+            name = f"blk.{layer}.attn_sinks.weight" if rest == "self_attn.sinks" else f"blk.{layer}.{names[module]}.{kind}"
             # llama.cpp permutes llama-arch q/k (weights and biases) and no other arch's.
             if gguf_arch in ("llama", "mistral") and module == "self_attn.q_proj":
                 a = llama_permute(a, heads)
@@ -421,6 +438,38 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
     g.write_kv_data_to_file()
     g.write_tensors_to_file()
     g.close()
+
+
+def write_mxfp4_experts(g, w: dict):
+    """gpt-oss's experts as llama.cpp's GptOssModel writes them, popped from `w`: each
+    OpenAI `*_blocks`/`*_scales` pair repacked to GGML's block_mxfp4 (the E8M0 scale byte, then
+    element j in the low nibble of byte j and element j+16 in its high nibble, where OpenAI
+    holds elements 2i and 2i+1 in byte i), gate and up split from the interleaved rows (even
+    rows gate, odd up), biases split alike and kept F32. Checked against gguf-py's own MXFP4
+    dequantizer and MLX's."""
+    import gguf
+
+    def repack(blocks, scales):
+        values = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+        data = np.concatenate([scales[..., None], values[..., :16] | (values[..., 16:] << 4)], axis=-1)
+        ggml = gguf.quants.dequantize(data.reshape(-1, 17), gguf.GGMLQuantizationType.MXFP4).reshape(*blocks.shape[:-2], -1)
+        words = mx.array(blocks).view(mx.uint32).reshape(*blocks.shape[:-2], -1)
+        mlx = np.array(mx.dequantize(words, mx.array(scales), group_size=32, bits=4, mode="mxfp4", dtype=mx.float32))
+        assert np.array_equal(ggml, mlx), "MXFP4 repack disagrees with MLX's dequantization"
+        return data.reshape(*data.shape[:-2], -1)
+
+    for prefix in sorted({k.split(".mlp.experts.")[0] for k in w if ".mlp.experts." in k}):
+        layer = prefix.removeprefix("model.layers.")
+        pop = lambda name: w.pop(f"{prefix}.mlp.experts.{name}")
+        down = (pop("down_proj_blocks"), pop("down_proj_scales"), pop("down_proj_bias"))
+        gate_up = (pop("gate_up_proj_blocks"), pop("gate_up_proj_scales"), pop("gate_up_proj_bias"))
+        parts = [("down", *down)] + [(proj, gate_up[0][:, i::2], gate_up[1][:, i::2], gate_up[2][:, i::2])
+                                     for i, proj in enumerate(("gate", "up"))]
+        for proj, blocks, scales, bias in parts:
+            g.add_tensor(f"blk.{layer}.ffn_{proj}_exps.weight", repack(blocks, scales), raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            w[f"{prefix}.mlp.experts.{proj}_proj.bias"] = bias
+    names_bias = {f"mlp.experts.{p}_proj": f"ffn_{p}_exps" for p in ("gate", "up", "down")}
+    return names_bias
 
 
 def watch_routers():
@@ -667,6 +716,16 @@ def main():
         ref["quantized_from"] = src
         (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")
+    for name, src in MXFP4_GGUFS.items():
+        write_gguf(out_dir / src, out_dir / name, tok)
+        ref = json.loads((out_dir / src / "reference.json").read_text())
+        ref["model"] = name
+        ref["gguf_from"] = src
+        ref["exercises"] += (f"; as a GGUF in llama.cpp's gpt-oss layout (experts MXFP4, GGML type 39, repacked from "
+                             f"OpenAI's blocks and written first; sinks, post_attention_norm, YaRN keys; the rest F32), "
+                             f"written by gguf-py {importlib.metadata.version('gguf')}")
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: GGUF of {src}")
 
 
 if __name__ == "__main__":

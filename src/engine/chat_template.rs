@@ -34,6 +34,24 @@ impl ChatMessage {
     }
 }
 
+/// A message as templates read it: its reasoning under both names templates use, `thinking`
+/// (gpt-oss) and `reasoning_content` (Qwen3, DeepSeek V3.2, GLM, Kimi, MiniMax: rendered as
+/// the `<think>` of assistant turns after the last user message, so a tool-calling turn keeps
+/// the reasoning that led to its call).
+#[derive(Serialize)]
+struct TemplateMessage<'a> {
+    #[serde(flatten)]
+    message: &'a ChatMessage,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+}
+
+impl<'a> From<&'a ChatMessage> for TemplateMessage<'a> {
+    fn from(message: &'a ChatMessage) -> Self {
+        TemplateMessage { message, reasoning_content: message.thinking.as_deref() }
+    }
+}
+
 /// Arguments as a JSON value (HF templates apply `tojson` to an object); text that is not JSON stays text.
 fn arguments_value(arguments: &str) -> serde_json::Value {
     serde_json::from_str(arguments).unwrap_or_else(|_| serde_json::Value::String(arguments.to_string()))
@@ -123,6 +141,7 @@ impl ChatTemplate {
             rewritten = fallback::apply(messages, tools);
             (rewritten.as_slice(), None)
         };
+        let messages: Vec<TemplateMessage> = messages.iter().map(TemplateMessage::from).collect();
         let ctx = context! {
             messages => messages,
             tools => tools,
@@ -311,6 +330,22 @@ mod tests {
         // no tools: Qwen's plain system turn
         let plain = t.render(&[ChatMessage::new("user", "hi")], &[], true).unwrap();
         assert_eq!(plain, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    /// Qwen3's template renders an assistant turn's reasoning (`reasoning_content`) as the
+    /// `<think>` of turns after the last user message. The expected prompt is what
+    /// transformers 5.25.0's `render_jinja_template` gives for the same messages.
+    #[test]
+    fn qwen3_template_gets_the_reasoning_of_a_calling_turn() {
+        let src = include_str!("../../tests/data/templates/qwen3.jinja");
+        let t = ChatTemplate::new(src.into(), None, Some("<|im_end|>".into())).unwrap();
+        let mut msgs = history();
+        msgs[2].thinking = Some("The user wants Paris weather.".into());
+        let out = t.render(&msgs, &[], true).unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>system\nYou are a weather bot.<|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<think>\nThe user wants Paris weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]

@@ -175,7 +175,6 @@ struct Tensor {
 fn folder_parts(tensors: &BTreeMap<String, Tensor>, quant: Option<&QuantizationConfig>) -> anyhow::Result<Vec<WeightPart>> {
     let count = |shape: &Vec<u64>| shape.iter().product::<u64>();
     let cols = |t: &Tensor| t.shape.last().copied().unwrap_or(0) as i32;
-    let mxfp4 = Quantization { bits: 4, group_size: 32, mode: QuantMode::Mxfp4 };
     let mut by_width: BTreeMap<Option<Quantization>, u64> = BTreeMap::new();
     for (name, t) in tensors {
         let scales = |module: &str| tensors.get(&format!("{module}.scales"));
@@ -185,7 +184,7 @@ fn folder_parts(tensors: &BTreeMap<String, Tensor>, quant: Option<&QuantizationC
             }
         }
         if name.ends_with("_blocks") {
-            *by_width.entry(Some(mxfp4)).or_default() += count(&t.shape) * 2;
+            *by_width.entry(Some(MXFP4)).or_default() += count(&t.shape) * 2;
             continue;
         }
         if name.strip_suffix("_scales").is_some_and(|base| tensors.contains_key(&format!("{base}_blocks"))) {
@@ -373,17 +372,27 @@ fn gguf_quantization(h: &GgufSummary) -> Option<Quantization> {
         *elements.entry(t.ggml_type.name).or_default() += t.dims.iter().product::<u64>();
     }
     let (name, _) = elements.into_iter().max_by_key(|&(name, n)| (n, std::cmp::Reverse(name)))?;
+    if name == "MXFP4" {
+        return Some(MXFP4);
+    }
     ggml_bits(name).map(|(bits, group_size)| Quantization::affine(bits, group_size))
 }
 
-/// A GGUF's tensors by width as MLX reads them: Q4_0, Q4_1 and Q8_0 as affine-quantized
-/// triplets (group 32), every other type as float (MLX casts other quantizations to float16).
+/// gpt-oss's experts: E2M1 values in groups of 32 under one E8M0 scale (MLX's `mxfp4`).
+const MXFP4: Quantization = Quantization { bits: 4, group_size: 32, mode: QuantMode::Mxfp4 };
+
+/// A GGUF's tensors by width as the loader holds them: Q4_0, Q4_1 and Q8_0 as affine-quantized
+/// triplets (group 32), MXFP4 in MLX's mxfp4 mode, every other type as float (MLX casts other
+/// quantizations to float16).
 fn gguf_parts(h: &GgufSummary) -> Vec<WeightPart> {
     let mut by_width: BTreeMap<Option<Quantization>, u64> = BTreeMap::new();
     for t in &h.tensor_infos {
-        let width = matches!(t.ggml_type.name, "Q4_0" | "Q4_1" | "Q8_0").then(|| ggml_bits(t.ggml_type.name)).flatten();
-        *by_width.entry(width.map(|(bits, group_size)| Quantization::affine(bits, group_size))).or_default() +=
-            t.dims.iter().product::<u64>();
+        let width = match t.ggml_type.name {
+            "MXFP4" => Some(MXFP4),
+            "Q4_0" | "Q4_1" | "Q8_0" => ggml_bits(t.ggml_type.name).map(|(bits, group_size)| Quantization::affine(bits, group_size)),
+            _ => None,
+        };
+        *by_width.entry(width).or_default() += t.dims.iter().product::<u64>();
     }
     by_width.into_iter().map(|(quantization, elements)| WeightPart { quantization, elements }).collect()
 }

@@ -1,7 +1,8 @@
-//! Loads a llama-family GGUF file: hyper-parameters from `{arch}.*` metadata, tensors from
-//! GGML names, mixture-of-experts ones (qwen3moe, mixtral as llama with experts) with their
+//! Loads a GGUF file: hyper-parameters from `{arch}.*` metadata, tensors from GGML names,
+//! mixture-of-experts ones (qwen3moe, mixtral as llama with experts, gpt-oss) with their
 //! stacked experts. MLX returns Q4_0/Q4_1/Q8_0 tensors as affine-quantized triplets
-//! (`.weight` packed u32, `.scales`, `.biases`; group 32).
+//! (`.weight` packed u32, `.scales`, `.biases`; group 32); a file with MXFP4 experts
+//! (gpt-oss), which MLX's reader cannot take, is read by [`gguf_read`] into the same shapes.
 //!
 //! llama.cpp's converter permutes the rows of attn_q/attn_k of llama-arch models for GGML's
 //! interleaved RoPE. Those rows are put back in HF order here and the model runs NeoX
@@ -16,6 +17,7 @@ use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::{io::GgufFile, Array, Dtype};
 
 use super::config::{Activation, Arch, LayerStyle, ModelConfig, RopeConfig};
+use super::gguf_read::{self, Tensor};
 use super::linear::{Quantized, Weight};
 use super::quantized::QuantSpec;
 use super::switch::{MoeConfig, Routing};
@@ -46,38 +48,35 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
     let mut config = config_from_header(&header)?;
     let rope_dims = config.rope.dims.unwrap_or(config.head_dim);
     let g = GgufFile::load(path).with_context(|| format!("reading GGUF {}", path.display()))?;
+    let tensors = if gguf_read::needed(&header) { gguf_read::read_all(path, &header)? } else { mlx_tensors(&g)? };
 
     let mut t = TensorMap::default();
-    let keys = g.array_keys()?;
-    for key in &keys {
-        let Some(base) = key.strip_suffix(".weight") else { continue };
-        let Some(name) = canonical_name(base) else {
+    for (key, tensor) in tensors {
+        let (base, suffix) = key.rsplit_once('.').unwrap_or((key.as_str(), ""));
+        let Some(name) = canonical_name(base, config.arch) else {
             tracing::debug!("ignoring GGUF tensor {key}");
             continue;
         };
-        let w = g.get_array(key)?.context(key.clone())?;
-        let scales = g.get_array(&format!("{base}.scales"))?;
-        if let Some(scales) = scales {
-            let biases = g.get_array(&format!("{base}.biases"))?.with_context(|| format!("{base}.biases"))?;
-            let group_size = 32;
-            let in_features = scales.shape()[scales.ndim() - 1] * group_size;
-            let bits = w.shape()[w.ndim() - 1] * 32 / in_features;
-            t.weights.insert(name, Weight::Quantized(Quantized::new(w, scales, Some(biases), QuantSpec::affine(group_size, bits))?));
-        } else if is_matrix(&name) {
-            t.weights.insert(name, Weight::dense(w)?);
-        } else if name == "rope_periods" {
-            w.eval()?;
-            let factors = w.as_dtype(Dtype::Float32)?;
-            factors.eval()?;
-            let p = rope::gguf_periods(rope_dims, config.rope.theta, factors.as_slice::<f32>());
-            t.vectors.insert(name, Array::from_slice(&p, &[p.len() as i32]));
-        } else {
-            t.vectors.insert(name, w);
-        }
-        if let Some(b) = g.get_array(&format!("{base}.bias"))? {
-            if let Some(n) = canonical_name(base) {
-                t.vectors.insert(format!("{n}.bias"), b);
+        match (suffix, tensor) {
+            ("weight", Tensor::Quantized(q)) => {
+                t.weights.insert(name, Weight::Quantized(q));
             }
+            ("weight", Tensor::Plain(w)) if is_matrix(&name) => {
+                t.weights.insert(name, Weight::dense(w)?);
+            }
+            ("weight", Tensor::Plain(w)) if name == "rope_periods" => {
+                let factors = w.as_dtype(Dtype::Float32)?;
+                factors.eval()?;
+                let p = rope::gguf_periods(rope_dims, config.rope.theta, factors.as_slice::<f32>());
+                t.vectors.insert(name, Array::from_slice(&p, &[p.len() as i32]));
+            }
+            ("weight", Tensor::Plain(w)) => {
+                t.vectors.insert(name, w);
+            }
+            ("bias", Tensor::Plain(b)) => {
+                t.vectors.insert(format!("{name}.bias"), b);
+            }
+            _ => bail!("GGUF tensor {key}: not a weight or a float bias"),
         }
     }
     if !t.weights.contains_key("lm_head") {
@@ -119,6 +118,32 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
     Ok(LoadedGguf { file: g, config, tensors: t })
 }
 
+/// The tensors MLX's reader returns, by GGUF name: quantized ones come back as
+/// `{base}.weight` (packed), `.scales` and `.biases`, put together here.
+fn mlx_tensors(g: &GgufFile) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::new();
+    for key in g.array_keys()? {
+        if key.ends_with(".scales") || key.ends_with(".biases") {
+            continue;
+        }
+        let w = g.get_array(&key)?.context(key.clone())?;
+        let base = key.strip_suffix(".weight");
+        let tensor = match base.map(|b| g.get_array(&format!("{b}.scales"))).transpose()?.flatten() {
+            Some(scales) => {
+                let base = base.expect("scales found beside a weight");
+                let biases = g.get_array(&format!("{base}.biases"))?.with_context(|| format!("{base}.biases"))?;
+                let group_size = 32;
+                let in_features = scales.shape()[scales.ndim() - 1] * group_size;
+                let bits = w.shape()[w.ndim() - 1] * 32 / in_features;
+                Tensor::Quantized(Quantized::new(w, scales, Some(biases), QuantSpec::affine(group_size, bits))?)
+            }
+            None => Tensor::Plain(w),
+        };
+        out.push((key, tensor));
+    }
+    Ok(out)
+}
+
 /// The hyper-parameters from a checked GGUF header (`{arch}.*` metadata), without
 /// reading any tensor: the loader and the model library share this, so what the library
 /// calls runnable is what loads.
@@ -129,9 +154,7 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
         // llama.cpp's names: qwen3_moe is `qwen3moe`, mixtral a llama with experts.
         "qwen3moe" => Arch::Qwen3Moe,
         "llama" if has_experts => Arch::Mixtral,
-        "gpt-oss" => bail!(
-            "gpt-oss GGUF is not supported (its MXFP4 experts are a GGML type MLX's GGUF reader does not read): use an MLX or Hugging Face folder"
-        ),
+        "gpt-oss" => return super::gpt_oss::config_from_gguf(h),
         other => Arch::parse(other)?,
     };
     if arch == Arch::Gemma3 {
@@ -228,11 +251,11 @@ pub fn hf_row_order(rows: i32, heads: i32) -> Vec<i32> {
 }
 
 fn is_matrix(name: &str) -> bool {
-    !(name.ends_with("norm") || name == "rope_periods")
+    !(name.ends_with("norm") || name.ends_with("sinks") || name == "rope_periods")
 }
 
 /// GGML tensor base name -> canonical name (see [`TensorMap`]).
-fn canonical_name(base: &str) -> Option<String> {
+fn canonical_name(base: &str, arch: Arch) -> Option<String> {
     let fixed = match base {
         "token_embd" => Some("embed"),
         "output_norm" => Some("norm"),
@@ -258,6 +281,9 @@ fn canonical_name(base: &str) -> Option<String> {
         "attn_qkv" => "qkv",
         "attn_q_norm" => "q_norm",
         "attn_k_norm" => "k_norm",
+        // gpt-oss: a learned sink per head; the norm before its experts.
+        "attn_sinks" => "sinks",
+        "post_attention_norm" if arch == Arch::GptOss => "mlp_norm",
         "ffn_gate" => "gate",
         "ffn_up" => "up",
         "ffn_down" => "down",
@@ -286,10 +312,16 @@ mod tests {
 
     #[test]
     fn maps_ggml_names() {
-        use super::canonical_name as c;
+        use super::super::config::Arch;
+        let c = |base| super::canonical_name(base, Arch::Llama);
         assert_eq!(c("blk.12.attn_q").as_deref(), Some("layers.12.q"));
         assert_eq!(c("blk.0.ffn_norm").as_deref(), Some("layers.0.mlp_norm"));
         assert_eq!(c("token_embd").as_deref(), Some("embed"));
         assert_eq!(c("blk.0.attn_rot_embd"), None);
+        // gpt-oss's norm before the experts is llama.cpp's ATTN_POST_NORM; other families'
+        // post-attention norm is a norm of its own, which no llama-family layer has.
+        assert_eq!(super::canonical_name("blk.3.post_attention_norm", Arch::GptOss).as_deref(), Some("layers.3.mlp_norm"));
+        assert_eq!(c("blk.3.post_attention_norm"), None);
+        assert_eq!(c("blk.3.attn_sinks").as_deref(), Some("layers.3.sinks"));
     }
 }

@@ -6,7 +6,8 @@
 //! from MLX folders as mlx-lm saves them (experts stacked: `mlp.experts.{gate,up,down}_proj`).
 //! Experts quantized as gpt-oss ships them (MXFP4, MLX's `mxfp4` mode) load in both
 //! checkpoint layouts: mlx-community's (`mlp.experts.*_proj.{weight,scales}`) and OpenAI's
-//! (`mlp.experts.gate_up_proj_blocks`, gate and up rows interleaved: [`openai_experts`]).
+//! (`mlp.experts.gate_up_proj_blocks`, gate and up rows interleaved: [`openai_experts`]),
+//! and from GGUF files in llama.cpp's layout ([`config_from_gguf`]; tensors in `gguf_read`).
 use std::collections::HashMap;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -16,6 +17,7 @@ use serde::Deserialize;
 use super::config::{Activation, Arch, LayerStyle, LocalAttention, ModelConfig, QuantizationConfig, RopeConfig};
 use super::rope::{yarn, YarnScaling};
 use super::switch::{MoeConfig, Routing};
+use super::validate::GgufSummary;
 
 #[derive(Deserialize)]
 struct Keys {
@@ -147,6 +149,73 @@ pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
     };
     cfg.validate()?;
     Ok((cfg, quant))
+}
+
+/// The model config of a gpt-oss GGUF, as llama.cpp's converter writes its header
+/// (`gpt-oss.*`: `expert_feed_forward_length`, `attention.sliding_window`, the YaRN keys
+/// `rope.scaling.{type,factor,original_context_length,yarn_beta_fast,yarn_beta_slow}`), put
+/// back into the config.json keys [`config`] reads, so both formats share one reading. Layers
+/// alternate local and global as llama.cpp's `load_swa_pattern(2)` has it (even layers local)
+/// unless `attention.sliding_window_pattern` gives another period.
+pub fn config_from_gguf(h: &GgufSummary) -> Result<ModelConfig> {
+    let m = |k: &str| h.number(&format!("gpt-oss.{k}"));
+    let req = |k: &str| m(k).with_context(|| format!("GGUF lacks gpt-oss.{k}"));
+    let layers = req("block_count")? as usize;
+    let period = match h.metadata.get("gpt-oss.attention.sliding_window_pattern") {
+        None => 2,
+        Some(v) => v.as_f64().context("a per-layer gpt-oss.attention.sliding_window_pattern array is not read: only a period")? as usize,
+    };
+    // llama.cpp's set_swa_pattern: layer il is local when il % period < period - 1 (0: all).
+    let layer_types: Vec<&str> =
+        (0..layers).map(|i| if period == 0 || i % period < period - 1 { "sliding_attention" } else { "full_attention" }).collect();
+    let rope_scaling = match h.string("gpt-oss.rope.scaling.type") {
+        None | Some("none") => serde_json::Value::Null,
+        Some("yarn") => serde_json::json!({
+            "rope_type": "yarn",
+            "factor": req("rope.scaling.factor")?,
+            "original_max_position_embeddings": req("rope.scaling.original_context_length")?,
+            "beta_fast": m("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+            "beta_slow": m("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+        }),
+        Some(other) => bail!("unsupported gpt-oss GGUF rope scaling '{other}' (supported: yarn)"),
+    };
+    let hidden = req("embedding_length")?;
+    let heads = req("attention.head_count")?;
+    let json = serde_json::json!({
+        "model_type": "gpt_oss",
+        "num_hidden_layers": layers,
+        "num_local_experts": req("expert_count")?,
+        "num_experts_per_tok": req("expert_used_count")?,
+        "vocab_size": h.array_len("tokenizer.ggml.tokens").context("GGUF lacks tokenizer.ggml.tokens")?,
+        "rms_norm_eps": req("attention.layer_norm_rms_epsilon")?,
+        "hidden_size": hidden,
+        "intermediate_size": m("expert_feed_forward_length").or(m("feed_forward_length")).context("GGUF lacks gpt-oss.expert_feed_forward_length")?,
+        "head_dim": m("attention.key_length").unwrap_or(hidden / heads),
+        "num_attention_heads": heads,
+        "num_key_value_heads": m("attention.head_count_kv").unwrap_or(heads),
+        "sliding_window": req("attention.sliding_window")?,
+        "rope_theta": req("rope.freq_base")?,
+        "rope_scaling": rope_scaling,
+        "layer_types": layer_types,
+        "max_position_embeddings": req("context_length")?,
+    });
+    // Float metadata arrives as f64; config.json's integer keys must be integers.
+    let json = integers(json);
+    let (config, _) = config(&json.to_string())?;
+    Ok(config)
+}
+
+/// Whole floats as integers, so serde reads them into integer fields.
+fn integers(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => serde_json::json!(f as i64),
+            _ => serde_json::Value::Number(n),
+        },
+        serde_json::Value::Object(o) => o.into_iter().map(|(k, v)| (k, integers(v))).collect(),
+        serde_json::Value::Array(a) => a.into_iter().map(integers).collect(),
+        other => other,
+    }
 }
 
 /// Whether `name` is an expert tensor in OpenAI's checkpoint layout

@@ -230,7 +230,9 @@ pub struct GgmlType {
 
 /// The GGML type with this id, or why it cannot be loaded. Sizes are ggml's
 /// (`ggml_type_traits`); the ids MLX's bundled gguflib has no entry for are refused,
-/// because it dereferences a null table entry (or divides by a zero block size) on them.
+/// because it dereferences a null table entry (or divides by a zero block size) on them,
+/// except MXFP4, which mlxbar reads itself (`gguf_read`; gguflib just returns no tensor
+/// from the first one on).
 pub fn ggml_type(id: u32) -> std::result::Result<GgmlType, String> {
     let t = |name, block, bytes| Ok(GgmlType { name, block, bytes });
     match id {
@@ -266,8 +268,10 @@ pub fn ggml_type(id: u32) -> std::result::Result<GgmlType, String> {
         31..=33 | 36..=38 => Err(format!("GGML type {id} (a repacked Q4_0/IQ4_NL layout) was removed from GGML; re-convert the model")),
         // gguflib's size for Q8_1 (40) is not ggml's (36); no converter writes it to files.
         9 => Err("GGML type Q8_1 is not supported by MLX's GGUF reader".into()),
-        34 | 35 | 39 => {
-            let name = ["TQ1_0", "TQ2_0", "", "", "", "", "MXFP4"][id as usize - 34];
+        // MLX's gguflib has no MXFP4 either; mlxbar reads such files itself (gguf_read).
+        39 => t("MXFP4", 32, 17),
+        34 | 35 => {
+            let name = ["TQ1_0", "TQ2_0"][id as usize - 34];
             Err(format!("GGML type {name} is not supported by MLX's GGUF reader"))
         }
         other => Err(format!("unknown GGML tensor type {other}")),
