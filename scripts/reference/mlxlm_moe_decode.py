@@ -1,8 +1,12 @@
-"""mlx-lm's decode speed on the expert_streaming bench's model shape (qwen3_moe: 8 sparse
+"""Usage: python mlxlm_moe_decode.py [RUNS] (with mlx-lm 0.32.2 and mlx[cpu] 0.32.4, as
+scripts/make-tiny-models.sh installs them).
+
+mlx-lm's decode speed on the expert_streaming bench's model shape (qwen3_moe: 8 sparse
 layers x 64 experts, 8 a token, hidden 512, expert width 256, 4-bit group 32), random
 weights, 16-token prompt, 64 greedy tokens: the peer figure beside mlxbar's resident row."""
 import time, sys
 import mlx.core as mx
+import mlx_lm
 import mlx.nn as nn
 from mlx_lm.models import qwen3_moe
 from mlx_lm.models.cache import make_prompt_cache
@@ -30,4 +34,4 @@ for run in range(int(sys.argv[1]) if len(sys.argv) > 1 else 3):
         tok = mx.argmax(logits[:, -1], axis=-1)
         mx.eval(tok)
     runs.append(64 / (time.perf_counter() - t0))
-print("mlx-lm", mx.__version__, "decode tok/s:", " ".join(f"{r:.1f}" for r in runs))
+print("mlx-lm", mlx_lm.__version__, "on MLX", mx.__version__, "decode tok/s:", " ".join(f"{r:.1f}" for r in runs))

@@ -153,8 +153,8 @@ mod tests {
         // Element j carries the value j mod 16: GGML puts 0..15 low and 16..31 (again 0..15) high.
         let qs: [u8; 16] = std::array::from_fn(|j| j as u8 | ((j as u8) << 4));
         let mlx = mlx_nibbles(&qs);
-        for k in 0..16 {
-            assert_eq!((mlx[k] & 0x0F, mlx[k] >> 4), (((2 * k) % 16) as u8, ((2 * k + 1) % 16) as u8), "byte {k}");
+        for (k, byte) in mlx.iter().enumerate() {
+            assert_eq!((byte & 0x0F, byte >> 4), (((2 * k) % 16) as u8, ((2 * k + 1) % 16) as u8), "byte {k}");
         }
     }
 
