@@ -149,6 +149,9 @@ LATER_LAYOUTS = {"gemma3-multimodal": ("gemma3", "gemma3_multimodal")}
 MOE_HF_LAYOUT = {"qwen3-moe-hf": "qwen3-moe", "mixtral-hf": "mixtral"}
 # 4-bit copies (mlx_lm.utils.quantize_model): folder -> (source model, group size).
 MOE_QUANTIZED = {"qwen3-moe-4bit": ("qwen3-moe", 32), "mixtral-4bit": ("mixtral", 32)}
+# The dense later families 4-bit as mlx_lm.convert -q makes them (the default weight format
+# users run): folder -> (source model, group size).
+DENSE_QUANTIZED = {"phi3-4bit": ("phi3", 32), "gemma3-4bit": ("gemma3", 32)}
 # gpt-oss's experts MXFP4-quantized (MLX's mxfp4 mode) in OpenAI's checkpoint layout:
 # folder -> source model.
 OPENAI_MXFP4 = {"gpt-oss-openai": "gpt-oss"}
@@ -726,6 +729,16 @@ def main():
                              f"written by gguf-py {importlib.metadata.version('gguf')}")
         (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
         print(f"{name}: GGUF of {src}")
+
+    for name, (src, group_size) in DENSE_QUANTIZED.items():
+        write_quantized(out_dir / src, out_dir / name, group_size)
+        description = (LATER_MODELS[src][1] + f"; 4-bit affine (group {group_size}, every linear layer and the "
+                       "embedding) by mlx_lm.utils.quantize_model, reference from mlx-lm's quantized model")
+        ref = reference(out_dir / name, sequences, description)
+        ref["seed"] = LATER_MODELS[src][2]
+        ref["quantized_from"] = src
+        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, greedy {[c['greedy_ids'] for c in ref['cases']]}")
 
 
 if __name__ == "__main__":
