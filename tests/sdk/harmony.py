@@ -121,6 +121,19 @@ def anthropic_messages_carry_a_thinking_block():
 
 
 @check
+def anthropic_adaptive_thinking_and_effort_reach_harmony():
+    # Claude Code's thinking setting: adaptive (the model decides; this one reasons), with an
+    # effort, which sets harmony's "Reasoning:" line as the other dialects' fields do.
+    m = an.messages.create(model=MODEL, max_tokens=ROOM, messages=ASK, thinking={"type": "adaptive"}, output_config={"effort": "low"})
+    assert [b.type for b in m.content] == ["thinking", "text"] and m.content[0].thinking == REASONING, m
+    try:
+        an.messages.create(model=MODEL, max_tokens=ROOM, messages=ASK, output_config={"effort": "extreme"})
+        raise AssertionError("an unknown effort was accepted")
+    except anthropic.BadRequestError as e:
+        assert "output_config.effort" in str(e), e
+
+
+@check
 def responses_carry_a_reasoning_item():
     r = oa.responses.create(model=MODEL, input=QUESTION, max_output_tokens=ROOM)
     assert [o.type for o in r.output] == ["reasoning", "message"], r.output

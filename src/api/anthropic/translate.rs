@@ -1,12 +1,13 @@
 //! Anthropic's request in the core's terms: the system prompt, user turns whose
 //! `tool_result` blocks become tool messages, assistant turns whose `tool_use` blocks become
-//! calls (and whose `thinking` blocks, sent back, their reasoning), tools with their `input_schema`, `tool_choice`, `output_config.format`, sampling.
+//! calls (and whose `thinking` blocks, sent back, their reasoning), tools with their `input_schema`, `tool_choice`,
+//! `output_config` (`format`, and `effort` as the reasoning effort), `thinking` (disabled or adaptive), sampling.
 use serde_json::{Map, Value};
 
 use super::request::{Content, CountTokensRequest, MessageIn, MessagesRequest};
 use crate::api::error::ApiError;
 use crate::engine::tools::{ToolCall, ToolMode, ToolSpec};
-use crate::inference::{InferenceRequest, Input, Message, OutputFormat, Overflow, Part, Role, Sampling, ToolSet};
+use crate::inference::{Effort, InferenceRequest, Input, Message, OutputFormat, Overflow, Part, ReasoningEffort, Role, Sampling, ToolSet};
 
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError::bad_request(message)
@@ -30,14 +31,14 @@ pub fn messages(req: MessagesRequest) -> Result<InferenceRequest, ApiError> {
         return Err(bad("max_tokens: must be at least 1"));
     }
     let tools = tools(req.tools, req.tool_choice)?;
-    let format = output_format(req.output_config)?;
+    let (format, reasoning_effort) = output_config(req.output_config)?;
     Ok(InferenceRequest {
         model: Some(req.model),
         keep_alive: req.keep_alive,
         input: Input::Chat(conversation(req.system, req.messages)?),
         tools,
         format,
-        reasoning_effort: None,
+        reasoning_effort,
         sampling: Sampling { temperature: req.temperature, top_p: req.top_p, top_k: req.top_k.map(|k| k as usize), ..Sampling::default() },
         max_tokens: Some(req.max_tokens as usize),
         overflow: Overflow::Refuse,
@@ -56,13 +57,14 @@ pub fn count_tokens(req: CountTokensRequest) -> Result<InferenceRequest, ApiErro
         cache_control: &req.cache_control,
         refused: &[("mcp_servers", &req.mcp_servers), ("context_management", &req.context_management)],
     })?;
+    let (format, reasoning_effort) = output_config(req.output_config)?;
     Ok(InferenceRequest {
         model: Some(req.model),
         keep_alive: None,
         input: Input::Chat(conversation(req.system, req.messages)?),
         tools: tools(req.tools, req.tool_choice)?,
-        format: output_format(req.output_config)?,
-        reasoning_effort: None,
+        format,
+        reasoning_effort,
         sampling: Sampling::default(),
         max_tokens: None,
         overflow: Overflow::Refuse,
@@ -86,11 +88,15 @@ struct Options<'a> {
 fn check_options(o: Options) -> Result<(), ApiError> {
     match o.thinking {
         None | Some(Value::Null) => {}
-        Some(t) if t.get("type").and_then(Value::as_str) == Some("disabled") && t.as_object().is_some_and(|o| o.len() == 1) => {}
+        // Adaptive: the model decides whether to think, which is what every model here does
+        // (a reasoning model's reasoning comes back as thinking blocks, others answer directly).
+        Some(t)
+            if matches!(t.get("type").and_then(Value::as_str), Some("disabled" | "adaptive"))
+                && t.as_object().is_some_and(|o| o.len() == 1) => {}
         Some(_) => {
-            return Err(bad(
-                "thinking: extended thinking is not supported by mlxbar's models (send no 'thinking', or {\"type\": \"disabled\"})",
-            ))
+            return Err(bad("thinking: a thinking budget ({\"type\": \"enabled\", \"budget_tokens\": …}) is not supported by mlxbar: \
+                 send {\"type\": \"adaptive\"} (a reasoning model thinks as it does; output_config.effort sets gpt-oss's effort), \
+                 {\"type\": \"disabled\"} or nothing"))
         }
     }
     // One local server: one tier and one speed, which these values ask for.
@@ -363,14 +369,22 @@ fn tools(tools: Option<Vec<Value>>, choice: Option<Value>) -> Result<Option<Tool
     Ok(mode.map(|mode| ToolSet { specs, mode, parallel }))
 }
 
-/// `output_config.format`: `{"type": "json_schema", "schema": {…}}`.
-fn output_format(config: Option<Value>) -> Result<Option<OutputFormat>, ApiError> {
-    let Some(config) = config else { return Ok(None) };
+/// `output_config`: `format` (`{"type": "json_schema", "schema": {…}}`) and `effort`
+/// ("low", "medium", "high": a harmony model's reasoning effort, as the other dialects'
+/// fields give it; any other model answers 400 naming it).
+fn output_config(config: Option<Value>) -> Result<(Option<OutputFormat>, Option<ReasoningEffort>), ApiError> {
+    const EFFORT: &str = "output_config.effort";
+    let Some(config) = config else { return Ok((None, None)) };
     let o = config.as_object().ok_or_else(|| bad("output_config: an object"))?;
-    if let Some(extra) = o.keys().find(|k| k.as_str() != "format") {
-        return Err(bad(format!("output_config.{extra}: not supported by mlxbar (output_config takes 'format')")));
+    if let Some(extra) = o.keys().find(|k| !["format", "effort"].contains(&k.as_str())) {
+        return Err(bad(format!("output_config.{extra}: not supported by mlxbar (output_config takes 'format' and 'effort')")));
     }
-    let Some(format) = o.get("format").filter(|f| !f.is_null()) else { return Ok(None) };
+    let effort = match o.get("effort") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e)) => Some(ReasoningEffort { level: Effort::parse(e, EFFORT)?, param: EFFORT }),
+        Some(_) => return Err(bad(format!("{EFFORT}: \"low\", \"medium\" or \"high\""))),
+    };
+    let Some(format) = o.get("format").filter(|f| !f.is_null()) else { return Ok((None, effort)) };
     let f = format.as_object().ok_or_else(|| bad("output_config.format: an object"))?;
     if let Some(extra) = f.keys().find(|k| !["type", "schema"].contains(&k.as_str())) {
         return Err(bad(format!("output_config.format.{extra}: Extra inputs are not permitted")));
@@ -380,7 +394,7 @@ fn output_format(config: Option<Value>) -> Result<Option<OutputFormat>, ApiError
         other => return Err(bad(format!("output_config.format.type: {other:?} is not 'json_schema'"))),
     }
     match f.get("schema") {
-        Some(s) if s.is_object() => Ok(Some(OutputFormat::JsonSchema(s.clone()))),
+        Some(s) if s.is_object() => Ok((Some(OutputFormat::JsonSchema(s.clone())), effort)),
         _ => Err(bad("output_config.format.schema: Field required (a JSON Schema object)")),
     }
 }
@@ -397,6 +411,22 @@ mod tests {
             Input::Chat(m) => Ok(m),
             _ => unreachable!("a Messages request is a conversation"),
         }
+    }
+
+    #[test]
+    fn adaptive_thinking_and_effort_are_taken_and_a_budget_refused() {
+        let req = |extra: Value| {
+            let mut body = json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            messages(serde_json::from_value(body).unwrap())
+        };
+        let r = req(json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}})).unwrap();
+        assert_eq!(r.reasoning_effort, Some(ReasoningEffort { level: Effort::High, param: "output_config.effort" }));
+        assert!(req(json!({"thinking": {"type": "disabled"}})).unwrap().reasoning_effort.is_none());
+        let err = |extra| req(extra).err().expect("refused").message;
+        assert!(err(json!({"thinking": {"type": "enabled", "budget_tokens": 1024}})).contains("adaptive"));
+        assert!(err(json!({"output_config": {"effort": "extreme"}})).contains("output_config.effort"));
+        assert!(err(json!({"output_config": {"effort": 3}})).contains("output_config.effort"));
     }
 
     #[test]
