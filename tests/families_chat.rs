@@ -19,14 +19,12 @@ const MAX_TOKENS: usize = 12;
 /// Folder (and model id) -> the architecture the library must report.
 const FAMILIES: [(&str, &str); 4] = [("qwen3-moe", "qwen3_moe"), ("phi3", "phi3"), ("gemma3-multimodal", "gemma3"), ("gpt-oss", "gpt_oss")];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_family_chats_through_the_server() {
-    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny");
-    let content = "Tell me about the lighthouse keeper.";
+/// A server on the tiny fixtures (float32), `model` loaded; its address.
+async fn serve(tiny: &Path, model: &str) -> (Server, String) {
     let config = Config {
         port: 0,
-        model: Some(tiny.join("qwen3-moe")),
-        models_dirs: vec![tiny.clone()],
+        model: Some(tiny.join(model)),
+        models_dirs: vec![tiny.to_path_buf()],
         weight_format: WeightFormat::Float32,
         data_dir: Some(tempfile::tempdir().unwrap().keep()),
         ..Config::default()
@@ -34,6 +32,14 @@ async fn each_family_chats_through_the_server() {
     let server = Server::start(config).await.unwrap();
     server.wait_ready().await.unwrap();
     let base = format!("http://{}", server.local_addr());
+    (server, base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_family_chats_through_the_server() {
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny");
+    let content = "Tell me about the lighthouse keeper.";
+    let (server, base) = serve(&tiny, "qwen3-moe").await;
     let models: Value = reqwest::get(format!("{base}/api/models")).await.unwrap().json().await.unwrap();
     for (id, arch) in FAMILIES {
         let entry = models["models"].as_array().unwrap().iter().find(|m| m["id"] == id).unwrap_or_else(|| panic!("{id} listed")).clone();
@@ -68,17 +74,7 @@ async fn gpt_oss_speaks_harmony() {
     let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny");
     // The scripted answers of the SDK checks come through the engine's test hook.
     mlxbar::engine::faults::arm();
-    let config = Config {
-        port: 0,
-        model: Some(tiny.join("gpt-oss-harmony")),
-        models_dirs: vec![tiny.clone()],
-        weight_format: WeightFormat::Float32,
-        data_dir: Some(tempfile::tempdir().unwrap().keep()),
-        ..Config::default()
-    };
-    let server = Server::start(config).await.unwrap();
-    server.wait_ready().await.unwrap();
-    let base = format!("http://{}", server.local_addr());
+    let (server, base) = serve(&tiny, "gpt-oss-harmony").await;
     let run = tokio::task::spawn_blocking({
         let base = base.clone();
         move || {

@@ -475,6 +475,26 @@ def write_mxfp4_experts(g, w: dict):
     return names_bias
 
 
+def derived_reference(out_dir: Path, name: str, src: str, sequences, description: str, seed: int) -> dict:
+    """The reference of folder `name`, made from `src` (quantized or re-laid), written beside it."""
+    ref = reference(out_dir / name, sequences, description)
+    ref["seed"] = seed
+    ref["quantized_from"] = src
+    (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+    return ref
+
+
+def gguf_copy(out_dir: Path, name: str, src: str, tok: Tokenizer, how: str):
+    """The GGUF copy `name` of folder `src`, sharing its reference (`how` said in "exercises")."""
+    write_gguf(out_dir / src, out_dir / name, tok)
+    ref = json.loads((out_dir / src / "reference.json").read_text())
+    ref["model"] = name
+    ref["gguf_from"] = src
+    ref["exercises"] += f"; {how} written by gguf-py {importlib.metadata.version('gguf')}"
+    (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+    print(f"{name}: GGUF of {src}")
+
+
 def watch_routers():
     """Records, for every token mlx-lm routes, the gap between its k-th and (k+1)-th router
     probability (the family's own block runs unchanged)."""
@@ -538,13 +558,15 @@ def write_gemma3_multimodal(src: Path, dst: Path):
     mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-def write_quantized(src: Path, dst: Path, group_size: int):
-    """The folder 4-bit quantized as mlx_lm.convert does it (quantize_model, the family's
-    quant_predicate)."""
+def write_quantized(src: Path, dst: Path, group_size: int, bits: int = 4):
+    """The folder quantized as mlx_lm.convert does it (quantize_model, the family's
+    quant_predicate) and saved with mlx-lm's names. On an already partly quantized model (the
+    MXFP4 experts of gpt-oss) the quantized modules stay as they are and config.json names
+    each newly quantized one, under both keys mlx-lm writes then."""
     from mlx_lm.utils import quantize_model
 
     model, config = load_model(src)
-    model, config = quantize_model(model, config, group_size=group_size, bits=4)
+    model, config = quantize_model(model, config, group_size=group_size, bits=bits)
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(src, dst)
@@ -552,6 +574,8 @@ def write_quantized(src: Path, dst: Path, group_size: int):
     mx.save_safetensors(str(dst / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"})
     saved = json.loads((src / "config.json").read_text())
     saved["quantization"] = config["quantization"]
+    if "quantization_config" in saved:
+        saved["quantization_config"] = config["quantization"]
     (dst / "config.json").write_text(json.dumps(saved, indent=1) + "\n")
 
 
@@ -584,25 +608,6 @@ def write_openai_mxfp4(src: Path, dst: Path):
     (dst / "config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 
-def write_converted(src: Path, dst: Path, group_size: int, bits: int):
-    """The folder as mlx_lm.convert quantizes an already partly quantized model: load_model,
-    quantize_model at `bits` (the family's quant_predicate; modules already quantized stay as
-    they are and config.json names each newly quantized one), saved with mlx-lm's names."""
-    from mlx_lm.utils import quantize_model
-
-    model, config = load_model(src)
-    model, config = quantize_model(model, config, group_size=group_size, bits=bits)
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)
-    (dst / "reference.json").unlink()
-    mx.save_safetensors(str(dst / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"})
-    saved = json.loads((src / "config.json").read_text())
-    saved["quantization"] = config["quantization"]
-    saved["quantization_config"] = config["quantization"]
-    (dst / "config.json").write_text(json.dumps(saved, indent=1) + "\n")
-
-
 def main():
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -618,13 +623,7 @@ def main():
               f"greedy {[c['greedy_ids'] for c in ref['cases']]}"
               + (f", rope scaling moves logits by {ref['rope_scaling_effect_max_abs']:.3g}" if "rope_scaling_effect_max_abs" in ref else ""))
     for name, src in GGUFS.items():
-        write_gguf(out_dir / src, out_dir / name, tok)
-        ref = json.loads((out_dir / src / "reference.json").read_text())
-        ref["model"] = name
-        ref["gguf_from"] = src
-        ref["exercises"] += f"; as a GGUF (F32 tensors) written by gguf-py {importlib.metadata.version('gguf')}"
-        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
-        print(f"{name}: GGUF of {src}")
+        gguf_copy(out_dir, name, src, tok, "as a GGUF (F32 tensors)")
     for name, (overrides, description, seed) in LATER_MODELS.items():
         d = build(name, overrides, out_dir, tok, mx.random.key(seed))
         ref = reference(d, sequences, description)
@@ -634,15 +633,8 @@ def main():
               f"greedy {[c['greedy_ids'] for c in ref['cases']]}"
               + (f", rope scaling moves logits by {ref['rope_scaling_effect_max_abs']:.3g}" if "rope_scaling_effect_max_abs" in ref else ""))
     for name, src in LATER_GGUFS.items():
-        write_gguf(out_dir / src, out_dir / name, tok)
-        ref = json.loads((out_dir / src / "reference.json").read_text())
-        ref["model"] = name
-        ref["gguf_from"] = src
-        ref["exercises"] += (f"; as a GGUF (F32 tensors) in llama.cpp's phi3 layout (fused attn_qkv and ffn_up, "
-                             f"rope_factors_long/short, rope.scaling.attn_factor), written by gguf-py "
-                             f"{importlib.metadata.version('gguf')}")
-        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
-        print(f"{name}: GGUF of {src}")
+        gguf_copy(out_dir, name, src, tok, "as a GGUF (F32 tensors) in llama.cpp's phi3 layout (fused attn_qkv and ffn_up, "
+                  "rope_factors_long/short, rope.scaling.attn_factor),")
     for name, (src, writer) in LATER_LAYOUTS.items():
         globals()[f"write_{writer}"](out_dir / src, out_dir / name)
         mine = reference(out_dir / name, sequences, "")
@@ -685,59 +677,33 @@ def main():
         router = "router 8-bit group 64" if src == "qwen3-moe" else "router 4-bit too: mixtral has no quant_predicate"
         description = (MOE_MODELS[src][1] + f"; 4-bit affine (group {group_size}, {router}) "
                        "by mlx_lm.utils.quantize_model, reference from mlx-lm's quantized model")
-        ref = reference(out_dir / name, sequences, description)
-        ref["seed"] = LATER_MOE_MODELS[src][2] if src in LATER_MOE_MODELS else MOE_SEED
-        ref["quantized_from"] = src
-        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        ref = derived_reference(out_dir, name, src, sequences, description,
+                                LATER_MOE_MODELS[src][2] if src in LATER_MOE_MODELS else MOE_SEED)
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")
     for name, src in MOE_GGUFS.items():
-        write_gguf(out_dir / src, out_dir / name, tok)
-        ref = json.loads((out_dir / src / "reference.json").read_text())
-        ref["model"] = name
-        ref["gguf_from"] = src
-        ref["exercises"] += (f"; as a GGUF (F32 tensors) in llama.cpp's mixture-of-experts layout, written by "
-                             f"gguf-py {importlib.metadata.version('gguf')}")
-        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
-        print(f"{name}: GGUF of {src}")
+        gguf_copy(out_dir, name, src, tok, "as a GGUF (F32 tensors) in llama.cpp's mixture-of-experts layout,")
     for name, src in OPENAI_MXFP4.items():
         write_openai_mxfp4(out_dir / src, out_dir / name)
         description = (MOE_MODELS[src][1] + "; experts MXFP4 (mx.quantize, mode mxfp4) in OpenAI's checkpoint layout "
                        "(gate_up_proj_blocks/_scales/_bias, gate and up rows interleaved; quantization_config "
                        "quant_method mxfp4), everything else float32; reference from mlx-lm loading that layout")
-        ref = reference(out_dir / name, sequences, description)
-        ref["seed"] = LATER_MOE_MODELS[src][2]
-        ref["quantized_from"] = src
-        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        ref = derived_reference(out_dir, name, src, sequences, description, LATER_MOE_MODELS[src][2])
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")
     for name, src in MXFP4_CONVERTED.items():
-        write_converted(out_dir / src, out_dir / name, 64, 8)
+        write_quantized(out_dir / src, out_dir / name, 64, 8)
         description = (MOE_MODELS["gpt-oss"][1] + "; as mlx_lm.convert -q --q-bits 8 leaves gpt-oss in OpenAI's MXFP4: "
                        "experts MXFP4 (config.json's default mode, scales as bytes), every other module 8-bit affine "
                        "group 64 named one by one in config.json's quantization; reference from mlx-lm's model")
-        ref = reference(out_dir / name, sequences, description)
-        ref["seed"] = LATER_MOE_MODELS["gpt-oss"][2]
-        ref["quantized_from"] = src
-        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        ref = derived_reference(out_dir, name, src, sequences, description, LATER_MOE_MODELS["gpt-oss"][2])
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")
     for name, src in MXFP4_GGUFS.items():
-        write_gguf(out_dir / src, out_dir / name, tok)
-        ref = json.loads((out_dir / src / "reference.json").read_text())
-        ref["model"] = name
-        ref["gguf_from"] = src
-        ref["exercises"] += (f"; as a GGUF in llama.cpp's gpt-oss layout (experts MXFP4, GGML type 39, repacked from "
-                             f"OpenAI's blocks and written first; sinks, post_attention_norm, YaRN keys; the rest F32), "
-                             f"written by gguf-py {importlib.metadata.version('gguf')}")
-        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
-        print(f"{name}: GGUF of {src}")
-
+        gguf_copy(out_dir, name, src, tok, "as a GGUF in llama.cpp's gpt-oss layout (experts MXFP4, GGML type 39, "
+                  "repacked from OpenAI's blocks and written first; sinks, post_attention_norm, YaRN keys; the rest F32),")
     for name, (src, group_size) in DENSE_QUANTIZED.items():
         write_quantized(out_dir / src, out_dir / name, group_size)
         description = (LATER_MODELS[src][1] + f"; 4-bit affine (group {group_size}, every linear layer and the "
                        "embedding) by mlx_lm.utils.quantize_model, reference from mlx-lm's quantized model")
-        ref = reference(out_dir / name, sequences, description)
-        ref["seed"] = LATER_MODELS[src][2]
-        ref["quantized_from"] = src
-        (out_dir / name / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+        ref = derived_reference(out_dir, name, src, sequences, description, LATER_MODELS[src][2])
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, greedy {[c['greedy_ids'] for c in ref['cases']]}")
 
 
