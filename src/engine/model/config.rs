@@ -355,10 +355,7 @@ pub fn quantization(config: &serde_json::Value) -> Result<Option<QuantizationCon
     }
     let Some(method) = config.get("quantization_config").and_then(|q| q.get("quant_method")) else { return Ok(None) };
     match method.as_str() {
-        Some("mxfp4") => Ok(Some(QuantizationConfig {
-            default: QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 },
-            overrides: Default::default(),
-        })),
+        Some("mxfp4") => Ok(Some(QuantizationConfig { default: QuantSpec::MXFP4, overrides: Default::default() })),
         _ => bail!("unsupported quantization_config.quant_method {method} (supported: MLX's quantization, OpenAI's mxfp4)"),
     }
 }

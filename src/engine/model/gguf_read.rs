@@ -18,7 +18,7 @@ use half::f16;
 use mlx_rs::{Array, Dtype};
 
 use super::linear::Quantized;
-use super::quantized::{QuantMode, QuantSpec};
+use super::quantized::QuantSpec;
 use super::validate::{GgufSummary, GgufTensorInfo};
 
 /// One tensor as read: a plain array, or a quantized weight.
@@ -121,7 +121,7 @@ fn quantized(info: &GgufTensorInfo, bytes: &[u8], shape: &[i32]) -> Result<Quant
     };
     if name == "MXFP4" {
         let scales = Array::from_slice(&exponents, &[exponents.len() as i32]).reshape(&group_shape)?;
-        return Quantized::new(weight, scales, None, QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 });
+        return Quantized::new(weight, scales, None, QuantSpec::MXFP4);
     }
     Quantized::new(weight, f16s(&scales)?, Some(f16s(&biases)?), QuantSpec::affine(32, bits as i32))
 }

@@ -179,43 +179,30 @@ pub fn config_from_gguf(h: &GgufSummary) -> Result<ModelConfig> {
         }),
         Some(other) => bail!("unsupported gpt-oss GGUF rope scaling '{other}' (supported: yarn)"),
     };
-    let hidden = req("embedding_length")?;
-    let heads = req("attention.head_count")?;
+    // Counts as integers (metadata numbers arrive as f64), so serde reads them into config.json's integer fields.
+    let count = |k: &str| req(k).map(|v| v as u64);
+    let hidden = count("embedding_length")?;
+    let heads = count("attention.head_count")?;
     let json = serde_json::json!({
         "model_type": "gpt_oss",
         "num_hidden_layers": layers,
-        "num_local_experts": req("expert_count")?,
-        "num_experts_per_tok": req("expert_used_count")?,
+        "num_local_experts": count("expert_count")?,
+        "num_experts_per_tok": count("expert_used_count")?,
         "vocab_size": h.array_len("tokenizer.ggml.tokens").context("GGUF lacks tokenizer.ggml.tokens")?,
         "rms_norm_eps": req("attention.layer_norm_rms_epsilon")?,
         "hidden_size": hidden,
-        "intermediate_size": m("expert_feed_forward_length").or(m("feed_forward_length")).context("GGUF lacks gpt-oss.expert_feed_forward_length")?,
-        "head_dim": m("attention.key_length").unwrap_or(hidden / heads),
+        "intermediate_size": m("expert_feed_forward_length").or(m("feed_forward_length")).context("GGUF lacks gpt-oss.expert_feed_forward_length")? as u64,
+        "head_dim": m("attention.key_length").map_or(hidden / heads, |d| d as u64),
         "num_attention_heads": heads,
-        "num_key_value_heads": m("attention.head_count_kv").unwrap_or(heads),
-        "sliding_window": req("attention.sliding_window")?,
+        "num_key_value_heads": m("attention.head_count_kv").map_or(heads, |n| n as u64),
+        "sliding_window": count("attention.sliding_window")?,
         "rope_theta": req("rope.freq_base")?,
         "rope_scaling": rope_scaling,
         "layer_types": layer_types,
-        "max_position_embeddings": req("context_length")?,
+        "max_position_embeddings": count("context_length")?,
     });
-    // Float metadata arrives as f64; config.json's integer keys must be integers.
-    let json = integers(json);
     let (config, _) = config(&json.to_string())?;
     Ok(config)
-}
-
-/// Whole floats as integers, so serde reads them into integer fields.
-fn integers(v: serde_json::Value) -> serde_json::Value {
-    match v {
-        serde_json::Value::Number(n) => match n.as_f64() {
-            Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => serde_json::json!(f as i64),
-            _ => serde_json::Value::Number(n),
-        },
-        serde_json::Value::Object(o) => o.into_iter().map(|(k, v)| (k, integers(v))).collect(),
-        serde_json::Value::Array(a) => a.into_iter().map(integers).collect(),
-        other => other,
-    }
 }
 
 /// Whether `name` is an expert tensor in OpenAI's checkpoint layout
@@ -270,7 +257,7 @@ pub fn openai_experts(raw: &mut HashMap<String, Array>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::model::quantized::{QuantMode, QuantSpec};
+    use crate::engine::model::quantized::QuantSpec;
 
     /// gpt-oss-20b's config.json, trimmed to what it sets.
     const GPT_OSS_20B: &str = r#"{"model_type":"gpt_oss","num_hidden_layers":24,"num_local_experts":32,
@@ -300,7 +287,7 @@ mod tests {
     #[test]
     fn reads_mxfp4_quantization_both_ways() {
         let with = |extra: &str| config(&GPT_OSS_20B.replace(r#""truncate":false}"#, &format!(r#""truncate":false}},{extra}"#)));
-        let mxfp4 = QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 };
+        let mxfp4 = QuantSpec::MXFP4;
         let mlx =
             with(r#""quantization":{"group_size":32,"bits":4,"mode":"mxfp4","model.layers.0.mlp.router":{"group_size":64,"bits":8}}"#);
         let q = mlx.unwrap().1.unwrap();

@@ -58,7 +58,7 @@ impl QuantMode {
             "uint8 scales ({scale_cols} a row) beside {weight_cols} packed words a row: not mxfp4 (4 bits, groups of 32); \
              nvfp4 and mxfp8 are not supported"
         );
-        Ok(Some(QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 }))
+        Ok(Some(QuantSpec::MXFP4))
     }
 }
 
@@ -71,6 +71,9 @@ pub struct QuantSpec {
 }
 
 impl QuantSpec {
+    /// The one floating-point mode mlxbar runs: E2M1 values in groups of 32, an E8M0 scale each.
+    pub const MXFP4: QuantSpec = QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 };
+
     pub fn affine(group_size: i32, bits: i32) -> QuantSpec {
         QuantSpec { group_size, bits, mode: QuantMode::Affine }
     }
@@ -320,7 +323,7 @@ mod tests {
             let (weight, scales) = (get(0), get(1));
             mlx_sys::mlx_vector_array_free(res);
             assert_eq!(scales.dtype(), Dtype::Uint8);
-            Quantized::new(weight, scales, None, QuantSpec { group_size: 32, bits: 4, mode: QuantMode::Mxfp4 }).unwrap()
+            Quantized::new(weight, scales, None, QuantSpec::MXFP4).unwrap()
         }
     }
 }
