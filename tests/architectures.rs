@@ -159,7 +159,7 @@ fn check_as(name: &str, format: WeightFormat, tolerance: f32) -> [f32; 3] {
 }
 
 /// The folders each test below covers; a new folder without a test fails here.
-const MODELS: [&str; 26] = [
+const MODELS: [&str; 27] = [
     "llama3-rope",
     "llama3-rope-gguf",
     "llama-gqa-untied",
@@ -182,6 +182,7 @@ const MODELS: [&str; 26] = [
     "gemma3",
     "gemma3-multimodal",
     "gemma3-4bit",
+    "gemma3-gguf",
     "gpt-oss",
     "gpt-oss-openai",
     "gpt-oss-gguf",
@@ -346,6 +347,14 @@ fn gemma3_with_sandwich_norms_and_local_attention() {
 #[test]
 fn gemma3_from_a_multimodal_checkpoint() {
     check("gemma3-multimodal");
+}
+
+/// gemma3 as llama.cpp's converter writes it: norms stored as 1 + weight, its tensor names,
+/// the windows and RoPE bases from `gemma3.*` keys, a SentencePiece vocabulary (whose
+/// tokenizer tests/tokenizer.rs checks); scores scaled by head_dim^-½ as llama.cpp has it.
+#[test]
+fn gemma3_gguf_in_llama_cpps_layout() {
+    check("gemma3-gguf");
 }
 
 /// phi3 and gemma3 4-bit as `mlx_lm.convert -q` makes them (every linear layer and the

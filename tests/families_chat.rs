@@ -3,7 +3,8 @@
 //! runnable with their architecture, loads each on request, and a greedy chat through
 //! `/v1/chat/completions` (its chat template, the engine's batched decode) answers what the
 //! model computes step by step on the rendered prompt: a mixture of experts (qwen3_moe),
-//! phi3, gemma3 from a multimodal checkpoint and gpt_oss (local attention: the prompt passes
+//! phi3, gemma3 from a multimodal checkpoint and from a GGUF (Gemma 3's template and
+//! SentencePiece vocabulary) and gpt_oss (local attention: the prompt passes
 //! their windows); and gpt-oss in its own chat format, harmony (reasoning apart from the
 //! answer in every dialect, forced calls, the reasoning effort).
 use std::path::Path;
@@ -16,15 +17,22 @@ use serde_json::{json, Value};
 
 const MAX_TOKENS: usize = 12;
 
-/// Folder (and model id) -> the architecture the library must report.
-const FAMILIES: [(&str, &str); 4] = [("qwen3-moe", "qwen3_moe"), ("phi3", "phi3"), ("gemma3-multimodal", "gemma3"), ("gpt-oss", "gpt_oss")];
+/// Model id, its path under tests/data/tiny, and the architecture the library must report.
+/// The GGUF is listed by its file's stem from its folder, which [`serve`] adds.
+const FAMILIES: [(&str, &str, &str); 5] = [
+    ("qwen3-moe", "qwen3-moe", "qwen3_moe"),
+    ("phi3", "phi3", "phi3"),
+    ("gemma3-multimodal", "gemma3-multimodal", "gemma3"),
+    ("model", "gemma3-gguf/model.gguf", "gemma3"),
+    ("gpt-oss", "gpt-oss", "gpt_oss"),
+];
 
 /// A server on the tiny fixtures (float32), `model` loaded; its address.
 async fn serve(tiny: &Path, model: &str) -> (Server, String) {
     let config = Config {
         port: 0,
         model: Some(tiny.join(model)),
-        models_dirs: vec![tiny.to_path_buf()],
+        models_dirs: vec![tiny.to_path_buf(), tiny.join("gemma3-gguf")],
         weight_format: WeightFormat::Float32,
         data_dir: Some(tempfile::tempdir().unwrap().keep()),
         ..Config::default()
@@ -41,13 +49,13 @@ async fn each_family_chats_through_the_server() {
     let content = "Tell me about the lighthouse keeper.";
     let (server, base) = serve(&tiny, "qwen3-moe").await;
     let models: Value = reqwest::get(format!("{base}/api/models")).await.unwrap().json().await.unwrap();
-    for (id, arch) in FAMILIES {
+    for (id, path, arch) in FAMILIES {
         let entry = models["models"].as_array().unwrap().iter().find(|m| m["id"] == id).unwrap_or_else(|| panic!("{id} listed")).clone();
         assert_eq!((entry["architecture"].as_str(), entry["runnable"].as_bool()), (Some(arch), Some(true)), "{entry}");
 
         let (prompt_tokens, want) = tokio::task::spawn_blocking({
-            let dir = tiny.join(id);
-            move || common::engine_greedy(&dir, WeightFormat::Float32, content, MAX_TOKENS)
+            let path = tiny.join(path);
+            move || common::engine_greedy(&path, WeightFormat::Float32, content, MAX_TOKENS)
         })
         .await
         .unwrap();

@@ -1,8 +1,9 @@
 //! The GGUF-built tokenizer and chat template against the HF tokenizer mlx-lm used
 //! (ids recorded in tests/data/reference.json), against llama.cpp's own tokenizer on the
 //! reference prompts and hostile strings (tests/data/tokenizer_reference.json), gpt-oss's
-//! harmony template against transformers (tests/data/harmony_template_reference.json), and
-//! incremental decoding with stop strings.
+//! harmony template against transformers (tests/data/harmony_template_reference.json),
+//! SentencePiece GGUF vocabularies against llama.cpp's tokenizer test data and the official
+//! sentencepiece library, and incremental decoding with stop strings.
 mod common;
 
 use mlxbar::engine::chat_template::ChatMessage;
@@ -179,4 +180,79 @@ fn text_stream_never_sends_a_held_back_prefix() {
     }
     assert!(!sent.contains("EN"), "held back: {sent:?}");
     assert_eq!(sent + &s.flush(), "alpha EN");
+}
+
+/// The tokenizer of a GGUF vocabulary alone (llama.cpp's `ggml-vocab-*.gguf` files carry no
+/// tensors).
+fn gguf_codec(path: &std::path::Path) -> TextCodec {
+    mlxbar::engine::tokenizer::from_gguf(&mlx_rs::io::GgufFile::load(path).unwrap()).unwrap()
+}
+
+/// SentencePiece vocabularies as GGUF (`tokenizer.ggml.model = "llama"`): Llama 2's (space
+/// prefix) and Phi-3's, from llama.cpp's own tokenizer tests (tests/data/vocab, copied from
+/// the llama.cpp sources llama-cpp-python 0.3.36 vendors: `models/ggml-vocab-*.gguf` with the
+/// `.inp` texts and the `.out` ids that `convert_hf_to_gguf_update.py` recorded from
+/// transformers' tokenizer and llama.cpp's test-tokenizer-0 holds its own to). Every text
+/// encodes to those ids, without BOS as the test asks, and decodes back.
+#[test]
+fn sentencepiece_ggufs_encode_as_llama_cpp_tests_record() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vocab");
+    for name in ["ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf"] {
+        let codec = gguf_codec(&dir.join(name));
+        let inputs = std::fs::read_to_string(dir.join(format!("{name}.inp"))).unwrap();
+        let outputs = std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap();
+        // Texts end with the separator, as test-tokenizer-0 reads them.
+        let texts: Vec<&str> = inputs.split_terminator("\n__ggml_vocab_test__\n").collect();
+        let ids: Vec<Vec<u32>> = outputs.lines().map(|l| l.split_whitespace().map(|i| i.parse().unwrap()).collect()).collect();
+        assert_eq!(texts.len(), ids.len(), "{name}");
+        assert!(texts.len() >= 40, "{name}: {} texts", texts.len());
+        let mut wrong = Vec::new();
+        for (text, want) in texts.iter().zip(&ids) {
+            let got = codec.tokenizer.encode_fast(*text, false).unwrap().get_ids().to_vec();
+            if &got != want {
+                wrong.push(format!("{text:?}: mlxbar {got:?}, reference {want:?}"));
+            }
+            assert_eq!(codec.decode_with(&got, false).unwrap(), *text, "{name}: round trip of {text:?}");
+        }
+        assert!(wrong.is_empty(), "{name}: {} of {} differ:\n{}", wrong.len(), texts.len(), wrong.join("\n"));
+        // BOS leads a prompt (add_bos_token), once.
+        let bos = codec.bos.as_ref().unwrap().0;
+        assert_eq!(codec.encode("Hello world").unwrap()[0], bos, "{name}");
+    }
+}
+
+/// Gemma 3's kind of SentencePiece vocabulary (no space prefix, byte fallback, turn markers
+/// matched whole) in the gemma3-gguf fixture: the official sentencepiece library's ids and
+/// text for the hostile strings of tokenizer_reference.json and a chat turn (recorded by
+/// scripts/reference/make_tiny_models.py), Gemma 3's template, and `<end_of_turn>` ending
+/// generation.
+#[test]
+fn gemma3_gguf_encodes_like_sentencepiece() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny/gemma3-gguf");
+    let codec = gguf_codec(&dir.join("model.gguf"));
+    let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let samples = reference["tokenizer_samples"].as_array().unwrap();
+    assert!(samples.len() >= 44, "{} samples", samples.len());
+    let mut wrong = Vec::new();
+    for s in samples {
+        let text = s["text"].as_str().unwrap();
+        let want: Vec<u32> = serde_json::from_value(s["ids"].clone()).unwrap();
+        let got = codec.tokenizer.encode_fast(text, false).unwrap().get_ids().to_vec();
+        if got != want {
+            wrong.push(format!("{text:?}: mlxbar {got:?}, sentencepiece {want:?}"));
+        }
+        assert_eq!(codec.decode_with(&got, false).unwrap(), s["decoded"].as_str().unwrap(), "text of {text:?}");
+    }
+    assert!(wrong.is_empty(), "{} of {} differ:\n{}", wrong.len(), samples.len(), wrong.join("\n"));
+    let template = codec.template.as_ref().expect("Gemma 3's chat template");
+    let messages: Vec<ChatMessage> = serde_json::from_value(serde_json::json!([
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi there "}
+    ]))
+    .unwrap();
+    let text = template.render(&messages, &[], true).unwrap();
+    assert_eq!(text, "<s><start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n");
+    let ids = codec.encode(&text).unwrap();
+    assert_eq!(ids.iter().filter(|&&i| i == 2).count(), 1, "one BOS (<s>, id 2): {ids:?}");
+    let end = codec.tokenizer.token_to_id("<end_of_turn>").unwrap();
+    assert!(codec.stop_ids.contains(&end) && codec.stop_ids.contains(&1), "{:?}", codec.stop_ids);
 }

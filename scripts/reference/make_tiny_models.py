@@ -174,6 +174,53 @@ MOE_GGUFS = {"qwen3-moe-gguf": "qwen3-moe", "mixtral-gguf": "mixtral"}
 # repacked from OpenAI's blocks and written before every other tensor), everything else F32.
 MXFP4_GGUFS = {"gpt-oss-gguf": "gpt-oss-openai"}
 
+# gemma3 as a GGUF in llama.cpp's layout with a SentencePiece vocabulary (folder -> source):
+# written last, so every folder before it stays byte-identical.
+SPM_GGUFS = {"gemma3-gguf": "gemma3"}
+# Gemma 3's chat template (google/gemma-3-*-it tokenizer_config.json's chat_template).
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n"
+)
+
 CORPUS = (
     "The lighthouse keeper climbed the stairs again, counting each step aloud. "
     "Tiny models with random weights still have to agree with the reference, token by token. "
@@ -495,6 +542,135 @@ def gguf_copy(out_dir: Path, name: str, src: str, tok: Tokenizer, how: str):
     print(f"{name}: GGUF of {src}")
 
 
+def train_sentencepiece(vocab_size: int) -> bytes:
+    """A SentencePiece BPE model shaped as Gemma's: byte fallback, no dummy prefix, spaces kept
+    as they are, pad/eos/bos/unk at 0..3, the turn markers as pieces matched whole."""
+    import io
+
+    import sentencepiece as spm
+
+    out = io.BytesIO()
+    lines = [line for chunk in CORPUS.split(". ") for line in chunk.split("\n") if line]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=out, vocab_size=vocab_size, model_type="bpe",
+        byte_fallback=True, add_dummy_prefix=False, remove_extra_whitespaces=False,
+        normalization_rule_name="identity", split_digits=True, character_coverage=1.0, num_threads=1,
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
+        minloglevel=2,
+    )
+    return out.getvalue()
+
+
+def write_gemma3_gguf(src: Path, dst: Path, sequences):
+    """gemma3 as llama.cpp's Gemma3Model converter writes it: norms stored as 1 + weight,
+    post_attention_norm / ffn_norm / post_ffw_norm, rope.freq_base_swa, the sliding window and
+    (this model's 2, not llama.cpp's default 6) its period, linear RoPE scaling; a SentencePiece
+    vocabulary (tokens, scores, types as _create_vocab_sentencepiece reads them, the turn markers
+    CONTROL as tokenizer_config's special added tokens make them) with add_space_prefix false
+    and Gemma 3's chat template. llama.cpp scales scores by head_dim^-1/2 (the file cannot say
+    otherwise), so the reference is mlx-lm's on the same weights with query_pre_attn_scalar =
+    head_dim. The reference also records what the official sentencepiece library makes of
+    tests/data/tokenizer_reference.json's texts with this vocabulary."""
+    import gguf
+    import sentencepiece as spm
+
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["query_pre_attn_scalar"] = config["head_dim"]
+    (dst / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    ref = reference(dst, sequences, LATER_MODELS[src.name][1] + "; as a GGUF in llama.cpp's gemma3 layout with a "
+                    "SentencePiece vocabulary (scores scaled by head_dim^-1/2, as llama.cpp has it)")
+    ref["seed"] = LATER_MODELS[src.name][2]
+    ref["gguf_from"] = src.name
+
+    sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(config["vocab_size"]))
+    assert sp.vocab_size() == config["vocab_size"], sp.vocab_size()
+    tokens, scores, types = [], [], []
+    for i in range(sp.vocab_size()):
+        piece = sp.id_to_piece(i)
+        tokens.append(piece)
+        scores.append(sp.get_score(i))
+        if piece in ("<start_of_turn>", "<end_of_turn>"):
+            types.append(gguf.TokenType.CONTROL)
+            scores[-1] = -1000.0
+        elif sp.is_unknown(i):
+            types.append(gguf.TokenType.UNKNOWN)
+        elif sp.is_control(i):
+            types.append(gguf.TokenType.CONTROL)
+        elif sp.is_byte(i):
+            types.append(gguf.TokenType.BYTE)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    texts = [s["text"] for s in json.loads((Path(__file__).parents[2] / "tests/data/tokenizer_reference.json").read_text())["samples"]]
+    texts += ["<start_of_turn>user\nHi there<end_of_turn>\n", "  two  spaces ", "tab\there", "12345 67"]
+    ref["tokenizer_samples"] = [{"text": t, "ids": sp.encode(t), "decoded": sp.decode(sp.encode(t))} for t in texts]
+    ref["tokenizer_how"] = (f"sentencepiece {spm.__version__} trained on the fixture corpus (train_sentencepiece); "
+                            "ids from SentencePieceProcessor.encode, text from .decode")
+
+    w = {k: np.array(v) for k, v in mx.load(str(dst / "model.safetensors")).items()}
+    for f in list(dst.iterdir()):
+        f.unlink()
+    g = gguf.GGUFWriter(str(dst / "model.gguf"), "gemma3")
+    g.add_name(dst.name)
+    g.add_context_length(config["max_position_embeddings"])
+    g.add_embedding_length(config["hidden_size"])
+    g.add_block_count(config["num_hidden_layers"])
+    g.add_feed_forward_length(config["intermediate_size"])
+    g.add_head_count(config["num_attention_heads"])
+    g.add_head_count_kv(config["num_key_value_heads"])
+    g.add_key_length(config["head_dim"])
+    g.add_value_length(config["head_dim"])
+    g.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    g.add_rope_freq_base(config["rope_theta"])
+    g.add_rope_freq_base_swa(config["rope_local_base_freq"])
+    g.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    g.add_rope_scaling_factor(config["rope_scaling"]["factor"])
+    g.add_sliding_window(config["sliding_window"])
+    g.add_sliding_window_pattern(config["sliding_window_pattern"])
+    g.add_file_type(gguf.LlamaFileType.ALL_F32)
+    g.add_tokenizer_model("llama")
+    g.add_tokenizer_pre("default")
+    g.add_token_list(tokens)
+    g.add_token_scores(scores)
+    g.add_token_types(types)
+    g.add_bos_token_id(sp.bos_id())
+    g.add_eos_token_id(sp.eos_id())
+    g.add_unk_token_id(sp.unk_id())
+    g.add_pad_token_id(sp.pad_id())
+    g.add_add_bos_token(True)
+    g.add_add_eos_token(False)
+    g.add_add_space_prefix(False)
+    g.add_chat_template(GEMMA3_TEMPLATE)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for k in sorted(w):
+        a = w[k].astype(np.float32)
+        if k.endswith("norm.weight"):
+            a = a + 1.0  # Gemma3Model.norm_shift
+        if k == "model.embed_tokens.weight":
+            name = "token_embd.weight"
+        elif k == "model.norm.weight":
+            name = "output_norm.weight"
+        elif k == "lm_head.weight":
+            name = "output.weight"
+        else:
+            layer, rest = k.removeprefix("model.layers.").split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            name = f"blk.{layer}.{names[module]}.{kind}"
+        g.add_tensor(name, a)
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+    (dst / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+    print(f"{dst.name}: GGUF of {src.name} with a SentencePiece vocabulary, min top-2 gap {ref['min_top2_gap']:.3g}")
+
+
 def watch_routers():
     """Records, for every token mlx-lm routes, the gap between its k-th and (k+1)-th router
     probability (the family's own block runs unchanged)."""
@@ -705,6 +881,8 @@ def main():
                        "embedding) by mlx_lm.utils.quantize_model, reference from mlx-lm's quantized model")
         ref = derived_reference(out_dir, name, src, sequences, description, LATER_MODELS[src][2])
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, greedy {[c['greedy_ids'] for c in ref['cases']]}")
+    for name, src in SPM_GGUFS.items():
+        write_gemma3_gguf(out_dir / src, out_dir / name, sequences)
 
 
 if __name__ == "__main__":

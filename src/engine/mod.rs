@@ -20,6 +20,7 @@ pub mod sampling;
 pub mod stats;
 pub mod text_stream;
 pub mod tokenizer;
+pub mod tokenizer_spm;
 pub mod tools;
 mod worker;
 

@@ -1,5 +1,6 @@
 //! Text <-> token ids with the `tokenizers` crate, built from a GGUF's `tokenizer.ggml.*`
-//! metadata or read from an HF `tokenizer.json`; plus the chat template and end tokens.
+//! metadata (byte-level BPE here, SentencePiece in [`super::tokenizer_spm`]) or read from an
+//! HF `tokenizer.json`; plus the chat template and end tokens.
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -14,6 +15,7 @@ use tokenizers::{
 };
 
 use super::chat_template::ChatTemplate;
+use super::tokenizer_spm::{CONTROL, USER_DEFINED};
 
 /// Everything text-side of a model. `Send + Sync`: the HTTP side renders and counts prompts
 /// before they reach the engine thread.
@@ -69,21 +71,13 @@ impl TextCodec {
     }
 }
 
-/// GGUF token types (llama.cpp's `llama_token_type`).
-const TOKEN_TYPE_CONTROL: i32 = 3;
-const TOKEN_TYPE_USER_DEFINED: i32 = 4;
-
 /// Llama 3's and Qwen 2's pre-tokenizer split (the same regex in both).
 const LLAMA3_SPLIT: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
     let model = g.get_metadata_string("tokenizer.ggml.model")?.unwrap_or_default();
-    if model != "gpt2" {
-        bail!("GGUF tokenizer '{model}' is not supported (only byte-level BPE, 'gpt2'); use a model folder with tokenizer.json instead");
-    }
     let tokens = g.get_metadata_strings("tokenizer.ggml.tokens")?.context("no tokenizer.ggml.tokens")?;
-    let merges = g.get_metadata_strings("tokenizer.ggml.merges")?.context("no tokenizer.ggml.merges")?;
     let types: Vec<i32> = match g.get_metadata_array("tokenizer.ggml.token_type")? {
         Some(a) => {
             let a = a.as_dtype(mlx_rs::Dtype::Int32)?;
@@ -92,6 +86,38 @@ pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
         }
         None => vec![],
     };
+    let tokenizer = match model.as_str() {
+        "gpt2" => byte_level_bpe(g, &tokens, &types)?,
+        "llama" => {
+            let scores = g.get_metadata_array("tokenizer.ggml.scores")?.context("no tokenizer.ggml.scores")?;
+            let scores = scores.as_dtype(mlx_rs::Dtype::Float32)?;
+            scores.eval()?;
+            let prefix = super::model::gguf::meta_bool(g, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+            super::tokenizer_spm::tokenizer(&tokens, scores.as_slice::<f32>(), &types, prefix)?
+        }
+        other => bail!("GGUF tokenizer '{other}' is not supported (byte-level BPE 'gpt2' and SentencePiece 'llama' are); use a model folder with tokenizer.json instead"),
+    };
+
+    let id = |k: &str| -> Result<Option<u32>> { Ok(super::model::gguf::meta_f32(g, k)?.map(|v| v as u32)) };
+    let mut stop_ids = BTreeSet::new();
+    stop_ids.extend(id("tokenizer.ggml.eos_token_id")?);
+    stop_ids.extend(id("tokenizer.ggml.eot_token_id")?);
+    let bos = id("tokenizer.ggml.bos_token_id")?.and_then(|b| tokens.get(b as usize).map(|t| (b, t.clone())));
+    let add_bos = super::model::gguf::meta_bool(g, "tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    let template = g
+        .get_metadata_string("tokenizer.chat_template")?
+        .map(|src| {
+            let eos = stop_ids.iter().next().and_then(|i| tokens.get(*i as usize)).cloned();
+            ChatTemplate::new(src, bos.as_ref().map(|b| b.1.clone()), eos)
+        })
+        .transpose()?;
+    Ok(TextCodec { tokenizer, template, stop_ids, bos, add_bos }.finish(&[]))
+}
+
+/// A byte-level BPE vocabulary (`gpt2`: Llama 3, Qwen, SmolLM ...) with its merges and the
+/// pre-tokenizer `tokenizer.ggml.pre` names.
+fn byte_level_bpe(g: &GgufFile, tokens: &[String], types: &[i32]) -> Result<Tokenizer> {
+    let merges = g.get_metadata_strings("tokenizer.ggml.merges")?.context("no tokenizer.ggml.merges")?;
     let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let merges: Vec<(String, String)> = merges
         .iter()
@@ -130,25 +156,11 @@ pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
     let added: Vec<AddedToken> = types
         .iter()
         .enumerate()
-        .filter(|(_, t)| **t == TOKEN_TYPE_CONTROL || **t == TOKEN_TYPE_USER_DEFINED)
-        .map(|(i, t)| AddedToken::from(tokens[i].clone(), *t == TOKEN_TYPE_CONTROL).normalized(false))
+        .filter(|(_, t)| **t == CONTROL || **t == USER_DEFINED)
+        .map(|(i, t)| AddedToken::from(tokens[i].clone(), *t == CONTROL).normalized(false))
         .collect();
     tokenizer.add_special_tokens(&added);
-
-    let id = |k: &str| -> Result<Option<u32>> { Ok(super::model::gguf::meta_f32(g, k)?.map(|v| v as u32)) };
-    let mut stop_ids = BTreeSet::new();
-    stop_ids.extend(id("tokenizer.ggml.eos_token_id")?);
-    stop_ids.extend(id("tokenizer.ggml.eot_token_id")?);
-    let bos = id("tokenizer.ggml.bos_token_id")?.and_then(|b| tokens.get(b as usize).map(|t| (b, t.clone())));
-    let add_bos = super::model::gguf::meta_bool(g, "tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-    let template = g
-        .get_metadata_string("tokenizer.chat_template")?
-        .map(|src| {
-            let eos = stop_ids.iter().next().and_then(|i| tokens.get(*i as usize)).cloned();
-            ChatTemplate::new(src, bos.as_ref().map(|b| b.1.clone()), eos)
-        })
-        .transpose()?;
-    Ok(TextCodec { tokenizer, template, stop_ids, bos, add_bos }.finish(&[]))
+    Ok(tokenizer)
 }
 
 /// An HF folder: `tokenizer.json`, `tokenizer_config.json` (template, bos/eos), and the

@@ -353,11 +353,15 @@ pub fn gguf(file: &Path) -> ModelEntry {
         },
     }
     // What the GGUF tokenizer builder needs (engine::tokenizer::from_gguf).
-    let tokenizer = header.string("tokenizer.ggml.model").unwrap_or_default();
-    if tokenizer != "gpt2" {
-        e.refuse(format!("GGUF tokenizer '{tokenizer}' is not supported (only byte-level BPE, 'gpt2')"));
-    }
-    for key in ["tokenizer.ggml.tokens", "tokenizer.ggml.merges"] {
+    let needs: &[&str] = match header.string("tokenizer.ggml.model").unwrap_or_default() {
+        "gpt2" => &["tokenizer.ggml.tokens", "tokenizer.ggml.merges"],
+        "llama" => &["tokenizer.ggml.tokens", "tokenizer.ggml.scores"],
+        other => {
+            e.refuse(format!("GGUF tokenizer '{other}' is not supported (byte-level BPE 'gpt2' and SentencePiece 'llama' are)"));
+            &[]
+        }
+    };
+    for key in needs {
         if header.array_len(key).is_none() {
             e.refuse(format!("no {key}"));
         }

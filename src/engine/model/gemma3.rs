@@ -13,6 +13,7 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::config::{Activation, Arch, LayerStyle, LocalAttention, ModelConfig, QuantizationConfig, RopeConfig};
+use super::validate::GgufSummary;
 use super::TensorMap;
 
 #[derive(Deserialize)]
@@ -154,6 +155,58 @@ pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
     };
     cfg.validate()?;
     Ok((cfg, quant))
+}
+
+/// The model config of a gemma3 GGUF, as llama.cpp's `Gemma3Model` converter writes its
+/// header and llama.cpp reads it (`llama_model_gemma3::load_arch_hparams`), put back into the
+/// config.json keys [`config`] reads. What the file does not say, llama.cpp fixes: local
+/// layers' RoPE base 10000 (`rope.freq_base_swa` when written), five local layers in six
+/// (`attention.sliding_window_pattern` as a period when written; all global without
+/// `attention.sliding_window`), and scores scaled by head_dim^-½ except in the 62-layer 27B,
+/// which takes (hidden / heads)^-½ as Google's config does. The norms in such a file already
+/// hold 1 + weight (the converter adds it), so the loader leaves them.
+pub fn config_from_gguf(h: &GgufSummary) -> Result<ModelConfig> {
+    let m = |k: &str| h.number(&format!("gemma3.{k}"));
+    let req = |k: &str| m(k).with_context(|| format!("GGUF lacks gemma3.{k}"));
+    // Counts as integers (metadata numbers arrive as f64), so serde reads them into config.json's integer fields.
+    let count = |k: &str| req(k).map(|v| v as u64);
+    if m("final_logit_softcapping").is_some_and(|c| c > 0.0) {
+        bail!("a gemma3 GGUF with final_logit_softcapping is not supported (Gemma 3 has none; Gemma 2 does)");
+    }
+    let (layers, hidden, heads) = (count("block_count")?, count("embedding_length")?, count("attention.head_count")?);
+    let head_dim = m("attention.key_length").map_or(256, |d| d as u64);
+    let pattern = match (m("attention.sliding_window"), h.metadata.get("gemma3.attention.sliding_window_pattern")) {
+        (None, _) => 1,
+        (Some(_), None) => 6,
+        (Some(_), Some(v)) => {
+            v.as_f64().context("a per-layer gemma3.attention.sliding_window_pattern array is not read: only a period")? as u64
+        }
+    };
+    let rope_scaling = match h.string("gemma3.rope.scaling.type") {
+        None | Some("none") => serde_json::Value::Null,
+        Some("linear") => serde_json::json!({"rope_type": "linear", "factor": req("rope.scaling.factor")?}),
+        Some(other) => bail!("unsupported gemma3 GGUF rope scaling '{other}' (supported: linear)"),
+    };
+    let json = serde_json::json!({
+        "model_type": "gemma3_text",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": count("feed_forward_length")?,
+        "num_attention_heads": heads,
+        "num_key_value_heads": m("attention.head_count_kv").map_or(heads, |n| n as u64),
+        "head_dim": head_dim,
+        "rms_norm_eps": m("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+        "vocab_size": h.array_len("tokenizer.ggml.tokens").context("GGUF lacks tokenizer.ggml.tokens")?,
+        "rope_theta": m("rope.freq_base").unwrap_or(10_000.0),
+        "rope_local_base_freq": m("rope.freq_base_swa").unwrap_or(10_000.0),
+        "rope_scaling": rope_scaling,
+        "query_pre_attn_scalar": if layers == 62 { hidden / heads } else { head_dim },
+        "sliding_window": m("attention.sliding_window").map_or(0, |w| w as u64),
+        "sliding_window_pattern": pattern,
+        "max_position_embeddings": m("context_length").map_or(131_072, |c| c as u64),
+    });
+    let (config, _) = config(&json.to_string())?;
+    Ok(config)
 }
 
 /// `x` rounded to the nearest bfloat16, as mlx-lm's `mx.array(√hidden, mx.bfloat16)`.

@@ -1,6 +1,6 @@
 //! Loads a GGUF file: hyper-parameters from `{arch}.*` metadata, tensors from GGML names,
 //! mixture-of-experts ones (qwen3moe, mixtral as llama with experts, gpt-oss) with their
-//! stacked experts. MLX returns Q4_0/Q4_1/Q8_0 tensors as affine-quantized triplets
+//! stacked experts, and gemma3 (its sandwich norms, already 1 + weight in the file). MLX returns Q4_0/Q4_1/Q8_0 tensors as affine-quantized triplets
 //! (`.weight` packed u32, `.scales`, `.biases`; group 32); a file with MXFP4 experts
 //! (gpt-oss), which MLX's reader cannot take, is read by [`gguf_read`] into the same shapes.
 //!
@@ -155,13 +155,9 @@ pub fn config_from_header(h: &GgufSummary) -> Result<ModelConfig> {
         "qwen3moe" => Arch::Qwen3Moe,
         "llama" if has_experts => Arch::Mixtral,
         "gpt-oss" => return super::gpt_oss::config_from_gguf(h),
+        "gemma3" => return super::gemma3::config_from_gguf(h),
         other => Arch::parse(other)?,
     };
-    if arch == Arch::Gemma3 {
-        // llama.cpp's gemma3 GGUFs carry a SentencePiece vocabulary, which mlxbar's GGUF
-        // tokenizer does not read (and norms stored as 1 + weight).
-        bail!("gemma3 GGUF is not supported yet (its SentencePiece tokenizer): use an MLX or Hugging Face folder");
-    }
     let m = |k: &str| h.number(&format!("{arch_name}.{k}")).map(|v| v as f32);
     let req = |k: &str| -> Result<f32> { m(k).with_context(|| format!("GGUF lacks {arch_name}.{k}")) };
     let hidden = req("embedding_length")? as i32;
@@ -284,6 +280,9 @@ fn canonical_name(base: &str, arch: Arch) -> Option<String> {
         // gpt-oss: a learned sink per head; the norm before its experts.
         "attn_sinks" => "sinks",
         "post_attention_norm" if arch == Arch::GptOss => "mlp_norm",
+        // gemma3's sandwich: norms after attention and after the MLP as well.
+        "post_attention_norm" if arch == Arch::Gemma3 => "post_attn_norm",
+        "post_ffw_norm" if arch == Arch::Gemma3 => "post_mlp_norm",
         "ffn_gate" => "gate",
         "ffn_up" => "up",
         "ffn_down" => "down",
