@@ -30,8 +30,7 @@ fn tiny() -> &'static (TextCodec, Grammars) {
 fn default_model() -> &'static (TextCodec, Grammars) {
     static D: OnceLock<(TextCodec, Grammars)> = OnceLock::new();
     D.get_or_init(|| {
-        let gguf = mlx_rs::io::GgufFile::load(common::model_path()).unwrap();
-        let codec = tokenizer::from_gguf(&gguf).unwrap();
+        let codec = tokenizer::from_gguf_path(&common::model_path()).unwrap();
         let g = Grammars::new(&codec, codec.vocab_size()).unwrap();
         (codec, g)
     })

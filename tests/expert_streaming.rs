@@ -1,5 +1,6 @@
 //! Expert streaming (engine::experts) on the tiny mixture-of-experts fixtures
-//! (tests/data/tiny, made with mlx-lm's classes), in the default weight format: with a cache
+//! (tests/data/tiny, made with mlx-lm's classes; MLX folders and GGUF files), in the default
+//! weight format: with a cache
 //! that holds a quarter of the experts, prefill and batched decode logits equal the resident
 //! model's; the cache never holds more than its budget (its own count and MLX's active
 //! memory); every router selection is counted once as a hit or a miss; a cache that holds
@@ -83,8 +84,12 @@ fn a_quarter_of_the_experts_in_memory_computes_what_the_resident_model_does() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Stacked 4-bit (qwen3_moe: 8-bit router), stacked 4-bit with every layer sparse
     // (mixtral), float experts one tensor each (Hugging Face's layout), and MXFP4 experts
-    // beside 8-bit affine modules (mlx-community's gpt-oss MXFP4-Q8).
-    for name in ["qwen3-moe-4bit", "mixtral-4bit", "qwen3-moe-hf", "gpt-oss-mxfp4-q8"] {
+    // beside 8-bit affine modules (mlx-community's gpt-oss MXFP4-Q8); and from GGUF files in
+    // llama.cpp's layout: float experts (qwen3moe), and gpt-oss's MXFP4 experts with their
+    // biases (GGML blocks, converted an expert at a time as the resident load converts them).
+    for name in
+        ["qwen3-moe-4bit", "mixtral-4bit", "qwen3-moe-hf", "gpt-oss-mxfp4-q8", "qwen3-moe-gguf/model.gguf", "gpt-oss-gguf/model.gguf"]
+    {
         let dir = tiny(name);
         let resident = load(&dir, None);
         let want = run(&resident, &mut |_, _| {});

@@ -99,7 +99,8 @@ fn the_memory_estimate_is_what_the_engine_holds() {
 
 /// A mixture-of-experts model's estimate counts every expert (the tiny qwen3_moe and mixtral
 /// fixtures: experts stacked, one tensor per expert, and 4-bit with an 8-bit or 4-bit router
-/// the CPU holds as float32), as float32 and packed; gpt-oss's MXFP4 experts packed.
+/// the CPU holds as float32), as float32 and packed; gpt-oss's MXFP4 experts packed; and the
+/// experts a GGUF would stream counted as its folder's.
 #[test]
 fn the_memory_estimate_counts_every_expert() {
     Device::set_default(&Device::cpu());
@@ -113,4 +114,15 @@ fn the_memory_estimate_counts_every_expert() {
     // weights, so the same estimate and the same bytes held, within the tolerance.
     let both = ["gpt-oss-openai", "gpt-oss-gguf/model.gguf"].map(|name| estimate_and_held(&tiny.join(name), WeightFormat::Auto));
     assert_eq!(both[0], both[1], "folder and GGUF");
+    // What streaming leaves on disk (the registry's fit check): every expert of the GGUF as
+    // of the same shapes in mlx-lm's layout (OpenAI's interleaved layout does not stream).
+    let experts = |name: &str| {
+        let entry = mlxbar::library::inspect::inspect(&tiny.join(name)).unwrap();
+        assert!(entry.runnable, "{name}: {:?}", entry.unsupported_reason);
+        let e = entry.experts.unwrap_or_else(|| panic!("{name}: experts"));
+        (e.count, e.per_token, e.parts.iter().map(|p| p.elements).sum::<u64>())
+    };
+    for (folder, gguf) in [("qwen3-moe", "qwen3-moe-gguf/model.gguf"), ("gpt-oss", "gpt-oss-gguf/model.gguf")] {
+        assert_eq!(experts(folder), experts(gguf), "{folder} and {gguf}");
+    }
 }

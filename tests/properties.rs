@@ -25,10 +25,7 @@ fn config(cases: u32) -> ProptestConfig {
 /// The default model's tokenizer and chat template (no weights are assembled).
 fn codec() -> &'static TextCodec {
     static CODEC: OnceLock<TextCodec> = OnceLock::new();
-    CODEC.get_or_init(|| {
-        let g = mlx_rs::io::GgufFile::load(common::model_path()).unwrap();
-        tokenizer::from_gguf(&g).unwrap()
-    })
+    CODEC.get_or_init(|| tokenizer::from_gguf_path(&common::model_path()).unwrap())
 }
 
 // ------------------------------------------------------------------- model file headers

@@ -185,7 +185,7 @@ fn text_stream_never_sends_a_held_back_prefix() {
 /// The tokenizer of a GGUF vocabulary alone (llama.cpp's `ggml-vocab-*.gguf` files carry no
 /// tensors).
 fn gguf_codec(path: &std::path::Path) -> TextCodec {
-    mlxbar::engine::tokenizer::from_gguf(&mlx_rs::io::GgufFile::load(path).unwrap()).unwrap()
+    mlxbar::engine::tokenizer::from_gguf_path(path).unwrap()
 }
 
 /// SentencePiece vocabularies as GGUF (`tokenizer.ggml.model = "llama"`): Llama 2's (space

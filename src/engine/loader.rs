@@ -45,7 +45,7 @@ pub fn load(path: &Path, format: WeightFormat) -> Result<(Model, TextCodec, Mode
 
 /// Loads the model at `path` as `id`, telling `progress` how far it has got (0..1): reading
 /// the file is the first tenth, materializing the weights layer by layer the rest. With
-/// `expert_cache` (bytes), a mixture-of-experts folder's experts stream through a cache of
+/// `expert_cache` (bytes), a mixture-of-experts model's experts stream through a cache of
 /// that size instead of loading.
 pub fn load_reporting(
     path: &Path,
@@ -61,11 +61,8 @@ pub fn load_reporting(
         progress(0.1);
         (Model::assemble_reporting(config, tensors, format, progress)?, codec, "mlx-folder")
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-        if expert_cache.is_some() {
-            bail!("expert streaming reads MLX folders (safetensors), not GGUF files");
-        }
-        let loaded = gguf::load(path)?;
-        let codec = tokenizer::from_gguf(&loaded.file)?;
+        let loaded = gguf::load(path, expert_cache)?;
+        let codec = tokenizer::from_gguf(&loaded.header)?;
         progress(0.1);
         (Model::assemble_reporting(loaded.config, loaded.tensors, format, progress)?, codec, "gguf")
     } else if path.exists() {

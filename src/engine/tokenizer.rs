@@ -5,7 +5,6 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use mlx_rs::io::GgufFile;
 use tokenizers::{
     decoders::byte_level::ByteLevel as ByteLevelDecoder,
     models::bpe::BPE,
@@ -15,6 +14,7 @@ use tokenizers::{
 };
 
 use super::chat_template::ChatTemplate;
+use super::model::validate::{self, GgufSummary};
 use super::tokenizer_spm::{CONTROL, USER_DEFINED};
 
 /// Everything text-side of a model. `Send + Sync`: the HTTP side renders and counts prompts
@@ -75,40 +75,43 @@ impl TextCodec {
 const LLAMA3_SPLIT: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
-    let model = g.get_metadata_string("tokenizer.ggml.model")?.unwrap_or_default();
-    let tokens = g.get_metadata_strings("tokenizer.ggml.tokens")?.context("no tokenizer.ggml.tokens")?;
-    let types: Vec<i32> = match g.get_metadata_array("tokenizer.ggml.token_type")? {
-        Some(a) => {
-            let a = a.as_dtype(mlx_rs::Dtype::Int32)?;
-            a.eval()?;
-            a.as_slice::<i32>().to_vec()
-        }
-        None => vec![],
-    };
-    let tokenizer = match model.as_str() {
-        "gpt2" => byte_level_bpe(g, &tokens, &types)?,
+/// The keys of a GGUF header the tokenizer reads whole (see [`validate::gguf_file_keeping`]).
+pub fn is_vocabulary_key(key: &str) -> bool {
+    key.starts_with("tokenizer.ggml.")
+}
+
+/// The text codec of the GGUF at `path` (its header alone: no tensor is read).
+pub fn from_gguf_path(path: &Path) -> Result<TextCodec> {
+    from_gguf(&validate::gguf_file_keeping(path, &is_vocabulary_key)?)
+}
+
+/// The text codec of a GGUF header read keeping the vocabulary ([`is_vocabulary_key`]).
+pub fn from_gguf(h: &GgufSummary) -> Result<TextCodec> {
+    let model = h.string("tokenizer.ggml.model").unwrap_or_default();
+    let tokens = h.strings("tokenizer.ggml.tokens").context("no tokenizer.ggml.tokens")?;
+    let types: Vec<i32> = h.numbers("tokenizer.ggml.token_type").map(|t| t.iter().map(|&v| v as i32).collect()).unwrap_or_default();
+    let tokenizer = match model {
+        "gpt2" => byte_level_bpe(h, tokens, &types)?,
         "llama" => {
-            let scores = g.get_metadata_array("tokenizer.ggml.scores")?.context("no tokenizer.ggml.scores")?;
-            let scores = scores.as_dtype(mlx_rs::Dtype::Float32)?;
-            scores.eval()?;
-            let prefix = super::model::gguf::meta_bool(g, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-            super::tokenizer_spm::tokenizer(&tokens, scores.as_slice::<f32>(), &types, prefix)?
+            let scores: Vec<f32> = h.numbers("tokenizer.ggml.scores").context("no tokenizer.ggml.scores")?.iter().map(|&v| v as f32).collect();
+            // llama.cpp's default for SentencePiece vocabularies.
+            let prefix = h.number("tokenizer.ggml.add_space_prefix").is_none_or(|v| v != 0.0);
+            super::tokenizer_spm::tokenizer(tokens, &scores, &types, prefix)?
         }
         other => bail!("GGUF tokenizer '{other}' is not supported (byte-level BPE 'gpt2' and SentencePiece 'llama' are); use a model folder with tokenizer.json instead"),
     };
 
-    let id = |k: &str| -> Result<Option<u32>> { Ok(super::model::gguf::meta_f32(g, k)?.map(|v| v as u32)) };
+    let id = |k: &str| h.number(k).map(|v| v as u32);
     let mut stop_ids = BTreeSet::new();
-    stop_ids.extend(id("tokenizer.ggml.eos_token_id")?);
-    stop_ids.extend(id("tokenizer.ggml.eot_token_id")?);
-    let bos = id("tokenizer.ggml.bos_token_id")?.and_then(|b| tokens.get(b as usize).map(|t| (b, t.clone())));
-    let add_bos = super::model::gguf::meta_bool(g, "tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-    let template = g
-        .get_metadata_string("tokenizer.chat_template")?
+    stop_ids.extend(id("tokenizer.ggml.eos_token_id"));
+    stop_ids.extend(id("tokenizer.ggml.eot_token_id"));
+    let bos = id("tokenizer.ggml.bos_token_id").and_then(|b| tokens.get(b as usize).map(|t| (b, t.clone())));
+    let add_bos = h.number("tokenizer.ggml.add_bos_token").is_some_and(|v| v != 0.0);
+    let template = h
+        .string("tokenizer.chat_template")
         .map(|src| {
             let eos = stop_ids.iter().next().and_then(|i| tokens.get(*i as usize)).cloned();
-            ChatTemplate::new(src, bos.as_ref().map(|b| b.1.clone()), eos)
+            ChatTemplate::new(src.to_string(), bos.as_ref().map(|b| b.1.clone()), eos)
         })
         .transpose()?;
     Ok(TextCodec { tokenizer, template, stop_ids, bos, add_bos }.finish(&[]))
@@ -116,8 +119,8 @@ pub fn from_gguf(g: &GgufFile) -> Result<TextCodec> {
 
 /// A byte-level BPE vocabulary (`gpt2`: Llama 3, Qwen, SmolLM ...) with its merges and the
 /// pre-tokenizer `tokenizer.ggml.pre` names.
-fn byte_level_bpe(g: &GgufFile, tokens: &[String], types: &[i32]) -> Result<Tokenizer> {
-    let merges = g.get_metadata_strings("tokenizer.ggml.merges")?.context("no tokenizer.ggml.merges")?;
+fn byte_level_bpe(h: &GgufSummary, tokens: &[String], types: &[i32]) -> Result<Tokenizer> {
+    let merges = h.strings("tokenizer.ggml.merges").context("no tokenizer.ggml.merges")?;
     let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let merges: Vec<(String, String)> = merges
         .iter()
@@ -126,9 +129,9 @@ fn byte_level_bpe(g: &GgufFile, tokens: &[String], types: &[i32]) -> Result<Toke
     let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| anyhow!("building BPE: {e}"))?;
     let mut tokenizer = Tokenizer::new(bpe);
 
-    let pre = g.get_metadata_string("tokenizer.ggml.pre")?.unwrap_or_else(|| "default".into());
+    let pre = h.string("tokenizer.ggml.pre").unwrap_or("default");
     let byte_level = |use_regex| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, use_regex));
-    let pre_tokenizer: PreTokenizerWrapper = match pre.as_str() {
+    let pre_tokenizer: PreTokenizerWrapper = match pre {
         // llama.cpp's "smollm": digits one by one, then GPT-2's byte-level split.
         "smollm" => Sequence::new(vec![PreTokenizerWrapper::Digits(Digits::new(true)), byte_level(true)]).into(),
         "llama-bpe" | "llama3" | "qwen2" | "smaug-bpe" => Sequence::new(vec![

@@ -143,8 +143,9 @@ pub struct ModelEntry {
     /// The memory estimate counts each at its own width; empty when the files were not read.
     #[serde(skip)]
     pub weight_parts: Vec<WeightPart>,
-    /// A mixture-of-experts folder's experts (part of `weight_parts`): what streaming them
-    /// leaves on disk. None for dense models and GGUF files (which do not stream).
+    /// A mixture-of-experts model's experts (part of `weight_parts`): what streaming them
+    /// leaves on disk. None for dense models and for GGUF files holding a type mlxbar's own
+    /// GGUF reader does not read (K-quants: those load resident only).
     #[serde(skip)]
     pub experts: Option<ExpertParts>,
     pub runnable: bool,

@@ -16,7 +16,7 @@ use anyhow::Context;
 
 use crate::engine::model::config::{from_hf_config, Arch, ModelConfig, QuantMode, QuantizationConfig};
 use crate::engine::model::gguf::config_from_header;
-use crate::engine::model::validate::{self, GgufSummary};
+use crate::engine::model::validate::{self, GgufSummary, GgufTensorInfo};
 
 use super::entry::{ExpertParts, ModelEntry, ModelFormat, ModelSource, Quantization, Shape, WeightPart};
 use super::files;
@@ -337,20 +337,20 @@ pub fn gguf(file: &Path) -> ModelEntry {
     e.architecture = header.string("general.architecture").map(str::to_string);
     e.parameters = Some(header.tensor_infos.iter().map(|t| t.dims.iter().product::<u64>()).sum());
     e.quantization = gguf_quantization(&header);
-    e.weight_parts = gguf_parts(&header);
+    e.weight_parts = gguf_parts(&header.tensor_infos);
     e.chat_template = header.string("tokenizer.chat_template").is_some();
     if let Some(arch) = &e.architecture {
         e.context_length = header.number(&format!("{arch}.context_length")).map(|v| v as usize);
     }
-    match e.architecture.clone() {
-        None => e.refuse("GGUF has no general.architecture"),
-        Some(arch) => match Arch::parse(&arch) {
-            Err(err) => e.refuse(err.to_string()),
-            Ok(_) => match config_from_header(&header) {
-                Ok(cfg) => fill_from_config(&mut e, &cfg),
-                Err(err) => e.refuse(format!("{err:#}")),
-            },
-        },
+    // llama.cpp's architecture names (qwen3moe, gpt-oss, llama with experts) are the
+    // loader's to read: what it calls runnable is what loads.
+    match (&e.architecture, config_from_header(&header)) {
+        (None, _) => e.refuse("GGUF has no general.architecture"),
+        (Some(_), Ok(cfg)) => {
+            fill_from_config(&mut e, &cfg);
+            e.experts = gguf_expert_parts(&header, &cfg);
+        }
+        (Some(_), Err(err)) => e.refuse(format!("{err:#}")),
     }
     // What the GGUF tokenizer builder needs (engine::tokenizer::from_gguf).
     let needs: &[&str] = match header.string("tokenizer.ggml.model").unwrap_or_default() {
@@ -388,9 +388,9 @@ const MXFP4: Quantization = Quantization { bits: 4, group_size: 32, mode: QuantM
 /// A GGUF's tensors by width as the loader holds them: Q4_0, Q4_1 and Q8_0 as affine-quantized
 /// triplets (group 32), MXFP4 in MLX's mxfp4 mode, every other type as float (MLX casts other
 /// quantizations to float16).
-fn gguf_parts(h: &GgufSummary) -> Vec<WeightPart> {
+fn gguf_parts(tensors: &[GgufTensorInfo]) -> Vec<WeightPart> {
     let mut by_width: BTreeMap<Option<Quantization>, u64> = BTreeMap::new();
-    for t in &h.tensor_infos {
+    for t in tensors {
         let width = match t.ggml_type.name {
             "MXFP4" => Some(MXFP4),
             "Q4_0" | "Q4_1" | "Q8_0" => ggml_bits(t.ggml_type.name).map(|(bits, group_size)| Quantization::affine(bits, group_size)),
@@ -399,6 +399,27 @@ fn gguf_parts(h: &GgufSummary) -> Vec<WeightPart> {
         *by_width.entry(width).or_default() += t.dims.iter().product::<u64>();
     }
     by_width.into_iter().map(|(quantization, elements)| WeightPart { quantization, elements }).collect()
+}
+
+/// A mixture-of-experts GGUF's stacked experts, as [`gguf_parts`] counts them, when they can
+/// stream: mlxbar's own GGUF reader reads every tensor of the file (the loader reads a
+/// streamed model's other tensors with it, and its experts an expert at a time).
+fn gguf_expert_parts(h: &GgufSummary, cfg: &ModelConfig) -> Option<ExpertParts> {
+    let moe = cfg.moe.as_ref()?;
+    if !h.tensor_infos.iter().all(|t| crate::engine::model::gguf_read::reads(t.ggml_type.name)) {
+        return None;
+    }
+    let experts: Vec<GgufTensorInfo> =
+        h.tensor_infos.iter().filter(|t| crate::engine::model::gguf::expert_tensor(&t.name, cfg.arch).is_some()).cloned().collect();
+    if experts.is_empty() {
+        return None;
+    }
+    let sparse = (0..cfg.num_layers).filter(|&l| moe.is_sparse(l)).count() as u64;
+    Some(ExpertParts {
+        parts: gguf_parts(&experts),
+        count: sparse * moe.num_experts as u64,
+        per_token: sparse * moe.experts_per_token as u64,
+    })
 }
 
 /// (bits, group size) of a GGML quantized type: the scale block (K-quants: the sub-block

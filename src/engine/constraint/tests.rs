@@ -14,8 +14,7 @@ fn default_codec() -> &'static TextCodec {
     CODEC.get_or_init(|| {
         crate::engine::cpu_backend::install();
         let path = crate::model_store::ensure_default_model().expect("default model (run `mlxbar fetch-model`)");
-        let gguf = mlx_rs::io::GgufFile::load(&path).unwrap();
-        tokenizer::from_gguf(&gguf).unwrap()
+        tokenizer::from_gguf_path(&path).unwrap()
     })
 }
 

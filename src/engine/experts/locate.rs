@@ -1,6 +1,6 @@
-//! Where each expert's bytes lie in a model folder's safetensors files, from their headers
-//! alone, so a streamed expert is read with positional reads of its own byte ranges and
-//! never the whole file. Both checkpoint layouts: stacked (mlx-community's
+//! Where each expert's bytes lie in a model folder's safetensors files or a GGUF file, from
+//! their headers alone, so a streamed expert is read with positional reads of its own byte
+//! ranges and never the whole file. Both checkpoint layouts: stacked (mlx-community's
 //! `mlp.switch_mlp.gate_proj.weight` `[experts, out, in]`, where expert `e` is the `e`-th
 //! equal run of bytes) and Hugging Face's (one tensor per expert,
 //! `mlp.experts.{e}.gate_proj.weight`, mixtral's `block_sparse_moe.experts.{e}.w1.weight`).
@@ -9,17 +9,21 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::{Array, Dtype};
 
 use super::cache::Key;
 use crate::engine::model::config::{Arch, QuantMode, QuantSpec, QuantizationConfig};
+use crate::engine::model::gguf;
+use crate::engine::model::gguf_read::{self, Tensor};
 use crate::engine::model::linear::{Quantized, Weight};
 use crate::engine::model::switch::{SwitchGlu, SwitchLinear};
+use crate::engine::model::validate::{GgmlType, GgufSummary, GgufTensorInfo};
 
-/// A run of bytes in one of the files, and what array it is.
+/// A run of bytes in one of the files, and what array it is: raw elements of `dtype`, or
+/// GGML blocks of `ggml` (a GGUF's expert, converted as [`gguf_read::convert`] does).
 #[derive(Debug, Clone)]
 struct Part {
     file: usize,
@@ -27,6 +31,7 @@ struct Part {
     len: u64,
     dtype: Dtype,
     shape: Vec<i32>,
+    ggml: Option<GgmlType>,
 }
 
 /// One projection of one expert: its weight, and scales and biases when quantized, and a
@@ -67,7 +72,7 @@ impl ExpertFiles {
                 let mut place = |expert: i32, offset: u64, len: u64, shape: Vec<i32>| {
                     let projections = experts.entry((t.layer, expert as u32)).or_default();
                     let p = &mut projections[t.projection];
-                    let part = Some(Part { file: f, offset, len, dtype, shape });
+                    let part = Some(Part { file: f, offset, len, dtype, shape, ggml: None });
                     match t.kind {
                         "weight" => p.weight = part,
                         "scales" => p.scales = part,
@@ -114,6 +119,58 @@ impl ExpertFiles {
         Ok(ExpertFiles { files: opened, experts })
     }
 
+    /// Indexes the stacked experts (`blk.{l}.ffn_{gate,up,down}_exps`, gpt-oss's biases
+    /// too) of the checked GGUF at `path` (header `h`) of an `arch` model with `num_experts`
+    /// experts a sparse layer. GGML stores an `[experts, out, in]` tensor expert by expert,
+    /// each in whole blocks, so expert `e` is the `e`-th equal run of its bytes.
+    pub fn index_gguf(path: &Path, h: &GgufSummary, arch: Arch, num_experts: i32) -> Result<ExpertFiles> {
+        let mut experts: HashMap<Key, [Projection; 3]> = HashMap::new();
+        for info in &h.tensor_infos {
+            let Some((layer, projection, kind)) = gguf::expert_tensor(&info.name, arch) else { continue };
+            let (experts_axis, rows) = info.dims.split_last().context("a scalar expert tensor")?;
+            ensure!(*experts_axis == num_experts as u64, "{}: {:?} (GGML order), {num_experts} experts", info.name, info.dims);
+            let quantization = match info.ggml_type.name {
+                "F32" | "F16" | "BF16" => None,
+                "Q4_0" | "Q4_1" => Some(QuantSpec::affine(32, 4)),
+                "Q8_0" => Some(QuantSpec::affine(32, 8)),
+                "MXFP4" => Some(QuantSpec::MXFP4),
+                other => bail!(
+                    "{}: experts in {other} cannot stream (mlxbar reads F32, F16, BF16, Q8_0, Q4_0, Q4_1 and MXFP4 experts \
+                     itself); use such a file, or the memory to load them all",
+                    info.name
+                ),
+            };
+            let per = info.bytes / num_experts as u64;
+            let shape: Vec<i32> = rows.iter().rev().map(|&d| d as i32).collect();
+            for e in 0..num_experts as u32 {
+                let part = Part {
+                    file: 0,
+                    offset: h.data_start + info.offset + e as u64 * per,
+                    len: per,
+                    dtype: Dtype::Float32,
+                    shape: shape.clone(),
+                    ggml: Some(info.ggml_type),
+                };
+                let p = &mut experts.entry((layer, e)).or_default()[projection];
+                match kind {
+                    "weight" => {
+                        p.weight = Some(part);
+                        p.quantization = quantization;
+                    }
+                    _ => p.bias = Some(part),
+                }
+                p.module.clone_from(&info.name);
+            }
+        }
+        for ((layer, expert), projections) in &experts {
+            for (p, name) in projections.iter().zip(PROJECTIONS) {
+                ensure!(p.weight.is_some(), "layer {layer} expert {expert}: no {name} weight (ffn_{name}_exps)");
+            }
+        }
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        Ok(ExpertFiles { files: vec![(path.to_path_buf(), file)], experts })
+    }
+
     /// The sparse layers the files hold experts of, ascending.
     pub fn layers(&self) -> Vec<u32> {
         let mut layers: Vec<u32> = self.experts.keys().map(|k| k.0).collect();
@@ -150,26 +207,53 @@ impl ExpertFiles {
         let projections = self.experts.get(&key).with_context(|| format!("layer {} has no expert {}", key.0, key.1))?;
         let [gate, up, down] = projections;
         let linear = |p: &Projection| -> Result<SwitchLinear> {
-            let weight = self.array(p.weight.as_ref().expect("indexed with a weight"))?;
-            let weight = match (&p.scales, p.quantization) {
-                (Some(s), Some(spec)) => {
+            let part = p.weight.as_ref().expect("indexed with a weight");
+            let weight = match (part.ggml, &p.scales, p.quantization) {
+                (Some(_), ..) => match self.ggml(part)? {
+                    Tensor::Quantized(q) => Weight::Quantized(q),
+                    Tensor::Plain(w) => Weight::Dense(w),
+                },
+                (None, Some(s), Some(spec)) => {
                     let biases = p.biases.as_ref().map(|b| self.array(b)).transpose()?;
-                    Weight::Quantized(Quantized::new(weight, self.array(s)?, biases, spec)?)
+                    Weight::Quantized(Quantized::new(self.array(part)?, self.array(s)?, biases, spec)?)
                 }
-                _ => Weight::Dense(weight),
+                _ => Weight::Dense(self.array(part)?),
             };
-            let bias = p.bias.as_ref().map(|b| self.array(b)).transpose()?;
+            let bias = match &p.bias {
+                Some(b) if b.ggml.is_some() => match self.ggml(b)? {
+                    Tensor::Plain(b) => Some(b),
+                    Tensor::Quantized(_) => bail!("a quantized expert bias"),
+                },
+                Some(b) => Some(self.array(b)?),
+                None => None,
+            };
             Ok(SwitchLinear(hold(weight)?, bias))
         };
         let read = || -> Result<SwitchGlu> { Ok(SwitchGlu { gate: linear(gate)?, up: linear(up)?, down: linear(down)?, activation }) };
         read().with_context(|| format!("reading expert {} of layer {} from disk", key.1, key.0))
     }
 
-    /// One part's bytes as an array with a leading experts axis of 1.
-    fn array(&self, p: &Part) -> Result<Array> {
+    /// One part's bytes, read with one positional read.
+    fn bytes(&self, p: &Part) -> Result<Vec<u8>> {
         let (path, file) = &self.files[p.file];
         let mut bytes = vec![0u8; p.len as usize];
         file.read_exact_at(&mut bytes, p.offset).with_context(|| format!("{} bytes at {} of {}", p.len, p.offset, path.display()))?;
+        Ok(bytes)
+    }
+
+    /// A GGUF part as the resident model would hold it, with a leading experts axis of 1.
+    fn ggml(&self, p: &Part) -> Result<Tensor> {
+        let ggml_type = p.ggml.expect("a GGUF part");
+        // GGML order (innermost first), the experts axis of 1 outermost.
+        let dims: Vec<u64> = p.shape.iter().rev().map(|&d| d as u64).chain([1]).collect();
+        let info = GgufTensorInfo { name: String::new(), dims, ggml_type, offset: 0, bytes: p.len };
+        gguf_read::convert(&info, &self.bytes(p)?)
+    }
+
+    /// One part's bytes as an array with a leading experts axis of 1.
+    fn array(&self, p: &Part) -> Result<Array> {
+        let path = &self.files[p.file].0;
+        let bytes = self.bytes(p)?;
         let elements: i64 = p.shape.iter().map(|&d| d as i64).product();
         ensure!(elements as u64 * dtype_size(p.dtype) == p.len, "{}: {:?} {:?} is not {} bytes", path.display(), p.dtype, p.shape, p.len);
         let mut shape = vec![1];

@@ -23,34 +23,39 @@ use super::quantized::QuantSpec;
 use super::switch::{MoeConfig, Routing};
 use super::validate::GgufSummary;
 use super::{rope, TensorMap};
-
-/// Reads a numeric metadata value (stored by MLX as a scalar array).
-pub fn meta_f32(g: &GgufFile, key: &str) -> Result<Option<f32>> {
-    match g.get_metadata_array(key).with_context(|| format!("GGUF metadata {key}"))? {
-        Some(a) => Ok(Some(a.as_dtype(Dtype::Float32)?.item_exact::<f32>())),
-        None => Ok(None),
-    }
-}
-
-pub fn meta_bool(g: &GgufFile, key: &str) -> Result<Option<bool>> {
-    Ok(meta_f32(g, key)?.map(|v| v != 0.0))
-}
+use crate::engine::experts::{ExpertFiles, StreamSpec};
 
 pub struct LoadedGguf {
-    pub file: GgufFile,
+    /// The checked header, with the vocabulary's arrays ([`crate::engine::tokenizer::from_gguf`]).
+    pub header: GgufSummary,
     pub config: ModelConfig,
     pub tensors: TensorMap,
 }
 
-pub fn load(path: &Path) -> Result<LoadedGguf> {
+/// Loads the GGUF at `path`. With `expert_cache` (bytes), a mixture-of-experts model's
+/// experts are left in the file for an expert cache of that size ([`crate::engine::experts`]):
+/// every other tensor is read by [`gguf_read`] (MLX's reader would read the experts too).
+pub fn load(path: &Path, expert_cache: Option<u64>) -> Result<LoadedGguf> {
     // MLX's reader trusts the file; a truncated or lying one must not reach it.
-    let header = super::validate::gguf_file(path)?;
+    let header = super::validate::gguf_file_keeping(path, &crate::engine::tokenizer::is_vocabulary_key)?;
     let mut config = config_from_header(&header)?;
     let rope_dims = config.rope.dims.unwrap_or(config.head_dim);
-    let g = GgufFile::load(path).with_context(|| format!("reading GGUF {}", path.display()))?;
-    let tensors = if gguf_read::needed(&header) { gguf_read::read_all(path, &header)? } else { mlx_tensors(&g)? };
+    let streamed = match (expert_cache, &config.moe) {
+        (Some(budget), Some(moe)) => {
+            Some(StreamSpec { files: ExpertFiles::index_gguf(path, &header, config.arch, moe.num_experts)?, budget })
+        }
+        (Some(_), None) => bail!("an expert cache for {}, which has no experts", path.display()),
+        _ => None,
+    };
+    let tensors = if streamed.is_some() {
+        gguf_read::read_where(path, &header, &|name| !is_expert_tensor(name, config.arch))?
+    } else if gguf_read::needed(&header) {
+        gguf_read::read_where(path, &header, &|_| true)?
+    } else {
+        mlx_tensors(&GgufFile::load(path).with_context(|| format!("reading GGUF {}", path.display()))?)?
+    };
 
-    let mut t = TensorMap::default();
+    let mut t = TensorMap { streamed, ..TensorMap::default() };
     for (key, tensor) in tensors {
         let (base, suffix) = key.rsplit_once('.').unwrap_or((key.as_str(), ""));
         let Some(name) = canonical_name(base, config.arch) else {
@@ -115,7 +120,7 @@ pub fn load(path: &Path) -> Result<LoadedGguf> {
             }
         }
     }
-    Ok(LoadedGguf { file: g, config, tensors: t })
+    Ok(LoadedGguf { header, config, tensors: t })
 }
 
 /// The tensors MLX's reader returns, by GGUF name: quantized ones come back as
@@ -244,6 +249,22 @@ pub fn hf_row_order(rows: i32, heads: i32) -> Vec<i32> {
             h * d + 2 * i + half
         })
         .collect()
+}
+
+/// Whether GGUF tensor `name` holds the stacked experts of a sparse layer (weights, or
+/// gpt-oss's biases): which projection ([`crate::engine::experts`]'s gate, up, down order)
+/// of which layer.
+pub fn expert_tensor(name: &str, arch: Arch) -> Option<(u32, usize, &'static str)> {
+    let (base, kind) = name.rsplit_once('.')?;
+    let kind = ["weight", "bias"].into_iter().find(|k| *k == kind)?;
+    let canonical = canonical_name(base, arch)?;
+    let (layer, part) = canonical.strip_prefix("layers.")?.split_once('.')?;
+    let projection = ["experts.gate", "experts.up", "experts.down"].iter().position(|p| *p == part)?;
+    Some((layer.parse().ok()?, projection, kind))
+}
+
+fn is_expert_tensor(name: &str, arch: Arch) -> bool {
+    expert_tensor(name, arch).is_some()
 }
 
 fn is_matrix(name: &str) -> bool {

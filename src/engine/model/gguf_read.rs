@@ -4,7 +4,9 @@
 //! llama.cpp's converter writes the experts first, so such a file is read here whole: each
 //! tensor with one positional read of its byte range, turned into what MLX's reader makes of
 //! the same type (float arrays; Q4_0/Q4_1/Q8_0 as affine-quantized triplets, group 32, float16
-//! scales and biases) or, for MXFP4, MLX's own `mxfp4` mode, bit for bit.
+//! scales and biases) or, for MXFP4, MLX's own `mxfp4` mode, bit for bit. A model whose
+//! experts stream from the file is read here too, all but the experts, which the expert
+//! cache reads one at a time through [`convert`] (MLX's reader reads every tensor).
 //!
 //! GGML's 4-bit blocks hold element `j` in the low nibble of byte `j` and element `j + 16` in
 //! its high nibble; MLX packs element `i` of a group at bits `4·(i mod 8)` of its `u32` words,
@@ -27,16 +29,23 @@ pub enum Tensor {
     Quantized(Quantized),
 }
 
+/// Whether this reader reads tensors of GGML type `name`.
+pub fn reads(name: &str) -> bool {
+    matches!(name, "F32" | "F16" | "BF16" | "Q4_0" | "Q4_1" | "Q8_0" | "MXFP4")
+}
+
 /// Whether this file needs this reader (MLX's would drop its tensors).
 pub fn needed(h: &GgufSummary) -> bool {
     h.tensor_infos.iter().any(|t| t.ggml_type.name == "MXFP4")
 }
 
-/// Every tensor of the checked file `path` (its header `h`), by GGUF name.
-pub fn read_all(path: &Path, h: &GgufSummary) -> Result<Vec<(String, Tensor)>> {
+/// The tensors of the checked file `path` (its header `h`) whose names `keep` picks, by GGUF
+/// name.
+pub fn read_where(path: &Path, h: &GgufSummary, keep: &dyn Fn(&str) -> bool) -> Result<Vec<(String, Tensor)>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     h.tensor_infos
         .iter()
+        .filter(|info| keep(&info.name))
         .map(|info| {
             let mut bytes = vec![0u8; info.bytes as usize];
             file.read_exact_at(&mut bytes, h.data_start + info.offset)
@@ -48,7 +57,7 @@ pub fn read_all(path: &Path, h: &GgufSummary) -> Result<Vec<(String, Tensor)>> {
 }
 
 /// One tensor's bytes as MLX holds it; shapes are GGML's dims reversed (rows last).
-fn convert(info: &GgufTensorInfo, bytes: &[u8]) -> Result<Tensor> {
+pub fn convert(info: &GgufTensorInfo, bytes: &[u8]) -> Result<Tensor> {
     let shape: Vec<i32> = info.dims.iter().rev().map(|&d| d as i32).collect();
     let plain = |values: Array| -> Result<Tensor> { Ok(Tensor::Plain(values.reshape(&shape)?)) };
     match info.ggml_type.name {
@@ -63,8 +72,9 @@ fn convert(info: &GgufTensorInfo, bytes: &[u8]) -> Result<Tensor> {
         }
         "Q4_0" | "Q4_1" | "Q8_0" | "MXFP4" => quantized(info, bytes, &shape).map(Tensor::Quantized),
         other => bail!(
-            "is {other}, which mlxbar reads only through MLX's GGUF reader, and that reader cannot read this file \
-             (it holds MXFP4): use a file whose other tensors are F32, F16, BF16, Q8_0, Q4_0 or Q4_1"
+            "is {other}, which mlxbar reads only through MLX's GGUF reader, and that reader cannot read a file holding \
+             MXFP4 nor leave the experts of a streamed model unread: use a file whose tensors are F32, F16, BF16, Q8_0, \
+             Q4_0, Q4_1 or MXFP4"
         ),
     }
 }

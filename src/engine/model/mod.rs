@@ -11,7 +11,7 @@
 pub mod config;
 pub mod gemma3;
 pub mod gguf;
-mod gguf_read;
+pub(crate) mod gguf_read;
 pub mod gpt_oss;
 pub mod hf;
 pub mod linear;

@@ -22,8 +22,10 @@ pub struct GgufSummary {
     pub alignment: u64,
     /// Where tensor data begins (tensor offsets count from here).
     pub data_start: u64,
-    /// Every metadata entry: scalars and strings by value, arrays by length (the
-    /// vocabulary is never held), so the hyper-parameters can be read without MLX.
+    /// Every metadata entry: scalars and strings by value, arrays by length, and their
+    /// elements too where the walk was asked to keep them (the loader keeps the
+    /// vocabulary's; the library, listing many files, keeps none), so the hyper-parameters
+    /// and the tokenizer can be read without MLX.
     pub metadata: BTreeMap<String, GgufValue>,
     /// Every tensor's name, shape and type, in file order.
     pub tensor_infos: Vec<GgufTensorInfo>,
@@ -40,7 +42,16 @@ pub enum GgufValue {
     Str(String),
     Array {
         len: u64,
+        /// The elements, when kept (flat arrays of numbers or strings only).
+        values: Option<GgufArray>,
     },
+}
+
+/// A kept metadata array's elements.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufArray {
+    Numbers(Vec<f64>),
+    Strings(Vec<String>),
 }
 
 impl GgufValue {
@@ -87,7 +98,23 @@ impl GgufSummary {
     /// The element count of a metadata array (e.g. `tokenizer.ggml.tokens`).
     pub fn array_len(&self, key: &str) -> Option<u64> {
         match self.metadata.get(key) {
-            Some(GgufValue::Array { len }) => Some(*len),
+            Some(GgufValue::Array { len, .. }) => Some(*len),
+            _ => None,
+        }
+    }
+
+    /// A kept array of strings.
+    pub fn strings(&self, key: &str) -> Option<&[String]> {
+        match self.metadata.get(key) {
+            Some(GgufValue::Array { values: Some(GgufArray::Strings(v)), .. }) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// A kept array of numbers (any numeric type or bool), as f64.
+    pub fn numbers(&self, key: &str) -> Option<&[f64]> {
+        match self.metadata.get(key) {
+            Some(GgufValue::Array { values: Some(GgufArray::Numbers(v)), .. }) => Some(v),
             _ => None,
         }
     }
@@ -116,8 +143,14 @@ pub struct TensorRange {
 
 /// Checks the GGUF file at `path`; errors name the file.
 pub fn gguf_file(path: &Path) -> Result<GgufSummary> {
+    gguf_file_keeping(path, &|_| false)
+}
+
+/// Checks the GGUF file at `path`, keeping the elements of the metadata arrays whose keys
+/// `keep` picks.
+pub fn gguf_file_keeping(path: &Path, keep: &dyn Fn(&str) -> bool) -> Result<GgufSummary> {
     let (reader, len) = open(path)?;
-    gguf(reader, len).with_context(|| path.display().to_string())
+    gguf_keeping(reader, len, keep).with_context(|| path.display().to_string())
 }
 
 /// Checks the safetensors file at `path`; errors name the file.
@@ -281,6 +314,11 @@ pub fn ggml_type(id: u32) -> std::result::Result<GgmlType, String> {
 /// Checks a GGUF stream of `len` bytes: header, every metadata entry, every tensor info,
 /// and that every tensor's data lies inside the file.
 pub fn gguf<R: Read>(reader: R, len: u64) -> Result<GgufSummary> {
+    gguf_keeping(reader, len, &|_| false)
+}
+
+/// [`gguf`], keeping the elements of the metadata arrays whose keys `keep` picks.
+pub fn gguf_keeping<R: Read>(reader: R, len: u64, keep: &dyn Fn(&str) -> bool) -> Result<GgufSummary> {
     let mut r = Bounded { inner: reader, pos: 0, len, format: "GGUF" };
     if len < 4 {
         bail!("not a GGUF file: only {len} bytes");
@@ -321,7 +359,7 @@ pub fn gguf<R: Read>(reader: R, len: u64) -> Result<GgufSummary> {
             alignment = u64::from(a);
             metadata.insert(key.clone(), GgufValue::Int(i64::from(a)));
         } else {
-            let value = gguf_value(&mut r, vtype, &key, 0)?;
+            let value = gguf_value(&mut r, vtype, &key, 0, keep(&key))?;
             if metadata.insert(key.clone(), value).is_some() {
                 bail!("metadata key {key} appears twice");
             }
@@ -392,8 +430,8 @@ fn gguf_string<R: Read>(r: &mut Bounded<R>, what: &dyn Fn() -> String) -> Result
 }
 
 /// Reads one metadata value of type `vtype` (arrays walked recursively, to a bounded
-/// depth, and kept by length only).
-fn gguf_value<R: Read>(r: &mut Bounded<R>, vtype: u32, key: &str, depth: u32) -> Result<GgufValue> {
+/// depth, and kept by length only unless `keep`, which keeps a flat array's elements).
+fn gguf_value<R: Read>(r: &mut Bounded<R>, vtype: u32, key: &str, depth: u32, keep: bool) -> Result<GgufValue> {
     if let Some(size) = scalar_size(vtype) {
         let b = r.bytes(size, &|| format!("metadata {key}"))?;
         let int = |n: usize| -> [u8; 8] {
@@ -427,19 +465,37 @@ fn gguf_value<R: Read>(r: &mut Bounded<R>, vtype: u32, key: &str, depth: u32) ->
                 let Some(total) = total else {
                     bail!("GGUF truncated: metadata {key} claims {n} elements of {size} bytes but only {} bytes follow", r.remaining())
                 };
-                r.skip(total, &|| format!("metadata {key}"))?;
-                return Ok(GgufValue::Array { len: n });
+                if !keep {
+                    r.skip(total, &|| format!("metadata {key}"))?;
+                    return Ok(GgufValue::Array { len: n, values: None });
+                }
+                let numbers = (0..n)
+                    .map(|_| match gguf_value(r, etype, key, depth + 1, false)? {
+                        GgufValue::UInt(v) => Ok(v as f64),
+                        v => Ok(v.as_f64().expect("a scalar")),
+                    })
+                    .collect::<Result<Vec<f64>>>()?;
+                return Ok(GgufValue::Array { len: n, values: Some(GgufArray::Numbers(numbers)) });
             }
             // Every string or array element takes at least 8 bytes (its length).
             if n > r.remaining() / 8 {
                 bail!("GGUF truncated: metadata {key} claims {n} elements but only {} bytes follow", r.remaining());
             }
-            match etype {
-                T_STRING => (0..n).try_for_each(|i| gguf_string(r, &|| format!("element {i} of metadata {key}")).map(drop))?,
-                T_ARRAY => (0..n).try_for_each(|_| gguf_value(r, T_ARRAY, key, depth + 1).map(drop))?,
+            let values = match etype {
+                T_STRING if keep => Some(GgufArray::Strings(
+                    (0..n).map(|i| gguf_string(r, &|| format!("element {i} of metadata {key}"))).collect::<Result<_>>()?,
+                )),
+                T_STRING => {
+                    (0..n).try_for_each(|i| gguf_string(r, &|| format!("element {i} of metadata {key}")).map(drop))?;
+                    None
+                }
+                T_ARRAY => {
+                    (0..n).try_for_each(|_| gguf_value(r, T_ARRAY, key, depth + 1, false).map(drop))?;
+                    None
+                }
                 other => bail!("metadata {key} is an array of unknown value type {other}"),
-            }
-            Ok(GgufValue::Array { len: n })
+            };
+            Ok(GgufValue::Array { len: n, values })
         }
         other => bail!("metadata {key} has unknown value type {other}"),
     }
