@@ -91,7 +91,13 @@ fn check(name: &str) {
 
 /// Checks one model end to end with its weights held as `format`, logits within `tolerance`.
 fn check_as(name: &str, format: WeightFormat, tolerance: f32) -> [f32; 3] {
+    check_cases(name, format, tolerance, &|_| true)
+}
+
+/// [`check_as`] on the reference's sequences `keep` picks (by index).
+fn check_cases(name: &str, format: WeightFormat, tolerance: f32, keep: &dyn Fn(usize) -> bool) -> [f32; 3] {
     let (model, cases) = load(name, format);
+    let cases: Vec<Case> = cases.into_iter().enumerate().filter(|(n, _)| keep(*n)).map(|(_, c)| c).collect();
     let compare = |what: &str, got: &[f32], want: &[f32]| compare(what, got, want, tolerance);
     let vocab = model.config.vocab_size as usize;
 
@@ -311,17 +317,16 @@ fn mixtral_4bit_dequantized() {
     check("mixtral-4bit");
 }
 
-/// The 4-bit mixtral as `native` holds it on the CPU. Not yet within [`PACKED_TOLERANCE`]:
-/// measured max |diff| 0.37 after prefill but 1.72 at seq 2's decode step 2 (token 272),
-/// alone and batched alike. Cause not found: on that step mlx-lm's own router gaps (k-th
-/// against (k+1)-th logit) are wide (0.61, 0.43), so not a flip there; the smallest on
-/// that sequence are in its prefill (0.015) and decode step 0 (0.038), where the int8
-/// activations of the packed kernel could flip an expert whose output then reaches later
-/// steps through the KV cache (unverified). Ignored until measured.
+/// The 4-bit mixtral as `native` holds it on the CPU, within [`PACKED_TOLERANCE`] on the 1-
+/// and 13-token sequences. The 50-token one is left out, for a measured reason: at its
+/// prefill token 40, layer 0's router puts expert 6 second and expert 5 third, 0.027 apart
+/// in router logits (mlx-lm, and mlxbar's float32 and dequantized paths, which match it to
+/// 1e-5); the packed kernel's int8 activations move those logits by up to 0.044 (6: 1.141 →
+/// 1.098, 5: 1.115 → 1.132), so expert 5 runs instead of 6, and the different expert output
+/// reaches every later position through the KV cache (max |diff| 1.72 at its decode step 2).
 #[test]
-#[ignore = "packed 4-bit mixtral is off by 1.72 at one decode step (see the doc comment)"]
 fn mixtral_4bit_packed() {
-    check_as("mixtral-4bit", WeightFormat::Native, PACKED_TOLERANCE);
+    check_cases("mixtral-4bit", WeightFormat::Native, PACKED_TOLERANCE, &|n| n < 2);
 }
 
 #[test]
