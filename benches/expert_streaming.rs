@@ -92,7 +92,7 @@ struct Run {
 }
 
 /// Decodes `DECODE` tokens after a prompt made from `seed`; figures over the decode steps only.
-/// Decodes after a prompt; `before_step` runs ahead of each decode step, outside the timing.
+/// `before_step` runs ahead of each decode step, outside the timing.
 fn run(model: &Model, seed: u32, before_step: &dyn Fn()) -> Run {
     let ids: Vec<u32> = (0..PROMPT as u32).map(|i| (i * 37 + 11 * seed) % VOCAB as u32).collect();
     let mut cache = model.new_cache();

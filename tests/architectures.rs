@@ -7,7 +7,7 @@
 //! checkpoint layouts, and 4-bit quantized against mlx-lm's quantized model (phi3 and
 //! gemma3 too); phi3
 //! (LongRoPE, partial rotation; also as a GGUF) and gemma3 (local attention windows the longer sequences
-//! pass) as dense models, gemma3 also from a multimodal checkpoint; gpt_oss (sinks, windows,
+//! pass) as dense models, gemma3 also from a multimodal checkpoint and a GGUF; gpt_oss (sinks, windows,
 //! YaRN, biased experts) float, and with MXFP4 experts as OpenAI, mlx-community and
 //! llama.cpp's GGUF converter ship them.
 use std::path::{Path, PathBuf};
@@ -165,7 +165,7 @@ fn check_cases(name: &str, format: WeightFormat, tolerance: f32, keep: &dyn Fn(u
 }
 
 /// The folders each test below covers; a new folder without a test fails here.
-const MODELS: [&str; 27] = [
+const MODELS: [&str; 28] = [
     "llama3-rope",
     "llama3-rope-gguf",
     "llama-gqa-untied",
@@ -178,6 +178,7 @@ const MODELS: [&str; 27] = [
     "qwen3-moe-hf",
     "qwen3-moe-4bit",
     "qwen3-moe-gguf",
+    "qwen3-moe-q8-gguf",
     "mixtral",
     "mixtral-gguf",
     "mixtral-hf",
@@ -267,6 +268,14 @@ fn qwen3_moe_with_hugging_face_per_expert_tensors() {
 #[test]
 fn qwen3_moe_gguf_with_stacked_experts() {
     check("qwen3-moe-gguf");
+}
+
+/// The same GGUF with every matrix but the routers Q8_0, as llama-quantize writes it
+/// (MLX's reader: 8-bit affine groups of 32), dequantized, against mlx-lm on the weights the
+/// file holds.
+#[test]
+fn qwen3_moe_gguf_in_q8_0() {
+    check("qwen3-moe-q8-gguf");
 }
 
 /// The 4-bit model dequantized to float32 computes what mlx-lm's quantized model computes

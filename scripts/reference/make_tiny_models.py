@@ -174,6 +174,9 @@ MOE_GGUFS = {"qwen3-moe-gguf": "qwen3-moe", "mixtral-gguf": "mixtral"}
 # repacked from OpenAI's blocks and written before every other tensor), everything else F32.
 MXFP4_GGUFS = {"gpt-oss-gguf": "gpt-oss-openai"}
 
+# A mixture-of-experts GGUF quantized as llama-quantize's Q8_0 (folder -> source), written
+# last: its experts stream through mlxbar's own GGUF reader, its resident load through MLX's.
+Q8_GGUFS = {"qwen3-moe-q8-gguf": "qwen3-moe"}
 # gemma3 as a GGUF in llama.cpp's layout with a SentencePiece vocabulary (folder -> source):
 # written last, so every folder before it stays byte-identical.
 SPM_GGUFS = {"gemma3-gguf": "gemma3"}
@@ -387,7 +390,10 @@ def llama3_rope_factors(config):
     return np.array(out, dtype=np.float32)
 
 
-def write_gguf(src: Path, dst: Path, tok: Tokenizer):
+def write_gguf(src: Path, dst: Path, tok: Tokenizer, q8: bool = False) -> dict:
+    """The GGUF copy of folder `src`, tensors F32; with `q8`, every matrix but the routers in
+    Q8_0 as llama-quantize writes them (it keeps ffn_gate_inp float). Returns the weights as
+    the file holds them, dequantized (HF names)."""
     import gguf
 
     config = json.loads((src / "config.json").read_text())
@@ -437,7 +443,7 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
         g.add_expert_count(config.get("num_experts") or config["num_local_experts"])
         g.add_expert_used_count(config["num_experts_per_tok"])
         g.add_expert_feed_forward_length(config.get("moe_intermediate_size") or config["intermediate_size"])
-    g.add_file_type(gguf.LlamaFileType.ALL_F32)
+    g.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
     vocab = tok.get_vocab()
     tokens = sorted(vocab, key=vocab.get)
     g.add_tokenizer_model("gpt2")
@@ -466,6 +472,7 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
     for block in ("mlp", "block_sparse_moe"):
         for proj in ("gate", "up", "down"):
             names[f"{block}.switch_mlp.{proj}_proj"] = f"ffn_{proj}_exps"
+    held = {}
     for k in sorted(w):
         a = w[k].astype(np.float32)
         if k == "model.embed_tokens.weight":
@@ -483,11 +490,18 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer):
                 a = llama_permute(a, heads)
             elif gguf_arch in ("llama", "mistral") and module == "self_attn.k_proj":
                 a = llama_permute(a, kv_heads)
-        g.add_tensor(name, a)
+        if q8 and a.ndim >= 2 and "ffn_gate_inp" not in name and a.shape[-1] % 32 == 0:
+            qa = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+            held[k] = gguf.quants.dequantize(qa, gguf.GGMLQuantizationType.Q8_0).reshape(a.shape)
+            g.add_tensor(name, qa, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            held[k] = a
+            g.add_tensor(name, a)
     g.write_header_to_file()
     g.write_kv_data_to_file()
     g.write_tensors_to_file()
     g.close()
+    return held
 
 
 def write_mxfp4_experts(g, w: dict):
@@ -669,6 +683,29 @@ def write_gemma3_gguf(src: Path, dst: Path, sequences):
     g.close()
     (dst / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
     print(f"{dst.name}: GGUF of {src.name} with a SentencePiece vocabulary, min top-2 gap {ref['min_top2_gap']:.3g}")
+
+
+def q8_gguf_copy(out_dir: Path, name: str, src: str, tok: Tokenizer, sequences):
+    """The Q8_0 GGUF copy `name` of MoE folder `src`, with its own reference: mlx-lm on the
+    weights the file holds (Q8_0 dequantized by gguf-py), from a folder written beside it
+    and removed."""
+    dst = out_dir / name
+    held = write_gguf(out_dir / src, dst, tok, q8=True)
+    work = out_dir / f"{name}.reference-folder"
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(out_dir / src, work)
+    mx.save_safetensors(str(work / "model.safetensors"), {k: mx.array(v) for k, v in held.items()}, metadata={"format": "mlx"})
+    description = (MOE_MODELS[src][1] + "; as a GGUF in llama.cpp's mixture-of-experts layout with every matrix but the "
+                   f"routers Q8_0 (gguf-py {importlib.metadata.version('gguf')}), reference from mlx-lm on those weights "
+                   "dequantized")
+    ref = reference(work, sequences, description)
+    ref["model"] = name
+    ref["seed"] = MOE_SEED
+    ref["gguf_from"] = src
+    shutil.rmtree(work)
+    (dst / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+    print(f"{name}: Q8_0 GGUF of {src}, min top-2 gap {ref['min_top2_gap']:.3g}, min router gap {ref['min_router_gap']:.3g}")
 
 
 def watch_routers():
@@ -883,6 +920,8 @@ def main():
         print(f"{name}: min top-2 gap {ref['min_top2_gap']:.3g}, greedy {[c['greedy_ids'] for c in ref['cases']]}")
     for name, src in SPM_GGUFS.items():
         write_gemma3_gguf(out_dir / src, out_dir / name, sequences)
+    for name, src in Q8_GGUFS.items():
+        q8_gguf_copy(out_dir, name, src, tok, sequences)
 
 
 if __name__ == "__main__":

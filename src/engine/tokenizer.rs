@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use tokenizers::{
     decoders::byte_level::ByteLevel as ByteLevelDecoder,
     models::bpe::BPE,
@@ -75,9 +75,10 @@ impl TextCodec {
 const LLAMA3_SPLIT: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// The keys of a GGUF header the tokenizer reads whole (see [`validate::gguf_file_keeping`]).
+/// The arrays of a GGUF header the tokenizer reads whole (see [`validate::gguf_file_keeping`]);
+/// any other array (a SentencePiece `precompiled_charsmap`, say) stays unread.
 pub fn is_vocabulary_key(key: &str) -> bool {
-    key.starts_with("tokenizer.ggml.")
+    matches!(key, "tokenizer.ggml.tokens" | "tokenizer.ggml.scores" | "tokenizer.ggml.token_type" | "tokenizer.ggml.merges")
 }
 
 /// The text codec of the GGUF at `path` (its header alone: no tensor is read).
@@ -89,7 +90,12 @@ pub fn from_gguf_path(path: &Path) -> Result<TextCodec> {
 pub fn from_gguf(h: &GgufSummary) -> Result<TextCodec> {
     let model = h.string("tokenizer.ggml.model").unwrap_or_default();
     let tokens = h.strings("tokenizer.ggml.tokens").context("no tokenizer.ggml.tokens")?;
-    let types: Vec<i32> = h.numbers("tokenizer.ggml.token_type").map(|t| t.iter().map(|&v| v as i32).collect()).unwrap_or_default();
+    // llama.cpp takes every token as normal when the file gives no types.
+    let types: Vec<i32> = match h.numbers("tokenizer.ggml.token_type") {
+        Some(t) => t.iter().map(|&v| v as i32).collect(),
+        None => vec![super::tokenizer_spm::NORMAL; tokens.len()],
+    };
+    ensure!(types.len() == tokens.len(), "GGUF tokenizer: {} tokens but {} token types", tokens.len(), types.len());
     let tokenizer = match model {
         "gpt2" => byte_level_bpe(h, tokens, &types)?,
         "llama" => {
@@ -101,12 +107,15 @@ pub fn from_gguf(h: &GgufSummary) -> Result<TextCodec> {
         other => bail!("GGUF tokenizer '{other}' is not supported (byte-level BPE 'gpt2' and SentencePiece 'llama' are); use a model folder with tokenizer.json instead"),
     };
 
-    let id = |k: &str| h.number(k).map(|v| v as u32);
+    // llama.cpp's defaults where the file is silent: a SentencePiece vocabulary has BOS 1 and
+    // EOS 2 and prepends BOS; a byte-level one none of that.
+    let spm = model == "llama";
+    let id = |k: &str, spm_default: u32| h.number(k).map(|v| v as u32).or(spm.then_some(spm_default));
     let mut stop_ids = BTreeSet::new();
-    stop_ids.extend(id("tokenizer.ggml.eos_token_id"));
-    stop_ids.extend(id("tokenizer.ggml.eot_token_id"));
-    let bos = id("tokenizer.ggml.bos_token_id").and_then(|b| tokens.get(b as usize).map(|t| (b, t.clone())));
-    let add_bos = h.number("tokenizer.ggml.add_bos_token").is_some_and(|v| v != 0.0);
+    stop_ids.extend(id("tokenizer.ggml.eos_token_id", 2).filter(|&i| (i as usize) < tokens.len()));
+    stop_ids.extend(h.number("tokenizer.ggml.eot_token_id").map(|v| v as u32));
+    let bos = id("tokenizer.ggml.bos_token_id", 1).and_then(|b| tokens.get(b as usize).map(|t| (b, t.clone())));
+    let add_bos = h.number("tokenizer.ggml.add_bos_token").map_or(spm, |v| v != 0.0);
     let template = h
         .string("tokenizer.chat_template")
         .map(|src| {

@@ -1,7 +1,8 @@
 //! A SentencePiece vocabulary read from a GGUF (`tokenizer.ggml.model = "llama"`: Llama 2,
 //! Phi-3, Gemma 3 and most other SentencePiece models llama.cpp converts) as a `tokenizers`
 //! BPE, the way transformers' `SpmConverter` builds a fast tokenizer from `tokenizer.model`:
-//! every piece that splits into two pieces gives a merge, ranked by the merged piece's score
+//! every normal piece that splits into two normal pieces gives a merge, ranked by the merged
+//! piece's score
 //! (SentencePiece's BPE joins the adjacent pair whose join scores highest, as llama.cpp's
 //! `llm_tokenizer_spm` does); characters no piece covers fall back to `<0xXX>` byte pieces.
 //! Spaces become `▁`, and `add_space_prefix` (llama.cpp's key, true unless the file says

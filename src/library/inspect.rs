@@ -366,6 +366,15 @@ pub fn gguf(file: &Path) -> ModelEntry {
             e.refuse(format!("no {key}"));
         }
     }
+    // One score and one type per token, as the tokenizer builder takes them.
+    let tokens = header.array_len("tokenizer.ggml.tokens");
+    for key in ["tokenizer.ggml.scores", "tokenizer.ggml.token_type"] {
+        if let (Some(n), Some(t)) = (header.array_len(key), tokens) {
+            if n != t {
+                e.refuse(format!("{t} tokens but {n} entries in {key}"));
+            }
+        }
+    }
     e
 }
 

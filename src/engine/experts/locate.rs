@@ -48,7 +48,7 @@ struct Projection {
     quantization: Option<QuantSpec>,
 }
 
-/// Every expert of every sparse layer of a folder, by (layer, expert).
+/// Every expert of every sparse layer of a folder or a GGUF, by (layer, expert).
 pub struct ExpertFiles {
     files: Vec<(PathBuf, File)>,
     experts: HashMap<Key, [Projection; 3]>,

@@ -1,7 +1,7 @@
 //! Expert streaming: a mixture-of-experts model whose experts do not fit the memory budget
 //! runs with its other weights resident and its experts in a cache the budget sizes
-//! ([`cache`]: frequency with decay), read on demand from the model's own safetensors files
-//! by byte range ([`locate`]) when the router picks one that is not in memory
+//! ([`cache`]: frequency with decay), read on demand from the model's own files (an MLX folder's
+//! safetensors or a GGUF) by byte range ([`locate`]) when the router picks one that is not in memory
 //! ([`streamed`]), with hits, misses, bytes read and routing entropy reported ([`stats`]).
 //! This is MLX-Flash's expert cache inside mlxbar's engine; the registry decides when a
 //! model streams (`expert_cache_bytes`, or its experts exceeding the budget).

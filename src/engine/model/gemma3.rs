@@ -8,7 +8,7 @@
 //! them. Config keys (with mlx-lm's defaults, which Google's configs rely on) live here.
 use std::collections::HashMap;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use mlx_rs::Array;
 use serde::Deserialize;
 
@@ -162,7 +162,8 @@ pub fn config(json: &str) -> Result<(ModelConfig, Option<QuantizationConfig>)> {
 /// config.json keys [`config`] reads. What the file does not say, llama.cpp fixes: local
 /// layers' RoPE base 10000 (`rope.freq_base_swa` when written), five local layers in six
 /// (`attention.sliding_window_pattern` as a period when written; all global without
-/// `attention.sliding_window`), and scores scaled by head_dim^-½ except in the 62-layer 27B,
+/// `attention.sliding_window`), head_dim hidden / heads, and scores scaled by head_dim^-½
+/// except in the 62-layer 27B,
 /// which takes (hidden / heads)^-½ as Google's config does. The norms in such a file already
 /// hold 1 + weight (the converter adds it), so the loader leaves them.
 pub fn config_from_gguf(h: &GgufSummary) -> Result<ModelConfig> {
@@ -174,17 +175,23 @@ pub fn config_from_gguf(h: &GgufSummary) -> Result<ModelConfig> {
         bail!("a gemma3 GGUF with final_logit_softcapping is not supported (Gemma 3 has none; Gemma 2 does)");
     }
     let (layers, hidden, heads) = (count("block_count")?, count("embedding_length")?, count("attention.head_count")?);
-    let head_dim = m("attention.key_length").map_or(256, |d| d as u64);
-    let pattern = match (m("attention.sliding_window"), h.metadata.get("gemma3.attention.sliding_window_pattern")) {
-        (None, _) => 1,
-        (Some(_), None) => 6,
-        (Some(_), Some(v)) => {
-            v.as_f64().context("a per-layer gemma3.attention.sliding_window_pattern array is not read: only a period")? as u64
-        }
-    };
+    ensure!(heads > 0, "gemma3.attention.head_count is 0");
+    let head_dim = m("attention.key_length").map_or(hidden / heads, |d| d as u64);
+    let context = m("context_length").map_or(131_072, |c| c as u64);
+    // llama.cpp: no window (absent or 0) means no local layer; then every layer is global
+    // (a period of 1) and the window, which no layer uses, is the whole context.
+    let (window, pattern) =
+        match (m("attention.sliding_window").filter(|w| *w > 0.0), h.metadata.get("gemma3.attention.sliding_window_pattern")) {
+            (None, _) => (context, 1),
+            (Some(w), None) => (w as u64, 6),
+            (Some(w), Some(v)) => (
+                w as u64,
+                v.as_f64().context("a per-layer gemma3.attention.sliding_window_pattern array is not read: only a period")? as u64,
+            ),
+        };
     let rope_scaling = match h.string("gemma3.rope.scaling.type") {
         None | Some("none") => serde_json::Value::Null,
-        Some("linear") => serde_json::json!({"rope_type": "linear", "factor": req("rope.scaling.factor")?}),
+        Some("linear") => serde_json::json!({"rope_type": "linear", "factor": m("rope.scaling.factor").unwrap_or(1.0)}),
         Some(other) => bail!("unsupported gemma3 GGUF rope scaling '{other}' (supported: linear)"),
     };
     let json = serde_json::json!({
@@ -201,9 +208,9 @@ pub fn config_from_gguf(h: &GgufSummary) -> Result<ModelConfig> {
         "rope_local_base_freq": m("rope.freq_base_swa").unwrap_or(10_000.0),
         "rope_scaling": rope_scaling,
         "query_pre_attn_scalar": if layers == 62 { hidden / heads } else { head_dim },
-        "sliding_window": m("attention.sliding_window").map_or(0, |w| w as u64),
+        "sliding_window": window,
         "sliding_window_pattern": pattern,
-        "max_position_embeddings": m("context_length").map_or(131_072, |c| c as u64),
+        "max_position_embeddings": context,
     });
     let (config, _) = config(&json.to_string())?;
     Ok(config)
@@ -239,6 +246,47 @@ pub fn shift_norms(t: &mut TensorMap) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gemma3 GGUF header with these `gemma3.*` numbers beside the usual ones.
+    fn gguf_header(extra: &[(&str, f64)]) -> GgufSummary {
+        use super::super::validate::GgufValue;
+        let mut metadata: std::collections::BTreeMap<String, GgufValue> = [
+            ("block_count", 4.0),
+            ("embedding_length", 64.0),
+            ("attention.head_count", 4.0),
+            ("attention.head_count_kv", 2.0),
+            ("feed_forward_length", 128.0),
+            ("context_length", 1024.0),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| (format!("gemma3.{k}"), GgufValue::Float(*v)))
+        .collect();
+        metadata.insert("tokenizer.ggml.tokens".into(), GgufValue::Array { len: 320, values: None });
+        GgufSummary { version: 3, metadata_entries: 0, tensors: 0, alignment: 32, data_start: 0, metadata, tensor_infos: vec![] }
+    }
+
+    #[test]
+    fn gguf_windows_as_llama_cpp_reads_them() {
+        let local = |c: &ModelConfig| c.style.local.as_ref().map(|l| (l.window, l.layers.clone(), l.rope_theta));
+        // No window, or a window of 0: every layer global, as llama.cpp's LLAMA_SWA_TYPE_NONE.
+        for extra in [&[][..], &[("attention.sliding_window", 0.0)]] {
+            let c = config_from_gguf(&gguf_header(extra)).unwrap();
+            assert_eq!(local(&c).map(|l| l.1), Some(vec![false; 4]), "{extra:?}");
+            assert_eq!(c.head_dim, 16, "hidden / heads without attention.key_length");
+        }
+        // A window: five local layers in six, the local RoPE base 10000 unless said.
+        let c = config_from_gguf(&gguf_header(&[("attention.sliding_window", 512.0)])).unwrap();
+        assert_eq!(local(&c), Some((512, vec![true; 4], Some(10_000.0))));
+        let c = config_from_gguf(&gguf_header(&[
+            ("attention.sliding_window", 8.0),
+            ("attention.sliding_window_pattern", 2.0),
+            ("rope.freq_base_swa", 100.0),
+        ]))
+        .unwrap();
+        assert_eq!(local(&c), Some((8, vec![true, false, true, false], Some(100.0))));
+        assert!(config_from_gguf(&gguf_header(&[("attention.head_count", 0.0)])).is_err());
+    }
 
     #[test]
     fn google_configs_lean_on_mlx_lms_defaults() {

@@ -470,10 +470,7 @@ fn gguf_value<R: Read>(r: &mut Bounded<R>, vtype: u32, key: &str, depth: u32, ke
                     return Ok(GgufValue::Array { len: n, values: None });
                 }
                 let numbers = (0..n)
-                    .map(|_| match gguf_value(r, etype, key, depth + 1, false)? {
-                        GgufValue::UInt(v) => Ok(v as f64),
-                        v => Ok(v.as_f64().expect("a scalar")),
-                    })
+                    .map(|_| Ok(gguf_value(r, etype, key, depth + 1, false)?.as_f64().expect("a scalar is a number")))
                     .collect::<Result<Vec<f64>>>()?;
                 return Ok(GgufValue::Array { len: n, values: Some(GgufArray::Numbers(numbers)) });
             }
