@@ -390,6 +390,19 @@ def llama3_rope_factors(config):
     return np.array(out, dtype=np.float32)
 
 
+def gguf_name(k: str, names: dict) -> str:
+    """llama.cpp's name of HF tensor `k`, its layers' modules mapped by `names`."""
+    fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    if k in fixed:
+        return fixed[k]
+    layer, rest = k.removeprefix("model.layers.").split(".", 1)
+    if rest == "self_attn.sinks":
+        return f"blk.{layer}.attn_sinks.weight"
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{names[module]}.{kind}"
+
+
 def write_gguf(src: Path, dst: Path, tok: Tokenizer, q8: bool = False) -> dict:
     """The GGUF copy of folder `src`, tensors F32; with `q8`, every matrix but the routers in
     Q8_0 as llama-quantize writes them (it keeps ffn_gate_inp float). Returns the weights as
@@ -475,16 +488,9 @@ def write_gguf(src: Path, dst: Path, tok: Tokenizer, q8: bool = False) -> dict:
     held = {}
     for k in sorted(w):
         a = w[k].astype(np.float32)
-        if k == "model.embed_tokens.weight":
-            name = "token_embd.weight"
-        elif k == "model.norm.weight":
-            name = "output_norm.weight"
-        elif k == "lm_head.weight":
-            name = "output.weight"
-        else:
-            layer, rest = k.removeprefix("model.layers.").split(".", 1)
-            module, kind = rest.rsplit(".", 1)
-            name = f"blk.{layer}.attn_sinks.weight" if rest == "self_attn.sinks" else f"blk.{layer}.{names[module]}.{kind}"
+        name = gguf_name(k, names)
+        if k.startswith("model.layers."):
+            module = k.split(".", 3)[3].rsplit(".", 1)[0]
             # llama.cpp permutes llama-arch q/k (weights and biases) and no other arch's.
             if gguf_arch in ("llama", "mistral") and module == "self_attn.q_proj":
                 a = llama_permute(a, heads)
@@ -666,17 +672,7 @@ def write_gemma3_gguf(src: Path, dst: Path, sequences):
         a = w[k].astype(np.float32)
         if k.endswith("norm.weight"):
             a = a + 1.0  # Gemma3Model.norm_shift
-        if k == "model.embed_tokens.weight":
-            name = "token_embd.weight"
-        elif k == "model.norm.weight":
-            name = "output_norm.weight"
-        elif k == "lm_head.weight":
-            name = "output.weight"
-        else:
-            layer, rest = k.removeprefix("model.layers.").split(".", 1)
-            module, kind = rest.rsplit(".", 1)
-            name = f"blk.{layer}.{names[module]}.{kind}"
-        g.add_tensor(name, a)
+        g.add_tensor(gguf_name(k, names), a)
     g.write_header_to_file()
     g.write_kv_data_to_file()
     g.write_tensors_to_file()
