@@ -1,8 +1,9 @@
 //! Loads a GGUF file: hyper-parameters from `{arch}.*` metadata, tensors from GGML names,
 //! mixture-of-experts ones (qwen3moe, mixtral as llama with experts, gpt-oss) with their
-//! stacked experts, and gemma3 (its sandwich norms, already 1 + weight in the file). MLX returns Q4_0/Q4_1/Q8_0 tensors as affine-quantized triplets
-//! (`.weight` packed u32, `.scales`, `.biases`; group 32); a file with MXFP4 experts
-//! (gpt-oss), which MLX's reader cannot take, is read by [`gguf_read`] into the same shapes.
+//! stacked experts, and gemma3 (its sandwich norms, already 1 + weight in the file). MLX
+//! returns Q4_0/Q4_1/Q8_0 tensors as affine-quantized triplets (`.weight` packed u32,
+//! `.scales`, `.biases`; group 32); a file with MXFP4 experts (gpt-oss), which MLX's reader
+//! cannot take, or a model whose experts stream, is read by [`gguf_read`] into the same shapes.
 //!
 //! llama.cpp's converter permutes the rows of attn_q/attn_k of llama-arch models for GGML's
 //! interleaved RoPE. Those rows are put back in HF order here and the model runs NeoX
