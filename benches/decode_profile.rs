@@ -3,16 +3,17 @@
 //! `cargo bench --bench decode_profile` prints the CPU, the quantized kernel in use, the
 //! machine's copy bandwidth and what one MLX op costs, then for each weight format
 //! (float32, and native: the GGUF's 4-bit weights through mlxbar's CPU kernel):
-//! - the full model step at batch 1 (embedding, 30 blocks, head, sampling copy);
-//! - the physical limit: bytes read per token / copy bandwidth, as ms and tok/s, and how
-//!   far the step is from it;
-//! - the same matmuls alone with random weights of the same shapes and format, and the head
-//!   alone (vocab x hidden, the largest single matrix);
-//! - batched decode steps (1, 4, 8 sequences of different lengths, continuous batching's
-//!   path) and the matmuls alone at 8 rows.
-//!
-//! The gap between the full step and its matmuls is MLX's per-op overhead and the
-//! non-matmul ops.
+//! - decode steps through `Model::decode`, the server's path, for 1, 4 and 8 sequences of
+//!   different lengths (continuous batching), and batching's efficiency (8 rows' tokens per
+//!   second over one row's);
+//! - the physical limit at one row: bytes read per token / copy bandwidth, as ms and tok/s,
+//!   and how far the step is from it;
+//! - the step taken apart, at each row count: each projection's matmuls over the 30 layers
+//!   (random weights of the same shapes and format), the head, attention and RoPE (mlxbar's
+//!   CPU ops, 30 layers), and what is left: norms, residual adds, reshapes, the embedding,
+//!   and MLX's graph building and dispatch for every op;
+//! - sampling one token from the vocabulary's logits, greedy and at the API's defaults
+//!   (temperature 1, top_p 1).
 mod common;
 
 use std::time::Instant;
@@ -39,11 +40,19 @@ struct StepMatmuls {
     head: Weight,
 }
 
-impl StepMatmuls {
-    const SHAPE: (i32, i32, i32, i32, usize) = (576, 192, 1536, 49152, 30);
+/// Default model shapes: hidden, kv width, intermediate, vocabulary, layers, heads, kv heads,
+/// head_dim.
+const H: i32 = 576;
+const KV: i32 = 192;
+const FF: i32 = 1536;
+const VOCAB: i32 = 49152;
+const LAYERS: usize = 30;
+const HEADS: i32 = 9;
+const KV_HEADS: i32 = 3;
+const HEAD_DIM: i32 = 64;
 
+impl StepMatmuls {
     fn new(format: WeightFormat) -> StepMatmuls {
-        let (h, kv, ff, vocab, layers) = Self::SHAPE;
         let w = |r: i32, c: i32| {
             let a = random::normal::<f32>(&[r, c][..], 0.0, 0.05, None).unwrap();
             let w = if format == WeightFormat::Native {
@@ -56,31 +65,74 @@ impl StepMatmuls {
             mlx_rs::transforms::eval(w.arrays()).unwrap();
             w
         };
-        let blocks = (0..layers).map(|_| [w(h + 2 * kv, h), w(h, h), w(2 * ff, h), w(h, ff)]).collect();
-        StepMatmuls { blocks, head: w(vocab, h) }
+        let blocks = (0..LAYERS).map(|_| [w(H + 2 * KV, H), w(H, H), w(2 * FF, H), w(H, FF)]).collect();
+        StepMatmuls { blocks, head: w(VOCAB, H) }
     }
 
-    fn time(&self, rows: i32, iters: usize) -> f64 {
-        let (h, _, ff, _, _) = Self::SHAPE;
-        let x = random::normal::<f32>(&[rows, h][..], None, None, None).unwrap();
-        let xf = random::normal::<f32>(&[rows, ff][..], None, None, None).unwrap();
-        time_ms(iters, || {
-            let mut outs = vec![];
-            for b in &self.blocks {
-                outs.push(b[0].apply(&x).unwrap());
-                outs.push(b[1].apply(&x).unwrap());
-                outs.push(b[2].apply(&x).unwrap());
-                outs.push(b[3].apply(&xf).unwrap());
-            }
-            outs.push(self.head.apply(&x).unwrap());
-            mlx_rs::transforms::eval(&outs).unwrap();
-        })
+    /// Milliseconds for each projection over all layers at `rows` rows (q|k|v, o, gate|up,
+    /// down), then the head.
+    fn time(&self, rows: i32, iters: usize) -> [f64; 5] {
+        let x = random::normal::<f32>(&[rows, H][..], None, None, None).unwrap();
+        let xf = random::normal::<f32>(&[rows, FF][..], None, None, None).unwrap();
+        let mut out = [0.0; 5];
+        for (kind, ms) in out.iter_mut().take(4).enumerate() {
+            let input = if kind == 3 { &xf } else { &x };
+            *ms = time_ms(iters, || {
+                let outs: Vec<_> = self.blocks.iter().map(|b| b[kind].apply(input).unwrap()).collect();
+                mlx_rs::transforms::eval(&outs).unwrap();
+            });
+        }
+        out[4] = time_ms(iters, || self.head.apply(&x).unwrap().eval().unwrap());
+        out
     }
+}
 
-    fn head_alone(&self) -> f64 {
-        let x = random::normal::<f32>(&[1, Self::SHAPE.0][..], None, None, None).unwrap();
-        time_ms(20, || self.head.apply(&x).unwrap().eval().unwrap())
+/// Milliseconds for a step's attention (one op per layer, each row at `position` of its
+/// cache) and its RoPE (q and k per layer) through mlxbar's CPU ops; None where they do
+/// not run.
+fn attention_and_rope(rows: i32, position: i32, iters: usize) -> Option<(f64, f64)> {
+    use mlxbar::engine::cpu_backend::{self as cpu, RopeParams};
+    if !cpu::has_decode_attention() || !cpu::has_rope() {
+        return None;
     }
+    let normal = |shape: &[i32]| {
+        let a = random::normal::<f32>(shape, None, None, None).unwrap();
+        a.eval().unwrap();
+        a
+    };
+    let q = normal(&[rows, HEADS, 1, HEAD_DIM]);
+    let k = normal(&[rows, KV_HEADS, 1, HEAD_DIM]);
+    let caches: Vec<_> = (0..LAYERS)
+        .map(|_| (normal(&[rows, KV_HEADS, position + 1, HEAD_DIM]), normal(&[rows, KV_HEADS, position + 1, HEAD_DIM])))
+        .collect();
+    let positions = mlx_rs::Array::from_slice(&vec![position; rows as usize], &[rows]);
+    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    let attention = time_ms(iters, || {
+        let outs: Vec<_> = caches.iter().map(|(k, v)| cpu::decode_attention(&q, k, v, &positions, scale).unwrap()).collect();
+        mlx_rs::transforms::eval(&outs).unwrap();
+    });
+    let p = RopeParams { dims: HEAD_DIM, traditional: false, base: 100000.0, position_scale: 1.0, input_scale: 1.0 };
+    let rope = time_ms(iters, || {
+        let outs: Vec<_> =
+            (0..LAYERS).flat_map(|_| [cpu::rope(&q, &positions, None, p).unwrap(), cpu::rope(&k, &positions, None, p).unwrap()]).collect();
+        mlx_rs::transforms::eval(&outs).unwrap();
+    });
+    Some((attention, rope))
+}
+
+/// Milliseconds to pick one token from a vocabulary's logits: greedy, and at the API's
+/// defaults (temperature 1, top_p 1, no top_k).
+fn sampling_ms() -> (f64, f64) {
+    use mlxbar::engine::sampling::{argmax, Sampler, SamplingParams};
+    let logits: Vec<f32> = (0..VOCAB).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+    let greedy = time_ms(200, || {
+        std::hint::black_box(argmax(&logits));
+    });
+    let mut sampler = Sampler::new(SamplingParams { seed: Some(1), ..Default::default() });
+    let sampled = time_ms(50, || {
+        std::hint::black_box(sampler.sample(&logits));
+    });
+    (greedy, sampled)
 }
 
 /// What one MLX op costs on the CPU stream: a chain of 200 small adds, evaluated at once.
@@ -110,47 +162,59 @@ fn main() -> anyhow::Result<()> {
         bandwidth / 1e9,
         per_op_us()
     );
+    let (greedy, sampled) = sampling_ms();
+    println!("sampling from {VOCAB} logits: greedy {greedy:.3} ms, temperature 1 / top_p 1 {sampled:.3} ms");
+    const ROWS: [usize; 3] = [1, 4, 8];
     for format in [WeightFormat::Float32, WeightFormat::Native] {
         let (model, codec, info) = loader::load(&path, format)?;
         let prompt = codec.encode("<|im_start|>user\nTell me a story about the sea.<|im_end|>\n<|im_start|>assistant\n")?;
-        let mut cache = model.new_cache();
-        let logits = model.forward(&prompt, &mut cache)?;
-        let mut next = mlxbar::engine::sampling::argmax(logits.as_slice::<f32>());
-        let step = time_ms(30, || {
-            let l = model.forward(&[next], &mut cache).unwrap();
-            next = mlxbar::engine::sampling::argmax(l.as_slice::<f32>());
-        });
-        // Batches of 1, 4 and 8 sequences with prompts of different lengths.
-        let mut batched = vec![];
-        for n in [1usize, 4, 8] {
+        // Decode steps of 1, 4 and 8 sequences with prompts of different lengths.
+        let mut steps = vec![];
+        for n in ROWS {
             let mut kv = BatchKv::default();
             for i in 0..n {
                 let mut cache = model.new_cache();
                 model.forward(&prompt[..prompt.len() - i], &mut cache)?;
                 kv.join(i as u64, cache)?;
             }
-            let tokens = vec![next; n];
-            batched.push((n, time_ms(20, || drop(model.decode(&tokens, &mut kv).unwrap()))));
+            let tokens = vec![prompt[0]; n];
+            steps.push(time_ms(30, || drop(model.decode(&tokens, &mut kv).unwrap())));
         }
         drop(model);
         let matmuls = StepMatmuls::new(format);
-        let (alone, alone8, head) = (matmuls.time(1, 20), matmuls.time(8, 10), matmuls.head_alone());
         // A decode step reads every weight once (the tied head reads the whole embedding).
         let bytes = info.weight_bytes as f64;
         let floor = bytes / bandwidth * 1e3;
         println!("\n{format:?} weights, {:.0} MB held = bytes read per token:", bytes / 1e6);
-        println!("  decode step, 1 sequence   {step:7.2} ms = {:6.1} tok/s", 1e3 / step);
-        println!("  bandwidth floor           {floor:7.2} ms = {:6.1} tok/s (bytes read per token / copy bandwidth); the step is {:.1}x the floor", 1e3 / floor, step / floor);
-        println!(
-            "  its matmuls alone         {alone:7.2} ms (head {vocab}x{h}: {head:.2} ms)",
-            vocab = StepMatmuls::SHAPE.3,
-            h = StepMatmuls::SHAPE.0
-        );
-        println!("  other ops + MLX overhead  {:7.2} ms ({:.0}% of the step)", step - alone, 100.0 * (step - alone) / step);
-        for (n, ms) in batched {
-            println!("  batched step, {n} sequences {ms:7.2} ms = {:6.1} tok/s aggregate", n as f64 * 1e3 / ms);
+        println!("  bandwidth floor, 1 row: {floor:.2} ms = {:.1} tok/s (bytes read per token / copy bandwidth)", 1e3 / floor);
+        println!("  {:<28}{:>10}{:>10}{:>10}", "ms per decode step", "1 row", "4 rows", "8 rows");
+        let rows_of = |name: &str, cells: &[f64]| {
+            print!("  {name:<28}");
+            cells.iter().for_each(|c| print!("{c:>10.2}"));
+            println!();
+        };
+        rows_of("step (Model::decode)", &steps);
+        let parts: Vec<[f64; 5]> = ROWS.iter().map(|&n| matmuls.time(n as i32, 10)).collect();
+        let names = ["  q|k|v matmuls (30 layers)", "  o matmuls", "  gate|up matmuls", "  down matmuls", "  head matmul"];
+        for (i, name) in names.iter().enumerate() {
+            rows_of(name, &parts.iter().map(|p| p[i]).collect::<Vec<_>>());
         }
-        println!("  matmuls alone at 8 rows   {alone8:7.2} ms");
+        let at = prompt.len() as i32 + 32;
+        let other: Vec<Option<(f64, f64)>> = ROWS.iter().map(|&n| attention_and_rope(n as i32, at, 10)).collect();
+        if other.iter().all(Option::is_some) {
+            let other: Vec<(f64, f64)> = other.into_iter().flatten().collect();
+            rows_of(&format!("  attention ({at} positions)"), &other.iter().map(|o| o.0).collect::<Vec<_>>());
+            rows_of("  RoPE (q and k)", &other.iter().map(|o| o.1).collect::<Vec<_>>());
+            let rest: Vec<f64> = (0..ROWS.len()).map(|i| steps[i] - parts[i].iter().sum::<f64>() - other[i].0 - other[i].1).collect();
+            rows_of("  the rest (ops + dispatch)", &rest);
+        }
+        println!(
+            "  1 row: {:.1} tok/s, {:.1}x the floor; 8 rows: {:.1} tok/s aggregate, {:.2}x one row's rate (batching efficiency)",
+            1e3 / steps[0],
+            steps[0] / floor,
+            8e3 / steps[2],
+            steps[0] * 8.0 / steps[2]
+        );
     }
     Ok(())
 }

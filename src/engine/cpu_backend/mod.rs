@@ -5,7 +5,8 @@
 //! that sends 1-row calls to gemv and 2-16-row calls to [`small_m`]. MLX's CPU kernel for
 //! affine-quantized weights is naive and single-threaded, so quantized projections run
 //! [`affine_qmm`] instead, an MLX primitive of our own; a decode step's attention is one
-//! op of ours too ([`decode_attention`]) instead of MLX's composed CPU fallback. macOS runs
+//! op of ours too ([`decode_attention`]) instead of MLX's composed CPU fallback, and so is
+//! RoPE ([`rope`]: one op where the fallback makes about 28). macOS runs
 //! Metal as MLX ships it: nothing to do, and none of these kernels.
 #[cfg(target_os = "linux")]
 pub mod affine_qmm;
@@ -15,6 +16,8 @@ pub mod decode_attention;
 pub mod gemv_forward;
 #[cfg(target_os = "linux")]
 mod primitive_call;
+#[cfg(target_os = "linux")]
+pub mod rope;
 #[cfg(target_os = "linux")]
 pub mod small_m;
 
@@ -101,5 +104,38 @@ pub fn decode_attention(q: &Array, keys: &Array, values: &Array, positions: &Arr
     {
         let _ = (q, keys, values, positions, scale);
         anyhow::bail!("no CPU decode attention on this platform")
+    }
+}
+
+/// Whether [`rope`] runs here.
+pub fn has_rope() -> bool {
+    cfg!(target_os = "linux")
+}
+
+/// RoPE parameters ([`rope`]); what `fast::rope` takes, plus LongRoPE's input scale.
+#[derive(Clone, Copy)]
+pub struct RopeParams {
+    /// Leading dimensions of each head vector that rotate (even).
+    pub dims: i32,
+    pub traditional: bool,
+    /// The base, used when no per-pair periods are given.
+    pub base: f32,
+    pub position_scale: f32,
+    /// The rotated part is multiplied by it (1 when there is none).
+    pub input_scale: f32,
+}
+
+/// `x` `[batch, heads, len, head_dim]` (float32) rotated as `fast::rope` rotates it, row b's
+/// positions starting at `offsets[b]` (int32 `[batch]`, or `[1]` for every row); per-pair
+/// `periods` `[dims/2]` replace the base when given. Only where [`has_rope`].
+pub fn rope(x: &Array, offsets: &Array, periods: Option<&Array>, p: RopeParams) -> Result<Array> {
+    #[cfg(target_os = "linux")]
+    {
+        rope::op::rope(x, offsets, periods, p)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (x, offsets, periods, p);
+        anyhow::bail!("no CPU RoPE on this platform")
     }
 }

@@ -209,6 +209,8 @@ pub struct Model {
     rope_periods: Option<Array>,
     /// Decode steps' attention runs mlxbar's CPU op (`cpu_backend::decode_attention`).
     cpu_attention: bool,
+    /// RoPE runs mlxbar's CPU op (`cpu_backend::rope`).
+    cpu_rope: bool,
     /// A streamed model's experts (their cache and its figures).
     experts: Option<Rc<ExpertStore>>,
 }
@@ -328,7 +330,8 @@ impl Model {
             && c.style.local.is_none()
             && !c.style.attention_sinks
             && super::cpu_backend::has_decode_attention();
-        let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods, cpu_attention, experts: streamed };
+        let cpu_rope = !on_gpu && dtype == Dtype::Float32 && super::cpu_backend::has_rope();
+        let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods, cpu_attention, cpu_rope, experts: streamed };
         model.eval_weights(progress)?;
         Ok(model)
     }
@@ -554,6 +557,9 @@ impl Model {
     /// (MLX's array-offset RoPE, which mlx-rs does not wrap yet).
     fn rope_rows(&self, x: &Array, offsets: &Array, layer: usize) -> Result<Array> {
         let r = self.layer_rope(layer);
+        if self.cpu_rope {
+            return self.cpu_rope(x, offsets, &r);
+        }
         let x = &self.rope_input(x)?;
         let base = mlx_sys::mlx_optional_float { value: r.theta.unwrap_or(0.0), has_value: r.theta.is_some() };
         let stream = mlx_rs::Stream::thread_local_or_default();
@@ -591,11 +597,26 @@ impl Model {
 
     fn rope(&self, x: &Array, offset: i32, layer: usize) -> Result<Array> {
         let r = self.layer_rope(layer);
+        if self.cpu_rope {
+            return self.cpu_rope(x, &Array::from_slice(&[offset], &[1]), &r);
+        }
         let x = &self.rope_input(x)?;
         Ok(match r.periods {
             Some(p) => fast::rope(x, r.dims, r.traditional, None, r.position_scale, offset, p)?,
             None => fast::rope(x, r.dims, r.traditional, r.theta, r.position_scale, offset, None)?,
         })
+    }
+
+    /// RoPE as one op of mlxbar's on the CPU, LongRoPE's input scale folded in.
+    fn cpu_rope(&self, x: &Array, offsets: &Array, r: &LayerRope) -> Result<Array> {
+        let p = super::cpu_backend::RopeParams {
+            dims: r.dims,
+            traditional: r.traditional,
+            base: r.theta.unwrap_or(0.0),
+            position_scale: r.position_scale,
+            input_scale: self.config.rope.input_scale,
+        };
+        super::cpu_backend::rope(x, offsets, r.periods, p)
     }
 
     /// Layer `layer`'s rotation: the model's, or a local layer's own base, unscaled.
