@@ -202,38 +202,84 @@ fn decode_through_a_batch_of_three_joining_and_leaving_matches_python_mlx() {
     }
 }
 
-/// llama.cpp's CPU kernels quantize activations to 8 bits (Q8_1) before every Q4_1 dot
-/// product and keep the KV cache in float16; mlxbar's kernel rounds activations to int8 per
-/// 32 values too (the same blocks), with a float32 KV cache. Logits (|logit| 14..31) differ
-/// by up to 0.76 here (prompts 0/1/2: 0.76, 0.37, 0.65; llama-cpp-python 0.3.36 AVX2
-/// build; MLX's float qmm gave 0.76, 0.51, 0.56), so 1.0 leaves a 1.3x margin; a real
-/// error (wrong group, scale, bias or RoPE) moves them by whole units.
-const LLAMACPP_LOGIT_TOLERANCE: f32 = 1.0;
+/// Why the two native tests below bound a mean and a looser maximum, not one tight maximum:
+/// the packed kernel rounds every activation to int8 per 32 values (as llama.cpp does), so
+/// its logits carry rounding noise, and that noise is chaotic: a change of 1e-6 anywhere
+/// (another RoPE's last bit, another summation order) flips a few roundings, whose effects
+/// flip more in the next layer, and a few layers on the noise is a fresh draw of the same
+/// size. The mean over many logits is stable from draw to draw; the maximum is not.
+/// Measured on the AMD EPYC over 28 draws (the rotated q and k scaled by 1 + ε, ε from 1e-7
+/// to 3e-5, which moves nothing but roundings): see each constant.
+///
+/// Native vs llama.cpp (Q4_1 × Q8_1 activations, a float16 KV cache; llama-cpp-python
+/// 0.3.36, AVX2 build) on llama.cpp's top-10 logits (|logit| 14..31) at all 48 steps of its
+/// greedy paths: mean |diff| 0.164 to 0.213, so 0.3 (scaling q and k by 1.05, a 10% error
+/// in attention's temperature, makes it 0.54; a wrong group, scale, bias or RoPE moves the
+/// logits by whole units).
+const LLAMACPP_MEAN_TOLERANCE: f32 = 0.3;
+/// The same logits' largest |diff|: 0.75 to 1.58 over the draws.
+const LLAMACPP_MAX_TOLERANCE: f32 = 2.5;
+/// mlxbar's greedy pick may differ from llama.cpp's only where llama.cpp ranks it within
+/// this of its own top (largest gap at a flip over the draws: 0.45), and at most
+/// `MAX_FLIPS` times in 48 steps (0 to 4 over the draws).
+const LLAMACPP_TIE_MARGIN: f32 = 1.0;
 
-/// Greedy ids are compared for the reference's 16 steps. Each engine feeds its own greedy
-/// token, so at a near-tie the pick may flip and the paths part for good: a flip is allowed
-/// only where llama.cpp ranks mlxbar's pick within this of its own top (with every logit
-/// within the tolerance, a flip needs a llama.cpp gap <= 2 x tolerance), and ends that
-/// prompt's comparison. Measured with mlxbar's kernel: prompts 0, 1, 2 flip at steps 9, 9,
-/// 10 (llama.cpp gaps 0.42, 0.16, 0.05).
-const LLAMACPP_TIE_MARGIN: f32 = 2.0 * LLAMACPP_LOGIT_TOLERANCE;
+/// Native vs Float32 (dequantized weights, float activations) on the float32 path's top-10
+/// logits at all 48 steps: mean |diff| 0.139 to 0.200, so 0.3; largest 0.67 to 1.30, so
+/// 2.5 (the full vocabulary's tail moves by up to 1.9).
+const NATIVE_VS_FLOAT32_MEAN_TOLERANCE: f32 = 0.3;
+const NATIVE_VS_FLOAT32_MAX_TOLERANCE: f32 = 2.5;
+/// Native's greedy pick may differ only where float32 ranks it within this of its own top
+/// (largest gap at a flip over the draws: 0.32; 0 to 4 flips).
+const NATIVE_VS_FLOAT32_TIE_MARGIN: f32 = 1.0;
 
-/// Of the 3 × 16 reference steps, at least this many must be compared with the same greedy
-/// path (so ties cannot excuse a wholesale divergence). Measured: 28 (9 + 9 + 10; with
-/// MLX's float qmm 26).
-const LLAMACPP_MIN_AGREED_STEPS: usize = 24;
+/// Greedy flips allowed in each native test's 48 steps (each at a near-tie).
+const MAX_FLIPS: usize = 8;
 
-/// Native (the GGUF's 4-bit weights through mlxbar's CPU kernel, which rounds activations
-/// to int8 per 32 values as llama.cpp does) vs Float32 (dequantized weights, float
-/// activations), on the logits that matter: the float32 path's top 10 at every step. Over
-/// 3 prompts x 16 steps on the Xeon: max 0.96 (|logit| ~ 25; llama.cpp's own distance from
-/// MLX is 0.76), typically 0.2-0.5; the full vocabulary's tail moves by up to 1.7. 1.25
-/// leaves a margin and still fails on any real error (a wrong group, scale or nibble moves
-/// the logits by several units).
-const NATIVE_VS_FLOAT32_TOLERANCE: f32 = 1.25;
-/// Greedy choices may differ only where float32's top two are closer than this (measured
-/// flips at gaps of 0.08 and 0.14).
-const NATIVE_VS_FLOAT32_TIE_MARGIN: f32 = 0.5;
+/// |diff| over the compared logits of one test, and its greedy flips.
+#[derive(Default)]
+struct Drift {
+    sum: f64,
+    count: usize,
+    max: f32,
+    flips: usize,
+    widest_flip_gap: f32,
+}
+
+impl Drift {
+    /// Adds one |diff|, failing at once past `max_tolerance`.
+    fn add(&mut self, diff: f32, max_tolerance: f32, at: &str) {
+        assert!(diff <= max_tolerance, "{at}: |diff| {diff} > {max_tolerance}");
+        self.sum += f64::from(diff);
+        self.count += 1;
+        self.max = self.max.max(diff);
+    }
+
+    /// A greedy pick that differs where the reference's top was `gap` above it.
+    fn flip(&mut self, gap: f32, margin: f32, at: &str) {
+        assert!(gap <= margin, "{at}: greedy flip where the reference's gap is {gap} (not a near-tie)");
+        self.flips += 1;
+        self.widest_flip_gap = self.widest_flip_gap.max(gap);
+    }
+
+    fn mean(&self) -> f32 {
+        (self.sum / self.count.max(1) as f64) as f32
+    }
+
+    /// Prints the figures, then checks the mean and the number of flips.
+    fn check(&self, what: &str, mean_tolerance: f32) {
+        println!(
+            "{what}: mean |diff| {:.3} (tolerance {mean_tolerance}), max {:.3}, {} greedy flips (widest gap {:.2}) over {} logits",
+            self.mean(),
+            self.max,
+            self.flips,
+            self.widest_flip_gap,
+            self.count
+        );
+        assert!(self.mean() <= mean_tolerance, "{what}: mean |diff| {} > {mean_tolerance}", self.mean());
+        assert!(self.flips <= MAX_FLIPS, "{what}: {} greedy flips", self.flips);
+    }
+}
 
 fn reference_llamacpp() -> Value {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/reference_llamacpp.json")).unwrap();
@@ -247,54 +293,41 @@ fn load_native() -> Model {
     model
 }
 
-/// Native vs llama.cpp: at every compared position of each prompt llama.cpp's top-10 logits
-/// (over the full vocabulary) agree within `LLAMACPP_LOGIT_TOLERANCE`, and both pick the
-/// same greedy token unless llama.cpp's top two are within `LLAMACPP_TIE_MARGIN`.
+/// Native vs llama.cpp along llama.cpp's own greedy paths (its tokens fed to mlxbar, so the
+/// two never part): at every step llama.cpp's top-10 logits (over the full vocabulary)
+/// agree on average and each within the bounds above, and mlxbar's greedy pick differs from
+/// llama.cpp's only at near-ties.
 #[test]
 fn native_logits_and_greedy_tokens_match_llamacpp() {
     let model = load_native();
     let reference = reference_llamacpp();
-    let (mut worst, mut agreed) = (0f32, 0);
+    let mut drift = Drift::default();
     for (n, case) in reference["prompts"].as_array().unwrap().iter().enumerate() {
         let prompt: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
         let want: Vec<u32> = serde_json::from_value(case["greedy_ids"].clone()).unwrap();
         let mut cache = model.new_cache();
         let mut logits = model.forward(&prompt, &mut cache).unwrap().as_slice::<f32>().to_vec();
-        let (mut max_diff, mut ended) = (0f32, String::from("to the end"));
         for (step, &want_id) in want.iter().enumerate() {
+            let at = format!("prompt {n} step {step}");
             let top = case["step_top10"][step].as_array().unwrap();
             let llama = |i: usize| (top[i]["id"].as_u64().unwrap() as u32, top[i]["logit"].as_f64().unwrap() as f32);
             for i in 0..top.len() {
                 let (id, value) = llama(i);
-                let diff = (logits[id as usize] - value).abs();
-                max_diff = max_diff.max(diff);
-                assert!(
-                    diff <= LLAMACPP_LOGIT_TOLERANCE,
-                    "prompt {n} step {step}: logit of token {id} is {}, llama.cpp {value}",
-                    logits[id as usize]
-                );
+                drift.add((logits[id as usize] - value).abs(), LLAMACPP_MAX_TOLERANCE, &format!("{at}, token {id}"));
             }
             let got = argmax(&logits);
             if got != want_id {
-                let ours = (0..top.len()).map(llama).find(|(id, _)| *id == got);
-                let gap = ours.map(|(_, v)| llama(0).1 - v);
-                assert!(
-                    gap.is_some_and(|g| g <= LLAMACPP_TIE_MARGIN),
-                    "prompt {n} step {step}: greedy token {got}, llama.cpp's {want_id}, not a near-tie (llama.cpp's top-10: {top:?})"
-                );
-                ended = format!("to step {step}, where a near-tie flips ({want_id} vs {got}, llama.cpp gap {:.2})", gap.unwrap());
-                break;
+                let Some((_, ours)) = (0..top.len()).map(llama).find(|(id, _)| *id == got) else {
+                    panic!("{at}: greedy token {got} is not in llama.cpp's top 10 ({top:?})");
+                };
+                drift.flip(llama(0).1 - ours, LLAMACPP_TIE_MARGIN, &at);
             }
-            agreed += 1;
             if step + 1 < want.len() {
-                logits = model.forward(&[got], &mut cache).unwrap().as_slice::<f32>().to_vec();
+                logits = model.forward(&[want_id], &mut cache).unwrap().as_slice::<f32>().to_vec();
             }
         }
-        worst = worst.max(max_diff);
-        println!("prompt {n}: same path as llama.cpp {ended}; top-10 max |diff| {max_diff:.3}");
     }
-    println!("max |logit diff| vs llama.cpp {worst:.3} (tolerance {LLAMACPP_LOGIT_TOLERANCE}); {agreed} greedy steps agree");
-    assert!(agreed >= LLAMACPP_MIN_AGREED_STEPS, "only {agreed} greedy steps agree with llama.cpp");
+    drift.check("native vs llama.cpp", LLAMACPP_MEAN_TOLERANCE);
 }
 
 /// Native vs Float32 on the same GGUF: the float32 path's top-10 logits at the first
@@ -305,38 +338,27 @@ fn native_logits_match_float32() {
     let native = load_native();
     let float32 = load_model();
     let reference = common::reference();
-    let (mut worst, mut worst_all, mut flips) = (0f32, 0f32, 0);
+    let (mut drift, mut worst_all) = (Drift::default(), 0f32);
     for (n, case) in reference["prompts"].as_array().unwrap().iter().enumerate() {
         let prompt: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
         let (mut a_cache, mut b_cache) = (native.new_cache(), float32.new_cache());
         let mut input = prompt;
-        let mut max_diff = 0f32;
         for step in 0..16 {
+            let at = format!("prompt {n} step {step}");
             let a = native.forward(&input, &mut a_cache).unwrap().as_slice::<f32>().to_vec();
             let b = float32.forward(&input, &mut b_cache).unwrap().as_slice::<f32>().to_vec();
             worst_all = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(worst_all, f32::max);
             let mut order: Vec<usize> = (0..b.len()).collect();
             order.sort_by(|&i, &j| b[j].total_cmp(&b[i]));
-            let diff = order[..10].iter().map(|&i| (a[i] - b[i]).abs()).fold(0f32, f32::max);
-            max_diff = max_diff.max(diff);
-            assert!(diff <= NATIVE_VS_FLOAT32_TOLERANCE, "prompt {n} step {step}: top-10 max |native - float32| {diff}");
-            let gap = b[order[0]] - b[order[1]];
+            for &i in &order[..10] {
+                drift.add((a[i] - b[i]).abs(), NATIVE_VS_FLOAT32_MAX_TOLERANCE, &format!("{at}, token {i}"));
+            }
             if argmax(&a) != argmax(&b) {
-                assert!(
-                    gap < NATIVE_VS_FLOAT32_TIE_MARGIN,
-                    "prompt {n} step {step}: greedy {} vs {} with a gap of {gap}",
-                    argmax(&a),
-                    argmax(&b)
-                );
-                flips += 1;
+                drift.flip(b[order[0]] - b[argmax(&a) as usize], NATIVE_VS_FLOAT32_TIE_MARGIN, &at);
             }
             input = vec![argmax(&b)];
         }
-        worst = worst.max(max_diff);
-        println!("prompt {n}: 16 steps, top-10 max |native - float32| {max_diff:.3}");
     }
-    println!(
-        "top-10 max |native - float32| {worst:.3} (tolerance {NATIVE_VS_FLOAT32_TOLERANCE}); whole vocabulary {worst_all:.3}; {flips} near-tie flips of 48 steps"
-    );
-    assert!(flips <= 4, "{flips} greedy flips in 48 steps");
+    println!("whole vocabulary: max |native - float32| {worst_all:.3}");
+    drift.check("native vs float32", NATIVE_VS_FLOAT32_MEAN_TOLERANCE);
 }
