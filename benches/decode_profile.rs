@@ -4,14 +4,15 @@
 //! machine's copy bandwidth and what one MLX op costs, then for each weight format
 //! (float32, and native: the GGUF's 4-bit weights through mlxbar's CPU kernel):
 //! - decode steps through `Model::decode`, the server's path, for 1, 4 and 8 sequences of
-//!   different lengths (continuous batching), and batching's efficiency (8 rows' tokens per
-//!   second over one row's);
+//!   different lengths (continuous batching), the MLX ops a step runs (by kind, at one
+//!   row), and batching's efficiency (8 rows' tokens per second over one row's);
 //! - the physical limit at one row: bytes read per token / copy bandwidth, as ms and tok/s,
 //!   and how far the step is from it;
 //! - the step taken apart, at each row count: each projection's matmuls over the 30 layers
-//!   (random weights of the same shapes and format), the head, attention and RoPE (mlxbar's
-//!   CPU ops, 30 layers), and what is left: norms, residual adds, reshapes, the embedding,
-//!   and MLX's graph building and dispatch for every op;
+//!   (random weights of the same shapes and format), the head, the attention op (mlxbar's
+//!   CPU op: RoPE, the cache write and attention, 30 layers), and what is left: the
+//!   embedding, the q|k|v split, the final norm, and MLX's graph building and dispatch for
+//!   every op;
 //! - sampling one token from the vocabulary's logits, greedy and at the API's defaults
 //!   (temperature 1, top_p 1).
 mod common;
@@ -87,12 +88,12 @@ impl StepMatmuls {
     }
 }
 
-/// Milliseconds for a step's attention (one op per layer, each row at `position` of its
-/// cache) and its RoPE (q and k per layer) through mlxbar's CPU ops; None where they do
-/// not run.
-fn attention_and_rope(rows: i32, position: i32, iters: usize) -> Option<(f64, f64)> {
-    use mlxbar::engine::cpu_backend::{self as cpu, RopeParams};
-    if !cpu::has_decode_attention() || !cpu::has_rope() {
+/// Milliseconds for a step's attention through mlxbar's CPU op (one per layer: RoPE, the
+/// cache write and attention, each row at `position` of its cache); None where it does not
+/// run.
+fn attention_ms(rows: i32, position: i32, iters: usize) -> Option<f64> {
+    use mlxbar::engine::cpu_backend::{self as cpu, DecodeAttention, RopeParams};
+    if !cpu::has_decode_attention() {
         return None;
     }
     let normal = |shape: &[i32]| {
@@ -100,24 +101,36 @@ fn attention_and_rope(rows: i32, position: i32, iters: usize) -> Option<(f64, f6
         a.eval().unwrap();
         a
     };
-    let q = normal(&[rows, HEADS, 1, HEAD_DIM]);
-    let k = normal(&[rows, KV_HEADS, 1, HEAD_DIM]);
+    let (q, k) = (normal(&[1, rows, HEADS * HEAD_DIM]), normal(&[1, rows, KV_HEADS * HEAD_DIM]));
     let caches: Vec<_> = (0..LAYERS)
         .map(|_| (normal(&[rows, KV_HEADS, position + 1, HEAD_DIM]), normal(&[rows, KV_HEADS, position + 1, HEAD_DIM])))
         .collect();
     let positions = mlx_rs::Array::from_slice(&vec![position; rows as usize], &[rows]);
-    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-    let attention = time_ms(iters, || {
-        let outs: Vec<_> = caches.iter().map(|(k, v)| cpu::decode_attention(&q, k, v, &positions, scale).unwrap()).collect();
+    let rope = RopeParams { dims: HEAD_DIM, traditional: false, base: 100000.0, position_scale: 1.0, input_scale: 1.0 };
+    Some(time_ms(iters, || {
+        let outs: Vec<_> = caches
+            .iter()
+            .map(|(keys, values)| {
+                let a = DecodeAttention {
+                    q: &q,
+                    k: &k,
+                    v: &k,
+                    keys,
+                    values,
+                    positions: &positions,
+                    heads: HEADS,
+                    q_norm: None,
+                    k_norm: None,
+                    eps: 1e-5,
+                    rope,
+                    periods: None,
+                    scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+                };
+                cpu::decode_attention(&a).unwrap()
+            })
+            .collect();
         mlx_rs::transforms::eval(&outs).unwrap();
-    });
-    let p = RopeParams { dims: HEAD_DIM, traditional: false, base: 100000.0, position_scale: 1.0, input_scale: 1.0 };
-    let rope = time_ms(iters, || {
-        let outs: Vec<_> =
-            (0..LAYERS).flat_map(|_| [cpu::rope(&q, &positions, None, p).unwrap(), cpu::rope(&k, &positions, None, p).unwrap()]).collect();
-        mlx_rs::transforms::eval(&outs).unwrap();
-    });
-    Some((attention, rope))
+    }))
 }
 
 /// Milliseconds to pick one token from a vocabulary's logits: greedy, and at the API's
@@ -133,6 +146,36 @@ fn sampling_ms() -> (f64, f64) {
         std::hint::black_box(sampler.sample(&logits));
     });
     (greedy, sampled)
+}
+
+/// The ops MLX runs for the lazy `output` (from `mlx_print_graph`), by primitive: the
+/// total and each name's count, most frequent first.
+fn ops_of(output: &mlx_rs::Array) -> (usize, Vec<(String, usize)>) {
+    let path = std::env::temp_dir().join(format!("mlxbar-graph-{}.txt", std::process::id()));
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: the file is opened, written by MLX and closed here; the namer and the vector
+    // are made and freed here; `output` is alive for the call.
+    unsafe {
+        let f = libc::fopen(c_path.as_ptr(), c"w".as_ptr());
+        assert!(!f.is_null(), "cannot write {}", path.display());
+        let namer = mlx_sys::mlx_node_namer_new();
+        let outputs = mlx_sys::mlx_vector_array_new_data(&output.as_ptr(), 1);
+        let rc = mlx_sys::mlx_print_graph(f.cast(), namer, outputs);
+        mlx_sys::mlx_vector_array_free(outputs);
+        mlx_sys::mlx_node_namer_free(namer);
+        libc::fclose(f);
+        assert_eq!(rc, 0, "mlx_print_graph failed");
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    // After the "Inputs:" and "Outputs:" lines, one line per op: its primitive's name first.
+    for line in text.lines().skip(2) {
+        *counts.entry(line.split_whitespace().next().unwrap_or("").to_string()).or_default() += 1;
+    }
+    let mut by_name: Vec<(String, usize)> = counts.into_iter().collect();
+    by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    (by_name.iter().map(|(_, n)| n).sum(), by_name)
 }
 
 /// What one MLX op costs on the CPU stream: a chain of 200 small adds, evaluated at once.
@@ -168,8 +211,9 @@ fn main() -> anyhow::Result<()> {
     for format in [WeightFormat::Float32, WeightFormat::Native] {
         let (model, codec, info) = loader::load(&path, format)?;
         let prompt = codec.encode("<|im_start|>user\nTell me a story about the sea.<|im_end|>\n<|im_start|>assistant\n")?;
-        // Decode steps of 1, 4 and 8 sequences with prompts of different lengths.
-        let mut steps = vec![];
+        // Decode steps of 1, 4 and 8 sequences with prompts of different lengths, and the
+        // ops one step runs.
+        let (mut steps, mut ops) = (vec![], vec![]);
         for n in ROWS {
             let mut kv = BatchKv::default();
             for i in 0..n {
@@ -179,6 +223,9 @@ fn main() -> anyhow::Result<()> {
             }
             let tokens = vec![prompt[0]; n];
             steps.push(time_ms(30, || drop(model.decode(&tokens, &mut kv).unwrap())));
+            let graph = model.decode_graph(&tokens, &mut kv)?;
+            ops.push(ops_of(&graph));
+            graph.eval()?;
         }
         drop(model);
         let matmuls = StepMatmuls::new(format);
@@ -194,20 +241,24 @@ fn main() -> anyhow::Result<()> {
             println!();
         };
         rows_of("step (Model::decode)", &steps);
+        print!("  {:<28}", "  MLX ops in the step");
+        ops.iter().for_each(|o| print!("{:>10}", o.0));
+        println!();
         let parts: Vec<[f64; 5]> = ROWS.iter().map(|&n| matmuls.time(n as i32, 10)).collect();
         let names = ["  q|k|v matmuls (30 layers)", "  o matmuls", "  gate|up matmuls", "  down matmuls", "  head matmul"];
         for (i, name) in names.iter().enumerate() {
             rows_of(name, &parts.iter().map(|p| p[i]).collect::<Vec<_>>());
         }
         let at = prompt.len() as i32 + 32;
-        let other: Vec<Option<(f64, f64)>> = ROWS.iter().map(|&n| attention_and_rope(n as i32, at, 10)).collect();
-        if other.iter().all(Option::is_some) {
-            let other: Vec<(f64, f64)> = other.into_iter().flatten().collect();
-            rows_of(&format!("  attention ({at} positions)"), &other.iter().map(|o| o.0).collect::<Vec<_>>());
-            rows_of("  RoPE (q and k)", &other.iter().map(|o| o.1).collect::<Vec<_>>());
-            let rest: Vec<f64> = (0..ROWS.len()).map(|i| steps[i] - parts[i].iter().sum::<f64>() - other[i].0 - other[i].1).collect();
+        let attention: Vec<Option<f64>> = ROWS.iter().map(|&n| attention_ms(n as i32, at, 10)).collect();
+        if attention.iter().all(Option::is_some) {
+            let attention: Vec<f64> = attention.into_iter().flatten().collect();
+            rows_of(&format!("  attention op ({at} positions)"), &attention);
+            let rest: Vec<f64> = (0..ROWS.len()).map(|i| steps[i] - parts[i].iter().sum::<f64>() - attention[i]).collect();
             rows_of("  the rest (ops + dispatch)", &rest);
         }
+        let kinds: Vec<String> = ops[0].1.iter().map(|(name, n)| format!("{name} {n}")).collect();
+        println!("  a 1-row step's ops by kind: {}", kinds.join(", "));
         println!(
             "  1 row: {:.1} tok/s, {:.1}x the floor; 8 rows: {:.1} tok/s aggregate, {:.2}x one row's rate (batching efficiency)",
             1e3 / steps[0],

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: mlxbar (in process) against peer servers on the same machine and
 # default model, measured in one run, interleaved. Peers come from ../shared/peers (or
-# $PEERS_DIR): mlx_lm.server on the same MLX CPU build, and llama.cpp (llama-cpp-python).
-# Usage: scripts/bench.sh [PEER...]   PEER: mlx-lm | llama-cpp | vllm-mlx (default: llama-cpp mlx-lm)
+# $PEERS_DIR): llama.cpp's own server (llama-server: 8 parallel slots, continuous batching,
+# the anchor under load), llama-cpp-python's server (one request at a time), mlx_lm.server
+# on the same MLX CPU build, vllm-mlx.
+# Usage: scripts/bench.sh [PEER...]   PEER: llama-server | llama-cpp | mlx-lm | vllm-mlx
+# (default: llama-server llama-cpp mlx-lm; llama-server and llama-cpp each build llama.cpp
+# once, ~17 min on 2 cores)
 # BENCH_ARGS picks the plan, e.g. BENCH_ARGS="--profile concurrency-sweep" (default: --profile quick).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$ROOT/../shared/peers}
 DIR=${PEERS_WORKDIR:-/tmp/mlxbar-peers}
-WANT=${*:-llama-cpp mlx-lm}
+WANT=${*:-llama-server llama-cpp mlx-lm}
 [ -x "$PEERS/setup.sh" ] || [ -f "$PEERS/setup.sh" ] || { echo "peer scripts not found at $PEERS (set PEERS_DIR)" >&2; exit 1; }
 # llama.cpp built for the native CPU segfaults on its first decode on AMX-capable Xeons
 # (seen here): build it for AVX-512 without AMX instead.
@@ -26,7 +30,8 @@ for peer in $WANT; do
   pids+=("$(bash "$PEERS/serve.sh" "$peer" "$port" "$DIR" | tail -1)")
   case $peer in
     mlx-lm) args+=(--compare "mlx_lm.server=http://127.0.0.1:$port#default_model");;
-    llama-cpp) args+=(--compare "llama.cpp=http://127.0.0.1:$port#smollm2");;
+    llama-server) args+=(--compare "llama-server=http://127.0.0.1:$port#smollm2");;
+    llama-cpp) args+=(--compare "llama-cpp-python=http://127.0.0.1:$port#smollm2");;
     vllm-mlx) args+=(--compare "vllm-mlx=http://127.0.0.1:$port#smollm2");;
   esac
   port=$((port + 1))

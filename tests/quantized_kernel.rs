@@ -16,10 +16,12 @@
 //!   summation error, bounded here by 1e-5 of `Σ |x_i w_i|`. That bound is the worst case
 //!   (√k looser than typical), so it only says the kernel is MLX's product.
 //!
-//! Decode attention against a float64 reference, with strided inputs (positions taken as a
-//! column of a larger array). Both ops on shapes past int32's reach: a packed row of 2^26
-//! words (its bit count, 2^31, overflowed an `int` in the primitive) computed for real, and a
-//! decode-attention output row of 2^31 values refused before anything is allocated.
+//! The decode step's attention op (norms, RoPE, the in-place cache write, attention)
+//! against a float64 reference, with the strided inputs the model gives it; refusing cache
+//! buffers it cannot write in place. Both ops on shapes past int32's reach: a packed row of
+//! 2^26 words (its bit count, 2^31, overflowed an `int` in the primitive) computed for
+//! real, and a decode-attention output row of 2^31 values refused before anything is
+//! allocated.
 #![cfg(target_os = "linux")]
 
 use mlx_rs::ops::indexing::IndexOp;
@@ -279,76 +281,164 @@ fn a_packed_row_of_2_pow_26_words_multiplies() {
     assert_eq!(y.as_slice::<f32>(), &[1.0]);
 }
 
-/// Decode attention reads its inputs as the arrays say, not as their buffers lie: q as a
-/// transposed view and each row's position as a column of a larger array give what the
-/// contiguous inputs give, which is the float64 reference.
-#[test]
-fn decode_attention_reads_strided_inputs() {
-    Device::set_default(&Device::cpu());
-    let (rows, heads, kv_heads, capacity, hd) = (3usize, 4usize, 2usize, 8usize, 16usize);
-    let mut state = 0x5eedu64;
-    let mut values = |len: usize| -> Vec<f32> {
+/// A seeded generator of values in [-1, 1).
+fn uniform(seed: u64) -> impl FnMut(usize) -> Vec<f32> {
+    let mut state = seed;
+    move |len| {
         (0..len)
             .map(|_| {
                 state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
             })
             .collect()
-    };
-    let q = values(rows * heads * hd);
+    }
+}
+
+/// `x` normed by weight `w` (RMS, eps 1e-6) when given, then rotated at `pos` (base 10000,
+/// half-split pairs over the first `dims`), in float64.
+fn norm_rope_f64(x: &[f32], w: Option<&[f32]>, pos: usize, dims: usize) -> Vec<f64> {
+    let mut v: Vec<f64> = x.iter().map(|&a| a as f64).collect();
+    if let Some(w) = w {
+        let inv = 1.0 / (v.iter().map(|a| a * a).sum::<f64>() / v.len() as f64 + 1e-6).sqrt();
+        v.iter_mut().zip(w).for_each(|(a, &w)| *a *= inv * w as f64);
+    }
+    let half = dims / 2;
+    let mut out = v.clone();
+    for i in 0..half {
+        let theta = pos as f64 * (-(i as f64) * 10000f64.ln() / half as f64).exp();
+        let (s, c) = theta.sin_cos();
+        out[i] = v[i] * c - v[i + half] * s;
+        out[i + half] = v[i] * s + v[i + half] * c;
+    }
+    out
+}
+
+/// The decode step's attention op, as the model calls it: q, k and v are columns of one
+/// q|k|v projection output (strided views), qwen3-style per-head norms, RoPE over part of
+/// each head (partial rotation), rows at different positions of their caches, grouped
+/// query heads. Against a float64 reference: the output, and each row's new k (normed,
+/// rotated) and v written at its position of the cache buffers, which change in place
+/// there and nowhere else. A positions array that is a column of a larger one reads as
+/// the column.
+#[test]
+fn decode_attention_matches_float64_and_writes_the_cache_in_place() {
+    Device::set_default(&Device::cpu());
+    let (rows, heads, kv_heads, capacity, hd, dims) = (3usize, 4usize, 2usize, 8usize, 16usize, 12usize);
+    let mut values = uniform(0x5eed);
+    let width = (heads + 2 * kv_heads) * hd;
+    let qkv = values(rows * width);
     let keys = values(rows * kv_heads * capacity * hd);
     let vals = values(rows * kv_heads * capacity * hd);
+    let (q_norm, k_norm): (Vec<f32>, Vec<f32>) =
+        (values(hd).iter().map(|w| 1.0 + w / 2.0).collect(), values(hd).iter().map(|w| 1.0 + w / 2.0).collect());
     let positions = [5i32, 2, 7];
     let scale = 0.25f32;
-    let dims = |d: &[usize]| d.iter().map(|&v| v as i32).collect::<Vec<_>>();
-    let kv_shape = dims(&[rows, kv_heads, capacity, hd]);
+    let dim = |d: &[usize]| d.iter().map(|&v| v as i32).collect::<Vec<_>>();
+    let kv_shape = dim(&[rows, kv_heads, capacity, hd]);
     let (ka, va) = (Array::from_slice(&keys, &kv_shape), Array::from_slice(&vals, &kv_shape));
-    let q_plain = Array::from_slice(&q, &dims(&[rows, heads, 1, hd]));
-    let p_plain = Array::from_slice(&positions, &[rows as i32]);
-    // q stored heads-major, viewed rows-major; positions as column 0 of [rows, 2] (the
-    // other column holds 0, a valid position that reading the buffer raw would take).
-    let q_heads_major: Vec<f32> = (0..heads * rows * hd).map(|i| q[((i / hd) % rows * heads + i / hd / rows) * hd + i % hd]).collect();
-    let q_view = Array::from_slice(&q_heads_major, &dims(&[heads, rows, 1, hd])).transpose_axes(&[1, 0, 2, 3]).unwrap();
+    mlx_rs::transforms::eval([&ka, &va]).unwrap();
+    let projected = Array::from_slice(&qkv, &dim(&[1, rows, width]));
+    let parts = ops::split_at_indices(&projected, &[(heads * hd) as i32, ((heads + kv_heads) * hd) as i32], -1).unwrap();
+    // positions as column 0 of [rows, 2] (the other column holds 0, a valid position that
+    // reading the buffer raw would take).
     let pairs: Vec<i32> = positions.iter().flat_map(|&p| [p, 0]).collect();
     let p_view = Array::from_slice(&pairs, &[rows as i32, 2]).t().index(0);
-    let plain = cpu_backend::decode_attention(&q_plain, &ka, &va, &p_plain, scale).unwrap();
-    let viewed = cpu_backend::decode_attention(&q_view, &ka, &va, &p_view, scale).unwrap();
-    mlx_rs::transforms::eval([&plain, &viewed]).unwrap();
-    assert_eq!(plain.shape(), &[1, rows as i32, (heads * hd) as i32]);
-    assert_eq!(viewed.as_slice::<f32>(), plain.as_slice::<f32>(), "strided inputs give what contiguous ones do");
+    let (qn, kn) = (Array::from_slice(&q_norm, &[hd as i32]), Array::from_slice(&k_norm, &[hd as i32]));
+    let rope = cpu_backend::RopeParams { dims: dims as i32, traditional: false, base: 10000.0, position_scale: 1.0, input_scale: 1.0 };
+    let out = cpu_backend::decode_attention(&cpu_backend::DecodeAttention {
+        q: &parts[0],
+        k: &parts[1],
+        v: &parts[2],
+        keys: &ka,
+        values: &va,
+        positions: &p_view,
+        heads: heads as i32,
+        q_norm: Some(&qn),
+        k_norm: Some(&kn),
+        eps: 1e-6,
+        rope,
+        periods: None,
+        scale,
+    })
+    .unwrap();
+    out.eval().unwrap();
+    assert_eq!(out.shape(), &[1, rows as i32, (heads * hd) as i32]);
+    let (got_keys, got_vals) = (ka.as_slice::<f32>(), va.as_slice::<f32>());
+    // The reference cache: each row's new k and v at its position.
+    let (mut want_keys, mut want_vals): (Vec<f64>, Vec<f64>) =
+        (keys.iter().map(|&x| x as f64).collect(), vals.iter().map(|&x| x as f64).collect());
+    for (row, &pos) in positions.iter().enumerate() {
+        let pos = pos as usize;
+        for h in 0..kv_heads {
+            let src = row * width + (heads + h) * hd;
+            let slot = ((row * kv_heads + h) * capacity + pos) * hd;
+            want_keys[slot..][..hd].copy_from_slice(&norm_rope_f64(&qkv[src..][..hd], Some(&k_norm), pos, dims));
+            let v = &qkv[src + kv_heads * hd..][..hd];
+            want_vals[slot..][..hd].iter_mut().zip(v).for_each(|(a, &b)| *a = b as f64);
+        }
+    }
+    for (i, ((gk, wk), (gv, wv))) in got_keys.iter().zip(&want_keys).zip(got_vals.iter().zip(&want_vals)).enumerate() {
+        assert!((*gk as f64 - wk).abs() <= 1e-5 && (*gv as f64 - wv).abs() <= 1e-6, "cache element {i}: {gk}, {gv} vs {wk}, {wv}");
+    }
     let group = heads / kv_heads;
-    for row in 0..rows {
+    for (row, &pos) in positions.iter().enumerate() {
+        let pos = pos as usize;
         for head in 0..heads {
-            let qv = &q[(row * heads + head) * hd..][..hd];
+            let qv = norm_rope_f64(&qkv[row * width + head * hd..][..hd], Some(&q_norm), pos, dims);
             let base = (row * kv_heads + head / group) * capacity * hd;
-            let len = positions[row] as usize + 1;
-            let scores: Vec<f64> = (0..len)
-                .map(|t| keys[base + t * hd..][..hd].iter().zip(qv).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64)
+            let scores: Vec<f64> = (0..=pos)
+                .map(|t| want_keys[base + t * hd..][..hd].iter().zip(&qv).map(|(a, b)| a * b).sum::<f64>() * scale as f64)
                 .collect();
             let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let total: f64 = weights.iter().sum();
             for d in 0..hd {
-                let want: f64 = (0..len).map(|t| weights[t] * vals[base + t * hd + d] as f64).sum::<f64>() / total;
-                let have = plain.as_slice::<f32>()[(row * heads + head) * hd + d] as f64;
+                let want: f64 = (0..=pos).map(|t| weights[t] * want_vals[base + t * hd + d]).sum::<f64>() / total;
+                let have = out.as_slice::<f32>()[(row * heads + head) * hd + d] as f64;
                 assert!((have - want).abs() <= 1e-5, "row {row} head {head} [{d}]: {have} vs float64 {want}");
             }
         }
     }
 }
 
-/// An output row of heads × head_dim = 2^31 values (q itself 2^31 elements: 8 GiB, but a
-/// broadcast scalar never evaluated) does not fit MLX's int32 dimensions: the op is refused
-/// when it is built, instead of a wrapped, negative width.
+/// The op writes the cache buffers in place, so it refuses ones it cannot: a buffer not yet
+/// evaluated, or a broadcast scalar; and an output row
+/// of heads × head_dim = 2^31 values, past MLX's int32 dimensions, before anything is
+/// allocated.
 #[test]
-fn decode_attention_refuses_a_row_past_int32() {
+fn decode_attention_refuses_what_it_cannot_write_or_shape() {
     Device::set_default(&Device::cpu());
+    let call = |q: &Array, kv: &Array, heads: i32, hd: i32| {
+        let positions = Array::from_slice(&[0i32], &[1]);
+        let rope = cpu_backend::RopeParams { dims: hd.min(64), traditional: false, base: 10000.0, position_scale: 1.0, input_scale: 1.0 };
+        cpu_backend::decode_attention(&cpu_backend::DecodeAttention {
+            q,
+            k: q,
+            v: q,
+            keys: kv,
+            values: kv,
+            positions: &positions,
+            heads,
+            q_norm: None,
+            k_norm: None,
+            eps: 1e-6,
+            rope,
+            periods: None,
+            scale: 1.0,
+        })
+        .unwrap_err()
+        .to_string()
+    };
+    let q = Array::from_slice(&[0.5f32; 8], &[1, 1, 8]);
+    let lazy = Array::from_slice(&[0.5f32; 16], &[1, 1, 2, 8]).multiply(Array::from_f32(2.0)).unwrap();
+    assert!(call(&q, &lazy, 1, 8).contains("must be evaluated and dense"));
     let zero = Array::from_f32(0.0);
-    let q = ops::broadcast_to(&zero, &[1, 1 << 16, 1, 1 << 15]).unwrap();
-    let kv = ops::broadcast_to(&zero, &[1, 1, 1, 1 << 15]).unwrap();
-    let positions = Array::from_slice(&[0i32], &[1]);
-    let err = cpu_backend::decode_attention(&q, &kv, &kv, &positions, 1.0).unwrap_err();
-    assert!(err.to_string().contains("2147483648 does not fit in int32"), "{err}");
+    let broadcast = ops::broadcast_to(&zero, &[1, 1, 2, 8]).unwrap();
+    broadcast.eval().unwrap();
+    assert!(call(&q, &broadcast, 1, 8).contains("must be evaluated and dense"));
+    let wide = ops::broadcast_to(&zero, &[1, 1, 1, 1 << 15]).unwrap();
+    let err = call(&q, &wide, 1 << 16, 1 << 15);
+    assert!(err.contains("2147483648 does not fit in int32"), "{err}");
 }
 
 #[test]

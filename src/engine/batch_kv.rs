@@ -4,6 +4,9 @@
 //! of ops per layer instead of a dozen per sequence and layer (on the CPU device that
 //! per-op cost, not arithmetic, bounded batched decoding).
 //!
+//! On the CPU the step writes and attends in one op of mlxbar's per layer instead, in place
+//! ([`BatchKv::buffers`]).
+//!
 //! A sequence's cache moves in when it starts decoding ([`BatchKv::join`]) and back out
 //! when it stops ([`BatchKv::leave`]); both copy its rows once.
 use anyhow::{ensure, Result};
@@ -67,7 +70,7 @@ impl BatchKv {
         }
         self.ids.push(id);
         self.lens.push(len);
-        Ok(())
+        self.materialize()
     }
 
     /// Moves sequence `id` out into a cache of its own (evaluated, so it holds no
@@ -96,6 +99,7 @@ impl BatchKv {
         }
         self.ids.remove(row as usize);
         self.lens.remove(row as usize);
+        self.materialize()?;
         Ok(cache)
     }
 
@@ -114,6 +118,14 @@ impl BatchKv {
             *v = grow(v)?;
         }
         self.capacity = capacity;
+        self.materialize()
+    }
+
+    /// Evaluates the buffers after they were rebuilt (concatenated, or sliced past a row
+    /// that left the front), so each is a dense array ([`BatchKv::buffers`]: an op may
+    /// write them in place; it checks they are).
+    fn materialize(&mut self) -> Result<()> {
+        mlx_rs::transforms::eval(self.layers.iter().flat_map(|(k, v)| [k, v]))?;
         Ok(())
     }
 
@@ -139,9 +151,16 @@ impl BatchKv {
         Ok((keys.index((.., .., ..longest, ..)), values.index((.., .., ..longest, ..))))
     }
 
-    /// As [`BatchKv::update`], returning the whole buffers (`[n, kv_heads, capacity,
-    /// head_dim]`; positions past a row's own are padding).
-    pub fn write(&mut self, layer: usize, k: &Array, v: &Array, positions: &Array) -> Result<(&Array, &Array)> {
+    /// Layer `layer`'s buffers (`[n, kv_heads, capacity, head_dim]`; positions past a row's
+    /// own are padding), evaluated and dense, for an op that writes each row's new token
+    /// at its position in place (`cpu_backend::decode_attention`).
+    pub fn buffers(&self, layer: usize) -> (&Array, &Array) {
+        let (k, v) = &self.layers[layer];
+        (k, v)
+    }
+
+    /// As [`BatchKv::update`], returning the whole buffers.
+    fn write(&mut self, layer: usize, k: &Array, v: &Array, positions: &Array) -> Result<(&Array, &Array)> {
         let s = k.shape();
         let at = match &self.step_at {
             Some(at) if at.shape() == s => at.clone(),

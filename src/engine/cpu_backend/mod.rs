@@ -5,8 +5,9 @@
 //! that sends 1-row calls to gemv and 2-16-row calls to [`small_m`]. MLX's CPU kernel for
 //! affine-quantized weights is naive and single-threaded, so quantized projections run
 //! [`affine_qmm`] instead, an MLX primitive of our own; a decode step's attention is one
-//! op of ours too ([`decode_attention`]) instead of MLX's composed CPU fallback, and so is
-//! RoPE ([`rope`]: one op where the fallback makes about 28). macOS runs
+//! op of ours too ([`decode_attention`]: norms, RoPE, the cache write and attention, where
+//! MLX's composed ops make about twenty a layer), and so is prefill's RoPE ([`rope`]: one
+//! op where the fallback makes about 28). macOS runs
 //! Metal as MLX ships it: nothing to do, and none of these kernels.
 #[cfg(target_os = "linux")]
 pub mod affine_qmm;
@@ -92,17 +93,41 @@ pub fn has_decode_attention() -> bool {
     cfg!(target_os = "linux")
 }
 
-/// One decode step's attention: `q` `[rows, heads, 1, head_dim]` against each row's cache
-/// buffers `[rows, kv_heads, capacity, head_dim]` up to and including `positions[row]`;
-/// `[1, rows, heads·head_dim]`. Only where [`has_decode_attention`].
-pub fn decode_attention(q: &Array, keys: &Array, values: &Array, positions: &Array, scale: f32) -> Result<Array> {
+/// One decode step's attention for a batch of rows ([`decode_attention`]).
+pub struct DecodeAttention<'a> {
+    /// The new tokens' q `[1, rows, heads·head_dim]`, k and v `[1, rows,
+    /// kv_heads·head_dim]`, as the projection gives them (before norms and RoPE).
+    pub q: &'a Array,
+    pub k: &'a Array,
+    pub v: &'a Array,
+    /// The layer's cache buffers `[rows, kv_heads, capacity, head_dim]`, evaluated and
+    /// dense: each row's k and v are written at its position, in place.
+    pub keys: &'a Array,
+    pub values: &'a Array,
+    /// Each row's position (int32 `[rows]`).
+    pub positions: &'a Array,
+    pub heads: i32,
+    /// Per-head RMS norms of q and k (`[head_dim]`), with their epsilon.
+    pub q_norm: Option<&'a Array>,
+    pub k_norm: Option<&'a Array>,
+    pub eps: f32,
+    pub rope: RopeParams,
+    /// Per-pair periods replacing RoPE's base.
+    pub periods: Option<&'a Array>,
+    pub scale: f32,
+}
+
+/// Norms, RoPE, the cache write and attention of one decode step as one op: `[1, rows,
+/// heads·head_dim]`, each row's query over its cache up to and including its position.
+/// Only where [`has_decode_attention`].
+pub fn decode_attention(a: &DecodeAttention) -> Result<Array> {
     #[cfg(target_os = "linux")]
     {
-        decode_attention::op::decode_attention(q, keys, values, positions, scale)
+        decode_attention::op::decode_attention(a)
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (q, keys, values, positions, scale);
+        let _ = a;
         anyhow::bail!("no CPU decode attention on this platform")
     }
 }

@@ -207,7 +207,8 @@ pub struct Model {
     /// None when tied to the embedding.
     lm_head: Option<Weight>,
     rope_periods: Option<Array>,
-    /// Decode steps' attention runs mlxbar's CPU op (`cpu_backend::decode_attention`).
+    /// Decode steps' norms, RoPE, cache writes and attention run mlxbar's CPU op
+    /// (`cpu_backend::decode_attention`).
     cpu_attention: bool,
     /// RoPE runs mlxbar's CPU op (`cpu_backend::rope`).
     cpu_rope: bool,
@@ -497,9 +498,18 @@ impl Model {
     /// One decode step for every sequence in `kv`: `tokens[i]` follows what row i holds.
     /// Token-wise work (embedding, norms, projections, MLP, head) runs on all of them as
     /// one `[1, B, hidden]` batch, so each weight is read once per step whatever the batch
-    /// size; attention is one masked SDPA per layer over the padded batch cache. Returns
+    /// size; attention is one op of mlxbar's per layer on the CPU (norms, RoPE, the cache
+    /// write and attention), one masked SDPA over the padded batch cache on Metal. Returns
     /// the logits `[B, vocab]` (float32), evaluated.
     pub fn decode(&self, tokens: &[u32], kv: &mut BatchKv) -> Result<Array> {
+        let logits = self.decode_graph(tokens, kv)?;
+        logits.eval()?;
+        Ok(logits)
+    }
+
+    /// [`Model::decode`]'s step as MLX's graph, not yet run (the batch already counts the
+    /// step's token: evaluate it before the next step). `decode_profile` counts its ops.
+    pub fn decode_graph(&self, tokens: &[u32], kv: &mut BatchKv) -> Result<Array> {
         let c = &self.config;
         let n = tokens.len() as i32;
         anyhow::ensure!(n > 0 && kv.ids().len() == tokens.len(), "one batch row per token");
@@ -529,9 +539,7 @@ impl Model {
             Some(head) => head.apply(&h)?,
             None => self.embed.0.apply(&h)?,
         };
-        let logits = logits.as_dtype(Dtype::Float32)?;
-        logits.eval()?;
-        Ok(logits)
+        Ok(logits.as_dtype(Dtype::Float32)?)
     }
 
     /// `h` plus the attention of `rms_norm(h)` over the batch cache.
@@ -539,13 +547,28 @@ impl Model {
         let c = &self.config;
         let n = positions.shape()[0];
         let qkv = b.qkv.forward_normed(h, &b.attn_norm, c.rms_norm_eps)?;
-        // The batch as n sequences of one token, each row rotated by its own position.
-        let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, positions, layer))?;
         let scale = self.attn_scale();
         let o = if self.cpu_attention {
-            let (keys, values) = kv.write(layer, &k, &v, positions)?;
-            super::cpu_backend::decode_attention(&q, keys, values, positions, scale)?
+            let r = self.layer_rope(layer);
+            let (keys, values) = kv.buffers(layer);
+            super::cpu_backend::decode_attention(&super::cpu_backend::DecodeAttention {
+                q: &qkv[0],
+                k: &qkv[1],
+                v: &qkv[2],
+                keys,
+                values,
+                positions,
+                heads: c.num_heads,
+                q_norm: b.q_norm.as_ref(),
+                k_norm: b.k_norm.as_ref(),
+                eps: c.rms_norm_eps,
+                rope: self.rope_params(&r),
+                periods: r.periods,
+                scale,
+            })?
         } else {
+            // The batch as n sequences of one token, each row rotated by its own position.
+            let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, positions, layer))?;
             let (keys, values) = kv.update(layer, &k, &v, positions)?;
             let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, b.sinks.as_ref())?;
             o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?
@@ -609,14 +632,18 @@ impl Model {
 
     /// RoPE as one op of mlxbar's on the CPU, LongRoPE's input scale folded in.
     fn cpu_rope(&self, x: &Array, offsets: &Array, r: &LayerRope) -> Result<Array> {
-        let p = super::cpu_backend::RopeParams {
+        super::cpu_backend::rope(x, offsets, r.periods, self.rope_params(r))
+    }
+
+    /// A layer's rotation as mlxbar's CPU ops take it.
+    fn rope_params(&self, r: &LayerRope) -> super::cpu_backend::RopeParams {
+        super::cpu_backend::RopeParams {
             dims: r.dims,
             traditional: r.traditional,
             base: r.theta.unwrap_or(0.0),
             position_scale: r.position_scale,
             input_scale: self.config.rope.input_scale,
-        };
-        super::cpu_backend::rope(x, offsets, r.periods, p)
+        }
     }
 
     /// Layer `layer`'s rotation: the model's, or a local layer's own base, unscaled.

@@ -105,15 +105,11 @@ impl Prologue<'_> {
     fn apply(&self, x: &[f32], k: usize) -> Option<Vec<f32>> {
         match *self {
             Prologue::None => None,
-            Prologue::RmsNorm { weight, eps } => Some(
-                x.chunks_exact(k)
-                    .flat_map(|row| {
-                        let mean = row.iter().map(|v| v * v).sum::<f32>() / k as f32;
-                        let inv = 1.0 / (mean + eps).sqrt();
-                        row.iter().zip(weight).map(move |(v, w)| v * inv * w)
-                    })
-                    .collect(),
-            ),
+            Prologue::RmsNorm { weight, eps } => {
+                let mut out = vec![0.0; x.len()];
+                x.chunks_exact(k).zip(out.chunks_exact_mut(k)).for_each(|(row, o)| rms_norm(row, weight, eps, o));
+                Some(out)
+            }
             Prologue::SwiGlu => Some(
                 x.chunks_exact(2 * k)
                     .flat_map(|row| {
@@ -123,6 +119,15 @@ impl Prologue<'_> {
                     .collect(),
             ),
         }
+    }
+}
+
+/// `out = x · rsqrt(mean(x²) + eps) · weight`, MLX's `fast::rms_norm` on one row.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean + eps).sqrt();
+    for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * inv * w;
     }
 }
 

@@ -1,15 +1,25 @@
-//! Attention for one decode step of a batch, on the CPU: each row's one query against its
-//! own cached keys and values, as one MLX op (primitive.cpp) instead of MLX's composed
-//! fallback for `fast::scaled_dot_product_attention` on the CPU (scale, two matmuls, mask,
-//! softmax, slices of the cache, transpose and reshape: about ten ops a layer).
+//! One decode step's attention on the CPU, as one MLX op (primitive.cpp): for each row of
+//! the batch its new token's q, k and v (straight from the q|k|v projection), the per-head
+//! norms when the family has them, RoPE at the row's position, k and v written into the
+//! row's slot of the layer's cache buffers, and the one query attending over the row's
+//! cached keys and values. MLX's composed ops for the same (three slices, three reshapes,
+//! three transposes, two RoPEs, two scatters, then scale, two matmuls, mask, softmax: about
+//! twenty ops a layer) each cost a dispatch that at one row outweighs the arithmetic.
 //!
-//! Float32 throughout, softmax with the running max subtracted, as MLX's own; grouped
-//! query heads read their KV head. Rows × heads are split across the cores with rayon.
+//! The cache is written in place: the op's inputs are the buffers the batch holds (dense
+//! and evaluated, `BatchKv` keeps them so), and each row's write goes to the slot at its
+//! position, which every reader of those buffers treats as padding until the step is done.
+//! Float32 throughout; the norm, RoPE and softmax are MLX's arithmetic (see `rope`,
+//! `affine_qmm::rms_norm`); grouped query heads read their KV head. Rows × heads are split
+//! across the cores with rayon.
 pub mod op;
 
 use rayon::prelude::*;
 
+use super::affine_qmm::rms_norm;
 use super::primitive_call::{self, count, elems};
+use super::rope;
+use super::RopeParams;
 
 /// The step's shapes.
 #[derive(Clone, Copy)]
@@ -22,23 +32,73 @@ pub struct Shape {
     pub head_dim: usize,
 }
 
+/// What happens to q and k before attention: per-head RMS norms (qwen3's `q_norm`,
+/// `k_norm`), then RoPE.
+#[derive(Clone, Copy)]
+pub struct Prep<'a> {
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    pub eps: f32,
+    pub rope: RopeParams,
+    /// Per-pair periods replacing the base (Llama 3's scaled frequencies).
+    pub periods: Option<&'a [f32]>,
+}
+
+/// The cache buffers of one layer, `[rows, kv_heads, capacity, head_dim]`, written at each
+/// row's position.
+pub struct Cache<'a> {
+    pub keys: &'a mut [f32],
+    pub values: &'a mut [f32],
+}
+
 /// `out[row, head·head_dim + d]` = softmax(q · kᵀ · scale) · v over positions
-/// `0..=positions[row]` of the row's cache.
+/// `0..=positions[row]` of the row's cache, after the row's new k and v (norm and RoPE
+/// applied to k, as to q) are written at `positions[row]`.
 ///
-/// `q` is `[rows, heads, head_dim]`, `keys`/`values` `[rows, kv_heads, capacity, head_dim]`.
+/// `q` is `[rows, heads·head_dim]`, `k` and `v` `[rows, kv_heads·head_dim]`.
 ///
 /// # Panics
 /// On inconsistent shapes or a position outside the cache (checked first).
-pub fn attend(s: Shape, q: &[f32], keys: &[f32], values: &[f32], positions: &[i32], scale: f32, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+pub fn step(s: Shape, prep: Prep, q: &[f32], k: &[f32], v: &[f32], positions: &[i32], scale: f32, cache: Cache, out: &mut [f32]) {
     let hd = s.head_dim;
+    let dims = usize::try_from(prep.rope.dims).unwrap_or(0);
     assert!(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && hd > 0);
+    assert!(dims % 2 == 0 && dims > 0 && dims <= hd, "rope: dims {dims} for head_dim {hd}");
     assert!(q.len() == s.rows * s.heads * hd && out.len() == q.len() && positions.len() == s.rows);
-    assert!(keys.len() == s.rows * s.kv_heads * s.capacity * hd && values.len() == keys.len());
+    assert!(k.len() == s.rows * s.kv_heads * hd && v.len() == k.len());
+    assert!(cache.keys.len() == s.rows * s.kv_heads * s.capacity * hd && cache.values.len() == cache.keys.len());
     assert!(positions.iter().all(|&p| p >= 0 && (p as usize) < s.capacity), "a position outside the cache");
+    assert!(prep.q_norm.is_none_or(|w| w.len() == hd) && prep.k_norm.is_none_or(|w| w.len() == hd), "a norm of head_dim values");
+    assert!(prep.periods.is_none_or(|f| f.len() == dims / 2), "rope: periods for {} pairs", dims / 2);
+    let inv_freqs = rope::inv_freqs(prep.rope, prep.periods);
+    let (mut cs, mut normed) = (vec![(0f32, 0f32); dims / 2], vec![0f32; hd]);
+    // norm (when there is one), then RoPE, into `out`.
+    let mut prepare = |x: &[f32], norm: Option<&[f32]>, cs: &[(f32, f32)], out: &mut [f32]| match norm {
+        Some(w) => {
+            rms_norm(x, w, prep.eps, &mut normed);
+            rope::apply(prep.rope, cs, &normed, out);
+        }
+        None => rope::apply(prep.rope, cs, x, out),
+    };
+    let mut q_rot = vec![0f32; q.len()];
+    for row in 0..s.rows {
+        let pos = positions[row] as usize;
+        rope::angles(positions[row] as f32 * prep.rope.position_scale, &inv_freqs, &mut cs);
+        for (x, o) in q[row * s.heads * hd..][..s.heads * hd].chunks_exact(hd).zip(q_rot[row * s.heads * hd..].chunks_exact_mut(hd)) {
+            prepare(x, prep.q_norm, &cs, o);
+        }
+        for h in 0..s.kv_heads {
+            let (src, slot) = ((row * s.kv_heads + h) * hd, ((row * s.kv_heads + h) * s.capacity + pos) * hd);
+            prepare(&k[src..][..hd], prep.k_norm, &cs, &mut cache.keys[slot..][..hd]);
+            cache.values[slot..][..hd].copy_from_slice(&v[src..][..hd]);
+        }
+    }
+    let (keys, values) = (&*cache.keys, &*cache.values);
     let group = s.heads / s.kv_heads;
     out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
         let (row, head) = (i / s.heads, i % s.heads);
-        let q = &q[i * hd..][..hd];
+        let q = &q_rot[i * hd..][..hd];
         let base = (row * s.kv_heads + head / group) * s.capacity * hd;
         let len = positions[row] as usize + 1;
         let (k, v) = (&keys[base..][..len * hd], &values[base..][..len * hd]);
@@ -57,50 +117,95 @@ pub fn attend(s: Shape, q: &[f32], keys: &[f32], values: &[f32], positions: &[i3
     });
 }
 
-/// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays, each
-/// pointer with the number of elements its buffer holds.
+/// The op's shapes and constants as primitive.cpp passes them (`StepParams` there).
+#[repr(C)]
+pub struct StepParams {
+    pub rows: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub capacity: i64,
+    pub head_dim: i64,
+    pub rope_dims: i64,
+    pub traditional: bool,
+    pub base: f32,
+    pub position_scale: f32,
+    pub input_scale: f32,
+    pub eps: f32,
+    pub scale: f32,
+}
+
+/// A buffer and the number of elements it may be read (or written) for: `mlxbar::Dense`
+/// in primitive.h; a null pointer for an absent input.
+#[repr(C)]
+pub struct Buffer<T> {
+    pub ptr: *const T,
+    pub len: i64,
+}
+
+/// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays.
 ///
 /// # Safety
-/// Each pointer is valid for reads (`out`: writes) of the stated number of elements, for
-/// the call, and nothing else writes them meanwhile. Shapes are not trusted: every slice is
-/// checked against its buffer's length first ([`primitive_call::input`]).
+/// Each buffer is valid for reads of its stated length for the call (`keys`, `values` and
+/// `out` for writes too), and nothing else reads or writes `keys`, `values` or `out`
+/// meanwhile. Shapes are not trusted: every slice is checked against its buffer's length
+/// first ([`primitive_call::input`]).
 #[no_mangle]
+#[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxbar_decode_attention_run(
-    rows: i64,
-    heads: i64,
-    kv_heads: i64,
-    capacity: i64,
-    head_dim: i64,
-    q: *const f32,
-    q_len: i64,
-    keys: *const f32,
-    keys_len: i64,
-    values: *const f32,
-    values_len: i64,
-    positions: *const i32,
-    positions_len: i64,
-    scale: f32,
-    out: *mut f32,
-    out_len: i64,
+    p: &StepParams,
+    q: Buffer<f32>,
+    k: Buffer<f32>,
+    v: Buffer<f32>,
+    positions: Buffer<i32>,
+    periods: Buffer<f32>,
+    q_norm: Buffer<f32>,
+    k_norm: Buffer<f32>,
+    keys: Buffer<f32>,
+    values: Buffer<f32>,
+    out: Buffer<f32>,
 ) {
     let run = || {
         let s = Shape {
-            rows: count(rows),
-            heads: count(heads),
-            kv_heads: count(kv_heads),
-            capacity: count(capacity),
-            head_dim: count(head_dim),
+            rows: count(p.rows),
+            heads: count(p.heads),
+            kv_heads: count(p.kv_heads),
+            capacity: count(p.capacity),
+            head_dim: count(p.head_dim),
         };
-        let n = elems(&[s.rows, s.heads, s.head_dim]);
-        let kv = elems(&[s.rows, s.kv_heads, s.capacity, s.head_dim]);
-        attend(
+        let hd = s.head_dim;
+        let optional =
+            |b: &Buffer<f32>, need: usize, what: &str| (!b.ptr.is_null()).then(|| primitive_call::input(b.ptr, b.len, need, what));
+        let rope = RopeParams {
+            dims: i32::try_from(p.rope_dims).unwrap_or(-1),
+            traditional: p.traditional,
+            base: p.base,
+            position_scale: p.position_scale,
+            input_scale: p.input_scale,
+        };
+        let prep = Prep {
+            q_norm: optional(&q_norm, hd, "q_norm"),
+            k_norm: optional(&k_norm, hd, "k_norm"),
+            eps: p.eps,
+            rope,
+            periods: optional(&periods, count(p.rope_dims) / 2, "periods"),
+        };
+        let n = elems(&[s.rows, s.heads, hd]);
+        let nk = elems(&[s.rows, s.kv_heads, hd]);
+        let kv = elems(&[s.rows, s.kv_heads, s.capacity, hd]);
+        let cache = Cache {
+            keys: primitive_call::output(keys.ptr.cast_mut(), keys.len, kv, "keys"),
+            values: primitive_call::output(values.ptr.cast_mut(), values.len, kv, "values"),
+        };
+        step(
             s,
-            primitive_call::input(q, q_len, n, "q"),
-            primitive_call::input(keys, keys_len, kv, "keys"),
-            primitive_call::input(values, values_len, kv, "values"),
-            primitive_call::input(positions, positions_len, s.rows, "positions"),
-            scale,
-            primitive_call::output(out, out_len, n, "out"),
+            prep,
+            primitive_call::input(q.ptr, q.len, n, "q"),
+            primitive_call::input(k.ptr, k.len, nk, "k"),
+            primitive_call::input(v.ptr, v.len, nk, "v"),
+            primitive_call::input(positions.ptr, positions.len, s.rows, "positions"),
+            p.scale,
+            cache,
+            primitive_call::output(out.ptr.cast_mut(), out.len, n, "out"),
         );
     };
     // A panic must not unwind into MLX's C++ scheduler thread.

@@ -1,8 +1,11 @@
-//! Decode-step attention as an MLX primitive (see decode_attention/mod.rs): inputs q
-//! `[rows, heads, 1, head_dim]` (after RoPE), the layer's key and value buffers
-//! `[rows, kv_heads, capacity, head_dim]` and each row's position (int32 `[rows]`); output
-//! `[1, rows, heads·head_dim]`, the layout the output projection takes. The work is a task
-//! on the CPU stream's queue, like MLX's own kernels. Built by build.rs on Linux.
+// A decode step's attention as an MLX primitive (see decode_attention/mod.rs): inputs the
+// new token's q `[1, rows, heads·head_dim]`, k and v `[1, rows, kv_heads·head_dim]` (any
+// strides), the layer's key and value buffers `[rows, kv_heads, capacity, head_dim]`
+// (evaluated and dense: they are written in place), each row's position (int32 `[rows]`)
+// and, optionally, RoPE's periods `[dims/2]` and the q and k norms' weights
+// `[head_dim]`; output `[1, rows, heads·head_dim]`, the layout the output projection
+// takes. The work is a task on the CPU stream's queue, like MLX's own kernels. Built by
+// build.rs on Linux.
 
 #include <cstdint>
 #include <vector>
@@ -16,52 +19,84 @@
 
 namespace mx = mlx::core;
 
-// Each pointer comes with the number of elements it may be read for (see mlxbar::Dense);
-// the Rust side checks them against the shapes before it reads.
+// The Rust side's `StepParams` (repr(C)).
+struct StepParams {
+  int64_t rows;
+  int64_t heads;
+  int64_t kv_heads;
+  int64_t capacity;
+  int64_t head_dim;
+  int64_t rope_dims;
+  bool traditional;
+  float base;
+  float position_scale;
+  float input_scale;
+  float eps;
+  float scale;
+
+  bool operator==(const StepParams&) const = default;
+};
+
+// Each buffer comes with the number of elements it may be read for (see mlxbar::Dense); an
+// absent one is null. The Rust side checks them against the shapes before it reads.
 extern "C" void mlxbar_decode_attention_run(
-    int64_t rows,
-    int64_t heads,
-    int64_t kv_heads,
-    int64_t capacity,
-    int64_t head_dim,
-    const float* q,
-    int64_t q_len,
-    const float* keys,
-    int64_t keys_len,
-    const float* values,
-    int64_t values_len,
-    const int32_t* positions,
-    int64_t positions_len,
-    float scale,
-    float* out,
-    int64_t out_len);
+    const StepParams* p,
+    mlxbar::Dense<float> q,
+    mlxbar::Dense<float> k,
+    mlxbar::Dense<float> v,
+    mlxbar::Dense<int32_t> positions,
+    mlxbar::Dense<float> periods,
+    mlxbar::Dense<float> q_norm,
+    mlxbar::Dense<float> k_norm,
+    mlxbar::Dense<float> keys,
+    mlxbar::Dense<float> values,
+    mlxbar::Dense<float> out);
 
 namespace {
 
+// What the op is built with besides its inputs: the step's parameters (its shapes filled in
+// from the cache buffers') and which optional inputs follow.
+struct Config {
+  StepParams step;
+  bool has_periods;
+  bool has_q_norm;
+  bool has_k_norm;
+
+  bool operator==(const Config&) const = default;
+};
+
+// Inputs in order: q, k, v, keys, values, positions, then periods, q_norm, k_norm as
+// present.
 class DecodeAttention : public mx::UnaryPrimitive {
  public:
-  DecodeAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
+  DecodeAttention(mx::Stream stream, Config c) : mx::UnaryPrimitive(stream), c_(c) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
-    const auto& k = inputs[1];
-    enc.dispatch([inputs, op = out.data<float>(), out_len = static_cast<int64_t>(out.size()),
-                  rows = int64_t{k.shape(0)}, heads = int64_t{inputs[0].shape(1)}, kv_heads = int64_t{k.shape(1)},
-                  capacity = int64_t{k.shape(2)}, head_dim = int64_t{k.shape(3)}, scale = scale_]() {
-      // Row-major data of every input, gathered when it is a strided view (positions too:
-      // a column of a larger array is one).
-      std::vector<float> qc, kc, vc;
+    enc.dispatch([inputs, c = c_, op = out.data<float>(), out_len = static_cast<int64_t>(out.size())]() {
+      // Row-major data of the inputs read, gathered when a view is strided (q, k and v are
+      // columns of the q|k|v projection's output).
+      std::vector<float> qc, kc, vc, fc, qnc, knc;
       std::vector<int32_t> pc;
-      const auto q = mlxbar::dense(inputs[0], qc);
-      const auto k = mlxbar::dense(inputs[1], kc);
-      const auto v = mlxbar::dense(inputs[2], vc);
-      const auto p = mlxbar::dense(inputs[3], pc);
+      size_t next = 6;
+      auto optional = [&](bool present, std::vector<float>& copy) {
+        return present ? mlxbar::dense(inputs[next++], copy) : mlxbar::Dense<float>{nullptr, 0};
+      };
+      const auto periods = optional(c.has_periods, fc);
+      const auto q_norm = optional(c.has_q_norm, qnc);
+      const auto k_norm = optional(c.has_k_norm, knc);
+      // The cache buffers are row-contiguous (checked when the op was built): their own
+      // memory, written in place.
+      auto buffer = [](const mx::array& a) {
+        return mlxbar::Dense<float>{a.data<float>(), static_cast<int64_t>(a.data_size())};
+      };
       mlxbar_decode_attention_run(
-          rows, heads, kv_heads, capacity, head_dim, q.ptr, q.len, k.ptr, k.len, v.ptr, v.len, p.ptr, p.len, scale,
-          op, out_len);
+          &c.step, mlxbar::dense(inputs[0], qc), mlxbar::dense(inputs[1], kc), mlxbar::dense(inputs[2], vc),
+          mlxbar::dense(inputs[5], pc), periods, q_norm, k_norm, buffer(inputs[3]), buffer(inputs[4]),
+          mlxbar::Dense<float>{op, out_len});
     });
   }
 
@@ -74,59 +109,109 @@ class DecodeAttention : public mx::UnaryPrimitive {
   }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    return scale_ == static_cast<const DecodeAttention&>(other).scale_;
+    return c_ == static_cast<const DecodeAttention&>(other).c_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    const auto& q = inputs[0];
-    return {{1, q.shape(0), mlxbar::dim(int64_t{q.shape(1)} * q.shape(3), "decode_attention")}};
+    return {inputs[0].shape()};
   }
 
  private:
-  float scale_;
+  Config c_;
 };
+
+// A cache buffer the op may write: evaluated (its layout is final) and row-contiguous.
+void check_buffer(const mx::array& a, const char* what) {
+  if (a.status() == mx::array::Status::unscheduled || !a.flags().row_contiguous || a.data_size() != a.size()) {
+    throw std::invalid_argument(
+        std::string("decode_attention: the ") + what + " buffer must be evaluated and dense (it is written in place)");
+  }
+}
 
 mx::array decode_attention(
     const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
     const mx::array& keys,
     const mx::array& values,
     const mx::array& positions,
-    float scale,
+    const mx::array* periods,
+    const mx::array* q_norm,
+    const mx::array* k_norm,
+    Config c,
     mx::Stream s) {
-  if (q.dtype() != mx::float32 || keys.dtype() != mx::float32 || values.dtype() != mx::float32 ||
-      positions.dtype() != mx::int32) {
-    throw std::invalid_argument("decode_attention: q, keys and values must be float32, positions int32");
+  std::vector<mx::array> inputs = {q, k, v, keys, values, positions};
+  for (const auto* a : {periods, q_norm, k_norm}) {
+    if (a) inputs.push_back(*a);
   }
-  if (q.ndim() != 4 || q.shape(2) != 1 || keys.ndim() != 4 || keys.shape() != values.shape() ||
-      keys.shape(0) != q.shape(0) || keys.shape(3) != q.shape(3) || keys.shape(1) == 0 ||
-      q.shape(1) % keys.shape(1) != 0 || positions.ndim() != 1 || positions.shape(0) != q.shape(0)) {
-    throw std::invalid_argument("decode_attention: shapes of q, keys, values and positions disagree");
+  for (const auto& a : inputs) {
+    if (a.dtype() != (&a == &inputs[5] ? mx::int32 : mx::float32)) {
+      throw std::invalid_argument("decode_attention: positions must be int32, every other input float32");
+    }
   }
-  // int64: heads × head_dim is one dimension of the output, refused past int32.
-  const int width = mlxbar::dim(int64_t{q.shape(1)} * q.shape(3), "decode_attention");
-  return mx::array(
-      {1, q.shape(0), width},
-      mx::float32,
-      std::make_shared<DecodeAttention>(s, scale),
-      {q, keys, values, positions});
+  const int64_t rows = keys.ndim() == 4 ? keys.shape(0) : -1;
+  const int64_t kv_heads = rows >= 0 ? keys.shape(1) : 0;
+  const int64_t hd = rows >= 0 ? keys.shape(3) : 0;
+  // int64: heads × head_dim is q's width, refused past int32.
+  const int64_t width = c.step.heads * hd;
+  mlxbar::dim(width, "decode_attention");
+  const auto is_token = [&](const mx::array& a, int64_t w) {
+    return a.ndim() == 3 && a.shape(0) == 1 && a.shape(1) == rows && a.shape(2) == w;
+  };
+  if (rows < 1 || values.shape() != keys.shape() || kv_heads < 1 || c.step.heads % kv_heads != 0 || !is_token(q, width) ||
+      !is_token(k, kv_heads * hd) || !is_token(v, kv_heads * hd) || positions.ndim() != 1 || positions.shape(0) != rows ||
+      c.step.rope_dims <= 0 || c.step.rope_dims % 2 != 0 || c.step.rope_dims > hd ||
+      (periods && periods->size() != size_t(c.step.rope_dims / 2)) ||
+      (q_norm && q_norm->size() != size_t(hd)) || (k_norm && k_norm->size() != size_t(hd))) {
+    throw std::invalid_argument("decode_attention: shapes of q, k, v, the cache, positions, periods and norms disagree");
+  }
+  check_buffer(keys, "keys");
+  check_buffer(values, "values");
+  c.step.rows = rows;
+  c.step.kv_heads = kv_heads;
+  c.step.capacity = keys.shape(2);
+  c.step.head_dim = hd;
+  c.has_periods = periods != nullptr;
+  c.has_q_norm = q_norm != nullptr;
+  c.has_k_norm = k_norm != nullptr;
+  return mx::array(q.shape(), mx::float32, std::make_shared<DecodeAttention>(s, c), std::move(inputs));
+}
+
+const mx::array* optional(const mlx_array& a) {
+  return a.ctx ? &mlx_array_get_(a) : nullptr;
 }
 
 }  // namespace
 
-// 0 on success; otherwise 1 and the reason in `err` (see mlxbar::guarded).
+// 0 on success; otherwise 1 and the reason in `err` (see mlxbar::guarded). `periods`,
+// `q_norm` and `k_norm` may be empty handles (ctx null).
 extern "C" int mlxbar_decode_attention(
     mlx_array* res,
     mlx_array q,
+    mlx_array k,
+    mlx_array v,
     mlx_array keys,
     mlx_array values,
     mlx_array positions,
+    mlx_array periods,
+    mlx_array q_norm,
+    mlx_array k_norm,
+    int heads,
+    int rope_dims,
+    bool traditional,
+    float base,
+    float position_scale,
+    float input_scale,
+    float eps,
     float scale,
     mlx_stream stream,
     char* err,
     size_t err_len) {
   return mlxbar::guarded(res, err, err_len, [&] {
+    // The shapes are filled in from the cache buffers'.
+    Config c = {{0, heads, 0, 0, 0, rope_dims, traditional, base, position_scale, input_scale, eps, scale}, false, false, false};
     return decode_attention(
-            mlx_array_get_(q), mlx_array_get_(keys), mlx_array_get_(values), mlx_array_get_(positions), scale,
-            mlx_stream_get_(stream));
+        mlx_array_get_(q), mlx_array_get_(k), mlx_array_get_(v), mlx_array_get_(keys), mlx_array_get_(values),
+        mlx_array_get_(positions), optional(periods), optional(q_norm), optional(k_norm), c, mlx_stream_get_(stream));
   });
 }

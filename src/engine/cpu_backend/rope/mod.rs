@@ -33,38 +33,55 @@ pub fn rotate(s: Shape, p: RopeParams, x: &[f32], offsets: &[i32], periods: Opti
     assert!(x.len() == elems(&[s.batch, s.heads, s.len, hd]) && out.len() == x.len());
     assert!(offsets.len() == 1 || offsets.len() == s.batch, "rope: {} offsets for {} rows", offsets.len(), s.batch);
     assert!(periods.is_none_or(|f| f.len() == half), "rope: periods for {half} pairs");
-    let ln_base = p.base.ln() / half as f32;
-    let inv_freqs: Vec<f32> = match periods {
-        Some(f) => f.iter().map(|f| 1.0 / f).collect(),
-        None => (0..half).map(|i| (-(i as f32) * ln_base).exp()).collect(),
-    };
+    let inv_freqs = inv_freqs(p, periods);
     // cos and sin per (row, position, pair), shared by every head.
     let mut table = vec![(0f32, 0f32); s.batch * s.len * half];
     for (i, cs) in table.chunks_mut(half.max(1)).enumerate() {
         let (b, t) = (i / s.len.max(1), i % s.len.max(1));
         let offset = offsets[if offsets.len() == 1 { 0 } else { b }];
-        let pos = (t as f32 + offset as f32) * p.position_scale;
-        for (c, f) in cs.iter_mut().zip(&inv_freqs) {
-            let (sin, cos) = (pos * f).sin_cos();
-            *c = (cos, sin);
-        }
+        angles((t as f32 + offset as f32) * p.position_scale, &inv_freqs, cs);
     }
-    let k = p.input_scale;
     let work = s.len * hd;
     out.par_chunks_mut(work.max(1)).zip(x.par_chunks(work.max(1))).enumerate().for_each(|(bn, (o, x))| {
         let b = bn / s.heads;
         for t in 0..s.len {
-            let (xv, ov) = (&x[t * hd..][..hd], &mut o[t * hd..][..hd]);
             let cs = &table[(b * s.len + t) * half..][..half];
-            for (i, &(c, sn)) in cs.iter().enumerate() {
-                let (a, bi) = if p.traditional { (2 * i, 2 * i + 1) } else { (i, i + half) };
-                let (x1, x2) = (xv[a] * k, xv[bi] * k);
-                ov[a] = x1 * c - x2 * sn;
-                ov[bi] = x1 * sn + x2 * c;
-            }
-            ov[dims..].copy_from_slice(&xv[dims..]);
+            apply(p, cs, &x[t * hd..][..hd], &mut o[t * hd..][..hd]);
         }
     });
+}
+
+/// Each pair's inverse frequency: `exp(-i · ln(base) / half)`, or `1 / periods[i]`.
+pub fn inv_freqs(p: RopeParams, periods: Option<&[f32]>) -> Vec<f32> {
+    let half = usize::try_from(p.dims).unwrap_or(0) / 2;
+    match periods {
+        Some(f) => f.iter().map(|f| 1.0 / f).collect(),
+        None => {
+            let ln_base = p.base.ln() / half as f32;
+            (0..half).map(|i| (-(i as f32) * ln_base).exp()).collect()
+        }
+    }
+}
+
+/// `(cos, sin)` of each pair's angle at position `pos` (already scaled).
+pub fn angles(pos: f32, inv_freqs: &[f32], cs: &mut [(f32, f32)]) {
+    for (c, f) in cs.iter_mut().zip(inv_freqs) {
+        let (sin, cos) = (pos * f).sin_cos();
+        *c = (cos, sin);
+    }
+}
+
+/// One head vector `x` rotated into `out` by the pairs' `(cos, sin)`, the rotated part
+/// times the input scale, the dimensions past `dims` copied.
+pub fn apply(p: RopeParams, cs: &[(f32, f32)], x: &[f32], out: &mut [f32]) {
+    let (half, k) = (cs.len(), p.input_scale);
+    for (i, &(c, sn)) in cs.iter().enumerate() {
+        let (a, b) = if p.traditional { (2 * i, 2 * i + 1) } else { (i, i + half) };
+        let (x1, x2) = (x[a] * k, x[b] * k);
+        out[a] = x1 * c - x2 * sn;
+        out[b] = x1 * sn + x2 * c;
+    }
+    out[2 * half..].copy_from_slice(&x[2 * half..]);
 }
 
 /// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays, each
