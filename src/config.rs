@@ -27,6 +27,7 @@
 //! mlx_cache_limit_bytes = ...     # freed buffers MLX keeps for reuse; default: two engine steps' transient buffers of the largest loaded model, 32-512 MiB, at most RAM/16
 //! mlx_cache_idle_seconds = 30     # no request running or queued for this long: MLX's buffer cache goes back to the system (0: as soon as work ends)
 //! admission = "refuse"            # under critical memory pressure: refuse (503) | wait
+//! speculative = "off"             # off | prompt_lookup: drafts from the prompt's own n-grams, verified a pass at a time (OpenAI's `prediction` drafts either way)
 //! max_loaded_models = 2           # models kept loaded together (the least recently used idle one unloads first)
 //! keep_alive = "15m"              # an idle model unloads after this ("30s", "1h"; -1: never; 0: after each answer)
 //! memory_budget_bytes = ...       # what loaded models may take together; default: the MLX memory limit
@@ -103,6 +104,8 @@ pub struct Config {
     pub mlx_cache_idle_seconds: f64,
     /// What new requests meet while memory pressure is critical.
     pub admission: Admission,
+    /// Speculative decoding for requests that bring no `prediction` of their own.
+    pub speculative: Speculative,
     /// Models kept loaded together.
     pub max_loaded_models: usize,
     /// How long an idle model stays loaded (a request's `keep_alive` overrides it).
@@ -180,6 +183,7 @@ impl Default for Config {
             // soon after the load ends. A refill costs the next request a few ms of page faults.
             mlx_cache_idle_seconds: 30.0,
             admission: Admission::Refuse,
+            speculative: Speculative::Off,
             max_loaded_models: 2,
             keep_alive: crate::registry::KeepAlive::DEFAULT,
             memory_budget_bytes: None,
@@ -216,6 +220,17 @@ pub enum Admission {
     Wait,
 }
 
+/// Where drafts come from for requests without a `prediction`: nowhere (one token a pass),
+/// or the prompt and answer themselves (n-gram prompt lookup: quick on answers that quote
+/// their prompt, as edits, extraction and summaries do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Speculative {
+    Off,
+    #[value(name = "prompt_lookup")]
+    PromptLookup,
+}
+
 /// Flags of `mlxbar serve`; each overrides the config file.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ServeArgs {
@@ -247,6 +262,9 @@ pub struct ServeArgs {
     /// Under critical memory pressure, refuse new requests (503) or let them wait [default: refuse]
     #[arg(long, value_enum)]
     pub admission: Option<Admission>,
+    /// Speculative decoding for requests without a `prediction`: off or prompt_lookup [default: off]
+    #[arg(long, value_enum)]
+    pub speculative: Option<Speculative>,
     /// Extra Host header names to accept (repeatable; "*" accepts any)
     #[arg(long = "allowed-host")]
     pub allowed_hosts: Vec<String>,
@@ -304,6 +322,9 @@ impl Config {
         }
         if let Some(v) = args.admission {
             config.admission = v;
+        }
+        if let Some(v) = args.speculative {
+            config.speculative = v;
         }
         if let Some(v) = &args.data_dir {
             config.data_dir = Some(v.clone());

@@ -259,7 +259,7 @@ async fn fields_mlxbar_does_not_do_are_refused_by_name() {
         ("/v1/chat/completions", json!({"modalities": ["text", "audio"]}), "modalities"),
         ("/v1/chat/completions", json!({"functions": [{"name": "f", "parameters": {}}]}), "functions"),
         ("/v1/chat/completions", json!({"function_call": "auto"}), "function_call"),
-        ("/v1/chat/completions", json!({"prediction": {"type": "content", "content": "x"}}), "prediction"),
+        ("/v1/chat/completions", json!({"prediction": {"type": "content", "content": 5}}), "prediction"),
         ("/v1/chat/completions", json!({"reasoning_effort": "low"}), "reasoning_effort"),
         ("/v1/chat/completions", json!({"web_search_options": {}}), "web_search_options"),
         ("/v1/chat/completions", json!({"store": true}), "store"),

@@ -3,7 +3,9 @@
 //! histogram shows steps of three or more sequences, streams join and leave and one can be
 //! cancelled (ending as cancelled, its KV freed) without disturbing the rest, a second chat
 //! turn reuses the first turn's KV with the same output (parting at a near-tie at most: the
-//! reused KV came from another prefill shape), and forced critical pressure refuses new work.
+//! reused KV came from another prefill shape), forced critical pressure refuses new work,
+//! and speculative decoding (Predicted Outputs, prompt lookup) keeps the greedy answer
+//! while its usage and metrics count the drafts.
 mod common;
 
 use std::time::Duration;
@@ -239,4 +241,105 @@ async fn with_admission_wait_requests_are_held_until_pressure_eases() {
     let answer = tokio::time::timeout(Duration::from_secs(30), held).await.unwrap().unwrap();
     assert_eq!(answer, greedy(&base, &messages("Hi"), 4).await, "the held request got the model's greedy answer");
     server.shutdown().await;
+}
+
+/// The text of a chat completion's usage field `completion_tokens_details[key]`.
+fn prediction_tokens(answer: &Value, key: &str) -> u64 {
+    answer["usage"]["completion_tokens_details"][key].as_u64().unwrap_or_else(|| panic!("usage without {key}: {answer}"))
+}
+
+async fn chat(base: &str, body: &Value) -> Value {
+    let r = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(body).send().await.unwrap();
+    let status = r.status();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+/// Predicted Outputs and prompt lookup change how many passes an answer takes, not the
+/// answer: drafts verified in one pass give the greedy answer of one token a pass (within
+/// agreement.rs's near-tie rule: a verifying pass runs several positions, another shape),
+/// and the usage and metrics count what was accepted and rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predicted_outputs_and_prompt_lookup_keep_the_greedy_answer_and_count_drafts() {
+    let (plain, plain_url) = start(Config { prefix_cache_bytes: Some(0), ..common::test_config() }).await;
+    let (lookup, lookup_url) =
+        start(Config { prefix_cache_bytes: Some(0), speculative: mlxbar::config::Speculative::PromptLookup, ..common::test_config() })
+            .await;
+    let text = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. \
+                All that glitters is not gold.";
+    let ask = messages(&format!("Repeat this text exactly, with nothing else:\n\n{text}"));
+    let request = json!({"messages": ask, "max_tokens": 48});
+    let want = traced(&plain_url, &ask, 48).await;
+    assert!(want.steps.len() >= 16, "a long enough answer to draft: {:?}", want.text);
+
+    // The answer itself as the prediction: most of it comes from drafts.
+    let mut body = common::agreement::traced_body(&request);
+    body["prediction"] = json!({"type": "content", "content": want.text});
+    let answer = chat(&plain_url, &body).await;
+    common::agreement::assert_agree(&common::agreement::Traced::from_answer(&answer), &want, "prediction = the answer");
+    let completion = answer["usage"]["completion_tokens"].as_u64().unwrap();
+    let accepted = prediction_tokens(&answer, "accepted_prediction_tokens");
+    assert!(accepted * 2 >= completion, "{accepted} of {completion} tokens came from the prediction");
+    assert_eq!(metric(&plain_url, "mlxbar_speculative_draft_tokens_total{result=\"accepted\"}").await, accepted as f64);
+    assert!(metric(&plain_url, "mlxbar_speculative_passes_total").await >= 1.0);
+
+    // A prediction with an edit in the middle (as text parts): drafts are rejected at the
+    // edit and taken again after it.
+    let edited = want.text.replacen("thousand", "hundred", 1);
+    assert_ne!(edited, want.text, "the answer repeats the text: {:?}", want.text);
+    let (head, tail) = edited.split_at(edited.len() / 2);
+    body["prediction"] = json!({"type": "content", "content": [{"type": "text", "text": head}, {"type": "text", "text": tail}]});
+    let answer = chat(&plain_url, &body).await;
+    common::agreement::assert_agree(&common::agreement::Traced::from_answer(&answer), &want, "prediction with an edit");
+    assert!(prediction_tokens(&answer, "accepted_prediction_tokens") > 0, "{answer}");
+    assert!(prediction_tokens(&answer, "rejected_prediction_tokens") > 0, "{answer}");
+
+    // Prompt lookup: the text to repeat is in the prompt.
+    let body = common::agreement::traced_body(&request);
+    let answer = chat(&lookup_url, &body).await;
+    common::agreement::assert_agree(&common::agreement::Traced::from_answer(&answer), &want, "prompt lookup");
+    assert!(prediction_tokens(&answer, "accepted_prediction_tokens") > 8, "{answer}");
+    assert!(metric(&lookup_url, "mlxbar_speculative_draft_tokens_total{result=\"accepted\"}").await > 8.0);
+    // Two at once: prompt lookup gives way to the batch while others decode, and takes
+    // over again alone; each answer is still the greedy one.
+    let (a, b) = tokio::join!(chat(&lookup_url, &body), chat(&lookup_url, &body));
+    for answer in [a, b] {
+        common::agreement::assert_agree(&common::agreement::Traced::from_answer(&answer), &want, "prompt lookup beside another");
+    }
+
+    // Sampling with a prediction, streamed with usage: the rejection rule runs, the stream
+    // ends with the counts.
+    let body = json!({"messages": ask, "max_tokens": 24, "temperature": 0.7, "seed": 3, "stream": true,
+        "stream_options": {"include_usage": true}, "prediction": {"type": "content", "content": want.text}});
+    let r = reqwest::Client::new().post(format!("{plain_url}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut events = common::sse(r);
+    let mut usage = None;
+    while let Some(event) = events.next().await {
+        if event.data == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(&event.data).unwrap();
+        if !chunk["usage"].is_null() {
+            usage = Some(chunk["usage"].clone());
+        }
+    }
+    let usage = usage.expect("a usage chunk");
+    assert!(usage["completion_tokens_details"]["accepted_prediction_tokens"].is_u64(), "{usage}");
+
+    // A malformed prediction is a 400 naming it.
+    for bad in [
+        json!({"type": "file", "content": "x"}),
+        json!({"type": "content"}),
+        json!("x"),
+        json!({"type": "content", "content": [{"type": "image"}]}),
+    ] {
+        let body = json!({"messages": ask, "max_tokens": 4, "prediction": bad});
+        let r = reqwest::Client::new().post(format!("{plain_url}/v1/chat/completions")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+        assert_eq!(r.json::<Value>().await.unwrap()["error"]["param"], "prediction", "{bad}");
+    }
+    plain.shutdown().await;
+    lookup.shutdown().await;
 }

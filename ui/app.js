@@ -279,7 +279,7 @@ async function loadHistory() {
   const prev = runs.slice(1).find((x) => x.profile === last.profile);
   text("bench-title", `Last: ${last.profile}, ${ago(last.finished_unix)}` + (prev ? ` · vs previous (${ago(prev.finished_unix)})` : " · first run of this profile"));
   const target = last.targets[0]?.label;
-  const key = (c) => `${c.concurrency}×${c.prompt_tokens}→${c.output_tokens}`;
+  const key = (c) => `${c.concurrency}×${c.prompt_tokens}→${c.output_tokens}${c.prediction ? " +prediction" : ""}`;
   const head = document.createElement("tr");
   // Tokens per joule only where the run could read power (hidden, not zero, elsewhere).
   const powered = last.cells.some((c) => c.target === target && c.tokens_per_joule != null);

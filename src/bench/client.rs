@@ -1,5 +1,6 @@
 //! A streaming OpenAI client that times one chat completion: time to first token and the
-//! decode rate after it. Works against any OpenAI-compatible server.
+//! decode rate after it, plus the Predicted Outputs counts where the server reports them.
+//! Works against any OpenAI-compatible server; an HTTP error comes back as [`HttpStatus`].
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -45,13 +46,45 @@ pub struct RunTiming {
     pub total: Duration,
     /// Gaps between streamed chunks after the first (inter-token latency samples).
     pub gaps: Vec<Duration>,
+    /// `usage.completion_tokens_details.{accepted,rejected}_prediction_tokens`, when the
+    /// server reports them (a request with a `prediction` on a server that takes it).
+    pub accepted_prediction_tokens: Option<usize>,
+    pub rejected_prediction_tokens: Option<usize>,
+    /// The server refused the request's `prediction` (HTTP 400/422), so it was sent again
+    /// without one: these figures are of that request.
+    pub prediction_refused: bool,
 }
 
+/// A non-success answer, kept apart so a caller can tell a refused request from a failure.
+#[derive(Debug, thiserror::Error)]
+#[error("{label}: HTTP {status}: {body}")]
+pub struct HttpStatus {
+    pub label: String,
+    pub status: u16,
+    pub body: String,
+}
+
+/// One streamed, greedy chat completion.
 pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, max_tokens: usize) -> Result<RunTiming> {
-    let body = json!({
+    timed_chat_predicted(client, t, messages, max_tokens, None).await
+}
+
+/// [`timed_chat`] with `prediction` as the request's Predicted Outputs field
+/// (`{"type": "content", "content": ...}`) when given.
+pub async fn timed_chat_predicted(
+    client: &reqwest::Client,
+    t: &Target,
+    messages: &Value,
+    max_tokens: usize,
+    prediction: Option<&Value>,
+) -> Result<RunTiming> {
+    let mut body = json!({
         "model": t.model, "messages": messages, "max_tokens": max_tokens,
         "temperature": 0.0, "stream": true, "stream_options": {"include_usage": true},
     });
+    if let Some(p) = prediction {
+        body["prediction"] = p.clone();
+    }
     let start = Instant::now();
     let resp = client
         .post(format!("{}/v1/chat/completions", t.base_url))
@@ -60,7 +93,8 @@ pub async fn timed_chat(client: &reqwest::Client, t: &Target, messages: &Value, 
         .await
         .with_context(|| format!("POST to {}", t.label))?;
     if !resp.status().is_success() {
-        bail!("{}: HTTP {}: {}", t.label, resp.status(), resp.text().await.unwrap_or_default());
+        let status = resp.status().as_u16();
+        return Err(HttpStatus { label: t.label.clone(), status, body: resp.text().await.unwrap_or_default() }.into());
     }
     read_timed_stream(&t.label, resp.bytes_stream(), start).await
 }
@@ -75,6 +109,7 @@ where
 {
     let mut events = body.eventsource();
     let (mut first, mut last, mut chunks, mut usage_tokens, mut prompt_tokens) = (None, None::<Instant>, 0usize, None, None);
+    let (mut accepted, mut rejected) = (None, None);
     let mut gaps = Vec::new();
     while let Some(event) = events.next().await {
         let event = event.with_context(|| format!("{label}: reading the stream"))?;
@@ -89,6 +124,9 @@ where
         if let Some(n) = v.pointer("/usage/prompt_tokens").and_then(Value::as_u64) {
             prompt_tokens = Some(n as usize);
         }
+        let details = |key: &str| v.pointer(&format!("/usage/completion_tokens_details/{key}")).and_then(Value::as_u64);
+        accepted = details("accepted_prediction_tokens").map(|n| n as usize).or(accepted);
+        rejected = details("rejected_prediction_tokens").map(|n| n as usize).or(rejected);
         let content = v.pointer("/choices/0/delta/content").and_then(Value::as_str).unwrap_or("");
         if !content.is_empty() {
             let now = Instant::now();
@@ -111,6 +149,9 @@ where
         decode_tok_s: if decode > 0.0 { (tokens.saturating_sub(1)) as f64 / decode } else { 0.0 },
         total: start.elapsed(),
         gaps,
+        accepted_prediction_tokens: accepted,
+        rejected_prediction_tokens: rejected,
+        prediction_refused: false,
     })
 }
 
@@ -149,6 +190,19 @@ mod tests {
         assert_eq!((t.completion_tokens, t.prompt_tokens, t.gaps.len()), (2, Some(9), 1));
         // gaps.len() == 1: both content chunks were seen, though neither ended in "\n\n"
         // and one split its JSON over two lines.
+        assert_eq!((t.accepted_prediction_tokens, t.rejected_prediction_tokens), (None, None), "no details: not reported");
+    }
+
+    #[tokio::test]
+    async fn reads_predicted_outputs_counts_from_usage() {
+        let parts = [
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a = 1\\nb\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\" = 2\"}}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":7,\"completion_tokens_details\":{\"accepted_prediction_tokens\":5,\"rejected_prediction_tokens\":1}}}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        let t = read_timed_stream("test", body(&parts), Instant::now()).await.unwrap();
+        assert_eq!((t.completion_tokens, t.accepted_prediction_tokens, t.rejected_prediction_tokens), (7, Some(5), Some(1)));
     }
 
     #[test]

@@ -377,7 +377,7 @@ mod tests {
     fn cell(concurrency: usize, tok_s: f64, ttft: f64, errors: usize) -> CellResult {
         CellResult {
             target: "mlxbar".into(),
-            cell: CellSpecField { concurrency, prompt_tokens: 128, output_tokens: 64 },
+            cell: CellSpecField { concurrency, prompt_tokens: 128, output_tokens: 64, prediction: false },
             requests: 3,
             errors,
             error: None,

@@ -1,10 +1,12 @@
-//! Benchmarks: plans (grids of streams × prompt × output tokens), a runner that measures
-//! any OpenAI-compatible server over HTTP, run records with history, and reports.
+//! Benchmarks: plans (grids of streams × prompt × output tokens, on synthetic prompts or
+//! [`edit`]'s rewrite-a-file request with and without a predicted output), a runner that
+//! measures any OpenAI-compatible server over HTTP, run records with history, and reports.
 //! `mlxbar bench` runs a plan against an in-process mlxbar (or `--target`), optionally
 //! interleaved with `--compare` servers, and prints ratios; [`jobs`] runs plans inside a
 //! server for `POST /api/bench`. `mlxbar bench soak` ([`soak`]) keeps mixed load on a
 //! server for minutes and checks that no request is lost and memory stays flat.
 pub mod client;
+pub mod edit;
 pub mod jobs;
 pub mod machine;
 pub mod plan;
@@ -56,7 +58,8 @@ pub async fn cli(cli: BenchCli) -> Result<()> {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Plan to run: quick, standard, concurrency-sweep, long-context, or a user plan
+    /// Plan to run: quick, standard, concurrency-sweep, long-context, edit (a file rewrite
+    /// without and with a Predicted Outputs `prediction`), or a user plan
     #[arg(long, default_value = "quick")]
     pub profile: String,
     /// List the plans and exit

@@ -1,5 +1,5 @@
 //! Bench plans: a grid of cells (concurrent streams × prompt tokens × output tokens) with
-//! warm-up and repetitions. Four are built in; users add TOML or JSON files to
+//! warm-up and repetitions. Five are built in; users add TOML or JSON files to
 //! `<data dir>/metrics/bench/plans/` (a file's stem is its name unless it sets one):
 //! ```toml
 //! description = "My editor's workload"
@@ -9,6 +9,10 @@
 //! warmup = 1
 //! repetitions = 3
 //! ```
+//! A plan's `workload` is `"synthetic"` (the default: [`super::prompt`]'s word prompts of
+//! `prompt_tokens`) or `"edit"` ([`super::edit`]'s rewrite-a-file request, whose size is the
+//! file's, so such a plan sets no `prompt_tokens`); an edit plan runs every cell twice, without
+//! and then with a Predicted Outputs `prediction` ([`CellSpec::prediction`]).
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -22,8 +26,12 @@ pub struct Plan {
     #[serde(default)]
     pub description: String,
     pub concurrency: Vec<usize>,
+    /// Synthetic prompt sizes; empty for an edit plan.
+    #[serde(default)]
     pub prompt_tokens: Vec<usize>,
     pub output_tokens: Vec<usize>,
+    #[serde(default)]
+    pub workload: Workload,
     /// Untimed single requests before each cell's first repetition.
     #[serde(default = "one")]
     pub warmup: usize,
@@ -39,18 +47,40 @@ fn one() -> usize {
     1
 }
 
+/// What the requests of a plan ask for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// Word prompts of each cell's `prompt_tokens` ([`super::prompt`]).
+    #[default]
+    Synthetic,
+    /// Rewrite a ~400-token file with a one-line change ([`super::edit`]), each cell without
+    /// and with a `prediction` of the file.
+    Edit,
+}
+
 /// One point of the grid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CellSpec {
     pub concurrency: usize,
     pub prompt_tokens: usize,
     pub output_tokens: usize,
+    /// The requests carry a Predicted Outputs `prediction` (edit plans' second variant).
+    #[serde(default)]
+    pub prediction: bool,
 }
 
 impl CellSpec {
-    /// Short label for tables and charts: `4×128→64` (streams × prompt → output tokens).
+    /// Short label for tables and charts: `4×128→64` (streams × prompt → output tokens),
+    /// `1×535→450 +prediction` for a predicted cell.
     pub fn label(&self) -> String {
-        format!("{}×{}→{}", self.concurrency, self.prompt_tokens, self.output_tokens)
+        let predicted = if self.prediction { " +prediction" } else { "" };
+        format!("{}×{}→{}{predicted}", self.concurrency, self.prompt_tokens, self.output_tokens)
+    }
+
+    /// The same cell without the prediction: what a predicted cell's speed-up is against.
+    pub fn unpredicted(self) -> CellSpec {
+        CellSpec { prediction: false, ..self }
     }
 }
 
@@ -68,15 +98,28 @@ impl Plan {
             concurrency: concurrency.to_vec(),
             prompt_tokens: prompt.to_vec(),
             output_tokens: output.to_vec(),
+            workload: Workload::Synthetic,
             warmup: 1,
             repetitions,
             source: "builtin".into(),
+        };
+        let edit = Plan {
+            workload: Workload::Edit,
+            ..plan(
+                "edit",
+                "An editor's rewrite of a ~400-token file with a one-line change, without and with a predicted output",
+                &[1],
+                &[],
+                &[super::edit::OUTPUT_TOKENS],
+                3,
+            )
         };
         vec![
             plan("quick", "One stream, short prompt: TTFT and decode speed in under a minute", &[1], &[128], &[64], 3),
             plan("standard", "One and four streams, short and medium prompts", &[1, 4], &[128, 512], &[128], 3),
             plan("concurrency-sweep", "1, 4 and 8 streams at once: aggregate throughput and queueing", &[1, 4, 8], &[64], &[64], 2),
             plan("long-context", "Long prompts: prefill speed and TTFT", &[1], &[1024, 3072], &[64], 2),
+            edit,
         ]
     }
 
@@ -102,11 +145,18 @@ impl Plan {
         if !name_ok {
             bail!("plan name '{}' must be 1-64 letters, digits, '-' or '_'", self.name);
         }
+        let edit = self.workload == Workload::Edit;
+        if edit && !self.prompt_tokens.is_empty() {
+            bail!("plan '{}': an edit plan's prompt is its file (~{} tokens); drop prompt_tokens", self.name, super::edit::PROMPT_TOKENS);
+        }
         for (axis, values, max) in [
             ("concurrency", &self.concurrency, MAX_CONCURRENCY),
             ("prompt_tokens", &self.prompt_tokens, MAX_TOKENS),
             ("output_tokens", &self.output_tokens, MAX_TOKENS),
         ] {
+            if axis == "prompt_tokens" && edit {
+                continue;
+            }
             if values.is_empty() || values.iter().any(|&v| v == 0 || v > max) {
                 bail!("plan '{}': {axis} needs at least one value, each between 1 and {max}", self.name);
             }
@@ -121,13 +171,20 @@ impl Plan {
     }
 
     /// The grid in run order: prompt and output sizes outermost, concurrency innermost, so
-    /// a sweep reads naturally in a table.
+    /// a sweep reads naturally in a table. An edit plan's prompt is its file, and each of its
+    /// points runs without and then with the prediction, side by side.
     pub fn cells(&self) -> Vec<CellSpec> {
+        let (prompts, predictions): (&[usize], &[bool]) = match self.workload {
+            Workload::Synthetic => (&self.prompt_tokens, &[false]),
+            Workload::Edit => (&[super::edit::PROMPT_TOKENS], &[false, true]),
+        };
         let mut cells = vec![];
-        for &prompt_tokens in &self.prompt_tokens {
+        for &prompt_tokens in prompts {
             for &output_tokens in &self.output_tokens {
                 for &concurrency in &self.concurrency {
-                    cells.push(CellSpec { concurrency, prompt_tokens, output_tokens });
+                    for &prediction in predictions {
+                        cells.push(CellSpec { concurrency, prompt_tokens, output_tokens, prediction });
+                    }
                 }
             }
         }
@@ -202,6 +259,42 @@ mod tests {
         assert_eq!(quick[0].concurrency, [2], "the user's quick replaces the built-in");
         assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(plans.iter().any(|p| p.name == "long-context"));
+    }
+
+    #[test]
+    fn the_edit_plan_runs_each_cell_without_then_with_the_prediction() {
+        let edit = Plan::builtins().into_iter().find(|p| p.name == "edit").unwrap();
+        edit.validate().unwrap();
+        let cells = edit.cells();
+        assert_eq!(cells.iter().map(|c| c.prediction).collect::<Vec<_>>(), [false, true]);
+        assert_eq!(cells[1].unpredicted(), cells[0]);
+        assert_eq!(cells[0].prompt_tokens, super::super::edit::PROMPT_TOKENS);
+        assert_eq!(cells[1].label(), format!("1×{}→450 +prediction", super::super::edit::PROMPT_TOKENS));
+        assert_eq!(edit.total_requests(), 2 * (1 + 3));
+    }
+
+    #[test]
+    fn user_edit_plans_load_and_take_no_prompt_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ed.toml"), "workload = \"edit\"\nconcurrency = [1, 2]\noutput_tokens = [450]\n").unwrap();
+        std::fs::write(
+            dir.path().join("ed2.json"),
+            r#"{"workload": "edit", "concurrency": [1], "prompt_tokens": [128], "output_tokens": [450]}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("ed3.toml"), "workload = \"rewrite\"\nconcurrency = [1]\noutput_tokens = [450]\n").unwrap();
+        std::fs::write(dir.path().join("syn.toml"), "concurrency = [1]\noutput_tokens = [4]\n").unwrap();
+        let (plans, warnings) = available(dir.path());
+        let ed = plans.iter().find(|p| p.name == "ed").unwrap();
+        assert_eq!((ed.workload, ed.cells().len()), (Workload::Edit, 4));
+        for broken in ["ed2", "ed3", "syn"] {
+            assert!(!plans.iter().any(|p| p.name == broken), "{broken} is refused");
+        }
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(warnings.iter().any(|w| w.contains("drop prompt_tokens")), "{warnings:?}");
+        assert!(warnings.iter().any(|w| w.contains("prompt_tokens needs at least one value")), "{warnings:?}");
+        // A synthetic plan's cells never carry a prediction.
+        assert!(Plan::builtins().iter().filter(|p| p.workload == Workload::Synthetic).all(|p| p.cells().iter().all(|c| !c.prediction)));
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! What a bench run leaves behind: the full [`RunRecord`] (plan, machine, targets, every
 //! cell's figures) and the compact [`HistoryEntry`] (per-cell medians) that history lists.
+//! Predicted cells (edit plans) add how the server took the `prediction`, its accepted and
+//! rejected tokens, and the speed-up over the same cell without it.
 use serde::{Deserialize, Serialize};
 
 use super::machine::Machine;
@@ -73,6 +75,43 @@ pub struct CellResult {
     /// Completion tokens over the chip joules of the whole rounds.
     #[serde(default)]
     pub tokens_per_joule: Option<f64>,
+    /// Predicted cells only: how the server took the `prediction`.
+    #[serde(default)]
+    pub prediction: Option<PredictionUse>,
+    /// Median per request of `usage.completion_tokens_details.accepted_prediction_tokens`
+    /// and `rejected_prediction_tokens`, where the server reports them.
+    #[serde(default)]
+    pub accepted_prediction_tokens: Option<usize>,
+    #[serde(default)]
+    pub rejected_prediction_tokens: Option<usize>,
+    /// Predicted cells: the same target's e2e p50 without the prediction over this cell's
+    /// (above 1: the prediction made the edit faster).
+    #[serde(default)]
+    pub prediction_speedup: Option<f64>,
+}
+
+/// How a server took a request's `prediction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PredictionUse {
+    /// Taken, with accepted/rejected counts in usage.
+    Counted,
+    /// Taken without an error but no counts came back: a server that ignores the field (or
+    /// one that uses it and does not say).
+    Uncounted,
+    /// Refused (HTTP 400/422); the request went again without it.
+    Refused,
+}
+
+impl PredictionUse {
+    /// For tables: what the server did with the field.
+    pub fn describe(self) -> &'static str {
+        match self {
+            PredictionUse::Counted => "counted",
+            PredictionUse::Uncounted => "sent, not counted",
+            PredictionUse::Refused => "refused, sent without",
+        }
+    }
 }
 
 /// [`CellSpec`] flattened into [`CellResult`] (serde cannot flatten a Copy struct with a
@@ -82,17 +121,29 @@ pub struct CellSpecField {
     pub concurrency: usize,
     pub prompt_tokens: usize,
     pub output_tokens: usize,
+    #[serde(default)]
+    pub prediction: bool,
 }
 
 impl From<CellSpec> for CellSpecField {
     fn from(c: CellSpec) -> Self {
-        CellSpecField { concurrency: c.concurrency, prompt_tokens: c.prompt_tokens, output_tokens: c.output_tokens }
+        CellSpecField {
+            concurrency: c.concurrency,
+            prompt_tokens: c.prompt_tokens,
+            output_tokens: c.output_tokens,
+            prediction: c.prediction,
+        }
     }
 }
 
 impl CellSpecField {
     pub fn spec(&self) -> CellSpec {
-        CellSpec { concurrency: self.concurrency, prompt_tokens: self.prompt_tokens, output_tokens: self.output_tokens }
+        CellSpec {
+            concurrency: self.concurrency,
+            prompt_tokens: self.prompt_tokens,
+            output_tokens: self.output_tokens,
+            prediction: self.prediction,
+        }
     }
 }
 
@@ -146,6 +197,13 @@ pub struct HistoryCell {
     /// Tokens per joule where the run read power (the popover's Bench table shows them).
     #[serde(default)]
     pub tokens_per_joule: Option<f64>,
+    /// Predicted cells: see [`CellResult`]'s fields of the same names.
+    #[serde(default)]
+    pub accepted_prediction_tokens: Option<usize>,
+    #[serde(default)]
+    pub rejected_prediction_tokens: Option<usize>,
+    #[serde(default)]
+    pub prediction_speedup: Option<f64>,
 }
 
 impl RunRecord {
@@ -196,6 +254,9 @@ impl RunRecord {
                     e2e_p50: c.e2e_p50,
                     errors: c.errors,
                     tokens_per_joule: c.tokens_per_joule,
+                    accepted_prediction_tokens: c.accepted_prediction_tokens,
+                    rejected_prediction_tokens: c.rejected_prediction_tokens,
+                    prediction_speedup: c.prediction_speedup,
                 })
                 .collect(),
         }

@@ -1,6 +1,8 @@
 //! A run as people read it: a Markdown table (printed by the CLI, pasted in the README)
 //! and a self-contained HTML report with charts of tok/s and TTFT per cell. Tokens per
 //! joule stand beside tokens per second ("unavailable" where the machine reads no power).
+//! A run with predicted cells (edit plans) adds four columns: how the server took the
+//! `prediction`, its accepted and rejected tokens, and the speed-up over no prediction.
 use plotters::prelude::*;
 
 use super::record::{CellResult, RunRecord};
@@ -9,11 +11,15 @@ use super::record::{CellResult, RunRecord};
 /// target on the same cell.
 pub fn markdown(record: &RunRecord) -> String {
     let compare = record.targets.len() > 1;
+    let predicted = has_predicted_cells(record);
     let mut out = String::from(
         "| cell (streams×prompt→output) | server | aggregate tok/s | tok/J | prefill J/tok | decode J/tok | per-stream tok/s | TTFT p50 | TTFT p90 | ITL p50 | ITL p90 | e2e p50 | errors |",
     );
+    if predicted {
+        out += &PREDICTION_HEADERS.map(|h| format!(" {h} |")).concat();
+    }
     out += if compare { " aggregate × vs first | tok/J × vs first |\n" } else { "\n" };
-    out += &"|---".repeat(if compare { 15 } else { 13 });
+    out += &"|---".repeat(13 + if predicted { PREDICTION_HEADERS.len() } else { 0 } + if compare { 2 } else { 0 });
     out += "|\n";
     for c in &record.cells {
         out += &format!(
@@ -32,6 +38,9 @@ pub fn markdown(record: &RunRecord) -> String {
             secs(c.e2e_p50),
             c.errors
         );
+        if predicted {
+            out += &prediction_columns(c).map(|v| format!(" {v} |")).concat();
+        }
         if compare {
             let base = base_of(record, c);
             let tpj = match (c.tokens_per_joule, base.tokens_per_joule) {
@@ -43,6 +52,28 @@ pub fn markdown(record: &RunRecord) -> String {
         out += "\n";
     }
     out
+}
+
+/// Columns of runs with predicted cells (edit plans).
+const PREDICTION_HEADERS: [&str; 4] = ["prediction", "accepted pred. tok", "rejected pred. tok", "× vs no prediction (e2e)"];
+
+fn has_predicted_cells(record: &RunRecord) -> bool {
+    record.plan.cells().iter().any(|c| c.prediction) || record.cells.iter().any(|c| c.cell.prediction)
+}
+
+/// A row's [`PREDICTION_HEADERS`] figures: "–" on a cell that sent no prediction, "not
+/// reported" where the server sent no counts.
+fn prediction_columns(c: &CellResult) -> [String; 4] {
+    if !c.cell.prediction {
+        return ["none".into(), "–".into(), "–".into(), "–".into()];
+    }
+    let count = |n: Option<usize>| n.map_or_else(|| "not reported".into(), |n| n.to_string());
+    [
+        c.prediction.map_or("–", |p| p.describe()).into(),
+        count(c.accepted_prediction_tokens),
+        count(c.rejected_prediction_tokens),
+        c.prediction_speedup.map_or_else(|| "–".into(), |x| format!("{x:.2}")),
+    ]
 }
 
 /// The first target's result for the same cell.
@@ -97,11 +128,16 @@ pub fn html(record: &RunRecord) -> String {
         .iter()
         .map(|t| context! { label => t.label, url => t.url, model => t.model_id.as_deref().unwrap_or(&t.model) })
         .collect();
+    let predicted = has_predicted_cells(record);
+    let mut headers = HTML_HEADERS.to_vec();
+    if predicted {
+        headers.extend(PREDICTION_HEADERS);
+    }
     let rows: Vec<Vec<String>> = record
         .cells
         .iter()
         .map(|c| {
-            vec![
+            let mut row = vec![
                 c.cell.spec().label(),
                 c.target.clone(),
                 format!("{:.1}", c.aggregate_tok_s),
@@ -118,7 +154,11 @@ pub fn html(record: &RunRecord) -> String {
                 c.peak_mlx_bytes.map(|b| format!("{:.0} MiB", b as f64 / 1048576.0)).unwrap_or_else(|| "–".into()),
                 c.pressure_max.clone().unwrap_or_else(|| "–".into()),
                 c.errors.to_string(),
-            ]
+            ];
+            if predicted {
+                row.extend(prediction_columns(c));
+            }
+            row
         })
         .collect();
     // plotters escapes the text it puts in the SVG, so the charts go in as markup.
@@ -133,7 +173,7 @@ pub fn html(record: &RunRecord) -> String {
         memory_gib => format!("{:.0}", m.memory_bytes as f64 / (1u64 << 30) as f64),
         targets,
         charts,
-        headers => HTML_HEADERS,
+        headers,
         rows,
     };
     env.get_template("report.html").and_then(|t| t.render(ctx)).expect("the report template renders")
@@ -197,7 +237,7 @@ mod tests {
     use super::*;
     use crate::bench::machine::Machine;
     use crate::bench::plan::Plan;
-    use crate::bench::record::{RunState, TargetInfo};
+    use crate::bench::record::{PredictionUse, RunState, TargetInfo};
 
     fn run() -> RunRecord {
         let plan = Plan { concurrency: vec![1, 4], ..Plan::builtins().remove(0) };
@@ -283,5 +323,52 @@ mod tests {
         assert!(html.contains("<b>&lt;script&gt;alert(1)&lt;&#x2f;script&gt;</b>"), "{html}");
         assert!(html.contains("(model m&lt;script&gt;"), "{html}");
         assert!(html.matches("<td>&lt;script&gt;").count() >= 2 * r.plan.cells().len(), "server and pressure cells: {html}");
+    }
+
+    /// An edit run on two targets: mlxbar counts the prediction and gets faster, the peer
+    /// ignores it.
+    fn edit_run() -> RunRecord {
+        let mut r = run();
+        r.plan = Plan::builtins().into_iter().find(|p| p.name == "edit").unwrap();
+        r.profile = "edit".into();
+        r.cells.clear();
+        for spec in r.plan.cells() {
+            for label in ["mlxbar", "<peer>"] {
+                let counted = spec.prediction && label == "mlxbar";
+                r.cells.push(CellResult {
+                    target: label.into(),
+                    cell: spec.into(),
+                    stream_tok_s_p50: if counted { 120.0 } else { 60.0 },
+                    e2e_p50: if counted { 3.0 } else { 6.0 },
+                    prediction: spec.prediction.then_some(if counted { PredictionUse::Counted } else { PredictionUse::Uncounted }),
+                    accepted_prediction_tokens: counted.then_some(400),
+                    rejected_prediction_tokens: counted.then_some(12),
+                    prediction_speedup: spec.prediction.then_some(if counted { 2.0 } else { 1.0 }),
+                    ..Default::default()
+                });
+            }
+        }
+        r
+    }
+
+    #[test]
+    fn edit_runs_show_both_rows_with_counts_and_speed_up() {
+        let md = markdown(&edit_run());
+        let header = md.lines().next().unwrap();
+        assert!(header.ends_with("| errors | prediction | accepted pred. tok | rejected pred. tok | × vs no prediction (e2e) | aggregate × vs first | tok/J × vs first |"), "{md}");
+        assert_eq!(md.lines().nth(1).unwrap().matches("|---").count(), header.matches('|').count() - 1, "{md}");
+        let row = |label: &str| md.lines().find(|l| l.starts_with(&format!("| {label} "))).unwrap_or_else(|| panic!("{label}: {md}"));
+        let p = crate::bench::edit::PROMPT_TOKENS;
+        assert!(row(&format!("1×{p}→450 | mlxbar")).contains("| 0 | none | – | – | – |"), "{md}");
+        assert!(row(&format!("1×{p}→450 +prediction | mlxbar")).contains("| 0 | counted | 400 | 12 | 2.00 |"), "{md}");
+        assert!(
+            row(&format!("1×{p}→450 +prediction | <peer>")).contains("| 0 | sent, not counted | not reported | not reported | 1.00 |"),
+            "{md}"
+        );
+        let html = html(&edit_run());
+        assert!(html.contains("<th>× vs no prediction (e2e)</th>"), "{html}");
+        assert!(html.contains("<td>counted</td><td>400</td><td>12</td><td>2.00</td>"), "{html}");
+        // Runs without predicted cells keep their columns.
+        assert!(!markdown(&run()).contains("prediction") && !super::html(&run()).contains("prediction"));
     }
 }

@@ -2,6 +2,10 @@
 //! (every target does cell 1, then every target does cell 2, ...) so drift on a shared
 //! machine hits all of them alike. Progress goes out on a watch channel; dropping the
 //! future cancels the requests in flight (the servers see the streams close).
+//! Requests are the plan's workload: synthetic prompts, or the edit request, whose predicted
+//! cells carry a `prediction`; a server that refuses the field (HTTP 400/422) gets the request
+//! again without it and its row says so. A predicted cell's speed-up is against the same
+//! target's cell without the prediction.
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -9,11 +13,11 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::client::{timed_chat, RunTiming, Target};
-use super::plan::{CellSpec, Plan};
-use super::prompt;
+use super::client::{timed_chat_predicted, HttpStatus, RunTiming, Target};
+use super::plan::{CellSpec, Plan, Workload};
 use super::quantile;
-use super::record::{CellResult, TargetInfo};
+use super::record::{CellResult, PredictionUse, TargetInfo};
+use super::{edit, prompt};
 use crate::telemetry::power::monitor::PowerMonitor;
 
 /// Live progress of a run, as `GET /api/bench/{id}` and the CLI's progress bar show it.
@@ -79,8 +83,12 @@ pub async fn run_plan(
     });
     for (index, &cell) in cells.iter().enumerate() {
         for t in targets {
-            let r = run_cell(client, t, plan, index, cell, progress, power).await;
+            let mut r = run_cell(client, t, plan, index, cell, progress, power).await;
             progress.send_modify(|p| p.cells_done += 1);
+            if cell.prediction {
+                let without = results.iter().find(|b| b.target == r.target && b.cell.spec() == cell.unpredicted());
+                r.prediction_speedup = without.and_then(|w| prediction_speedup(w, &r));
+            }
             results.push(r);
         }
     }
@@ -108,7 +116,8 @@ async fn run_cell(
     set_phase("warmup".into());
     for w in 0..plan.warmup {
         // Warm-ups use their own prompts (round numbers past the timed ones).
-        let _ = timed_chat(client, &t, &prompt::messages(cell.prompt_tokens, index, 1000 + w, 0), cell.output_tokens.min(8)).await;
+        let (messages, prediction) = request(plan, cell, index, 1000 + w, 0);
+        let _ = chat(client, &t, &messages, cell.output_tokens.min(8), prediction.as_ref()).await;
         progress.send_modify(|p| p.requests_done += 1);
     }
     let mut peaks = Peaks::default();
@@ -120,10 +129,10 @@ async fn run_cell(
             let start = Instant::now();
             let start_at = power.now();
             let runs = futures::future::join_all((0..cell.concurrency).map(|s| {
-                let messages = prompt::messages(cell.prompt_tokens, index, round, s);
+                let (messages, prediction) = request(plan, cell, index, round, s);
                 let t = &t;
                 async move {
-                    let r = timed_chat(client, t, &messages, cell.output_tokens).await;
+                    let r = chat(client, t, &messages, cell.output_tokens, prediction.as_ref()).await;
                     progress.send_modify(|p| p.requests_done += 1);
                     r
                 }
@@ -149,6 +158,35 @@ async fn run_cell(
     let mut r = summarize(&t.label, cell, &rounds, peaks);
     r.set_energy(&energy);
     r
+}
+
+/// One request of a cell: its messages and, in a predicted cell, its `prediction`.
+fn request(plan: &Plan, cell: CellSpec, index: usize, round: usize, stream: usize) -> (Value, Option<Value>) {
+    match plan.workload {
+        Workload::Synthetic => (prompt::messages(cell.prompt_tokens, index, round, stream), None),
+        Workload::Edit => (edit::messages(index, round, stream), cell.prediction.then(edit::prediction)),
+    }
+}
+
+/// [`timed_chat_predicted`], sent again without the `prediction` if the server refuses the request
+/// with it (HTTP 400 or 422: a server that rejects fields it does not know).
+async fn chat(client: &reqwest::Client, t: &Target, messages: &Value, max_tokens: usize, prediction: Option<&Value>) -> Result<RunTiming> {
+    let first = timed_chat_predicted(client, t, messages, max_tokens, prediction).await;
+    match first {
+        Err(e) if prediction.is_some() && e.downcast_ref::<HttpStatus>().is_some_and(|h| matches!(h.status, 400 | 422)) => {
+            let mut r = timed_chat_predicted(client, t, messages, max_tokens, None).await?;
+            r.prediction_refused = true;
+            Ok(r)
+        }
+        other => other,
+    }
+}
+
+/// A predicted cell's speed-up: end-to-end p50 without the prediction over with it (above 1:
+/// faster with it). None unless both cells had a request succeed.
+fn prediction_speedup(without: &CellResult, with: &CellResult) -> Option<f64> {
+    let ok = |c: &CellResult| c.requests > c.errors && c.e2e_p50 > 0.0;
+    (ok(without) && ok(with)).then(|| without.e2e_p50 / with.e2e_p50)
 }
 
 /// A round on the power sampler's clock: start, end of prefill, end.
@@ -196,6 +234,7 @@ fn summarize(target: &str, cell: CellSpec, rounds: &[(Duration, Vec<Result<RunTi
     let (mut ttft, mut itl, mut tpot, mut e2e, mut stream_tok_s, mut prompt_tok_s, mut counted, mut aggregate) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut requests, mut errors, mut error, mut tokens, mut wall) = (0, 0, None, 0, 0.0);
+    let (mut accepted, mut rejected, mut refused, mut uncounted) = (vec![], vec![], false, false);
     for (elapsed, runs) in rounds {
         let mut round_tokens = 0;
         for r in runs {
@@ -215,6 +254,10 @@ fn summarize(target: &str, cell: CellSpec, rounds: &[(Duration, Vec<Result<RunTi
                     }
                     prompt_tok_s.push(r.prompt_tokens.unwrap_or(cell.prompt_tokens) as f64 / first.max(1e-9));
                     round_tokens += r.completion_tokens;
+                    accepted.extend(r.accepted_prediction_tokens.map(|n| n as f64));
+                    rejected.extend(r.rejected_prediction_tokens.map(|n| n as f64));
+                    refused |= r.prediction_refused;
+                    uncounted |= r.accepted_prediction_tokens.is_none() && !r.prediction_refused;
                 }
                 Err(e) => {
                     errors += 1;
@@ -226,9 +269,21 @@ fn summarize(target: &str, cell: CellSpec, rounds: &[(Duration, Vec<Result<RunTi
         wall += elapsed.as_secs_f64();
         aggregate.push(round_tokens as f64 / elapsed.as_secs_f64().max(1e-9));
     }
+    let median = |v: &mut Vec<f64>| (!v.is_empty()).then(|| quantile(v, 0.5) as usize);
+    // A cell's worst case names it: one refusal, or one request without counts, is the row's.
+    let prediction = (cell.prediction && requests > errors).then_some(if refused {
+        PredictionUse::Refused
+    } else if uncounted {
+        PredictionUse::Uncounted
+    } else {
+        PredictionUse::Counted
+    });
     CellResult {
         target: target.to_string(),
         cell: cell.into(),
+        prediction,
+        accepted_prediction_tokens: median(&mut accepted),
+        rejected_prediction_tokens: median(&mut rejected),
         requests,
         errors,
         error,
@@ -303,12 +358,15 @@ mod tests {
             decode_tok_s: (tokens - 1) as f64 / (total - ttft),
             total: Duration::from_secs_f64(total),
             gaps: vec![Duration::from_millis(50); tokens - 1],
+            accepted_prediction_tokens: None,
+            rejected_prediction_tokens: None,
+            prediction_refused: false,
         })
     }
 
     #[test]
     fn summarizes_rounds() {
-        let cell = CellSpec { concurrency: 2, prompt_tokens: 128, output_tokens: 11 };
+        let cell = CellSpec { concurrency: 2, prompt_tokens: 128, output_tokens: 11, prediction: false };
         let rounds = vec![
             (Duration::from_secs(2), vec![timing(0.5, 11, 1.0), timing(1.0, 11, 1.5)]),
             (Duration::from_secs(1), vec![timing(0.5, 11, 1.0), Err(anyhow::anyhow!("HTTP 503"))]),
@@ -328,7 +386,7 @@ mod tests {
 
     #[test]
     fn joules_per_token_split_prefill_and_decode() {
-        let cell = CellSpec { concurrency: 1, prompt_tokens: 128, output_tokens: 11 };
+        let cell = CellSpec { concurrency: 1, prompt_tokens: 128, output_tokens: 11, prediction: false };
         let rounds = vec![(Duration::from_secs(1), vec![timing(0.5, 11, 1.0)]), (Duration::from_secs(1), vec![timing(0.5, 11, 1.0)])];
         let mut r = summarize("x", cell, &rounds, Peaks::default());
         // 20 W through each round: 10 J of prefill and 10 J of decode per round
@@ -336,5 +394,62 @@ mod tests {
         assert_eq!(r.prefill_joules_per_token, Some(20.0 / 200.0), "100 counted prompt tokens a request");
         assert_eq!(r.decode_joules_per_token, Some(1.0), "20 J over the 20 tokens after the first");
         assert_eq!(r.tokens_per_joule, Some(22.0 / 40.0));
+    }
+
+    fn edit_plan() -> Plan {
+        Plan::builtins().into_iter().find(|p| p.name == "edit").unwrap()
+    }
+
+    #[test]
+    fn edit_requests_carry_the_prediction_only_in_the_predicted_cell() {
+        let plan = edit_plan();
+        let [without, with] = plan.cells()[..] else { panic!("two cells") };
+        let (messages, prediction) = request(&plan, without, 0, 0, 0);
+        assert_eq!((messages, prediction), (edit::messages(0, 0, 0), None));
+        let (messages, prediction) = request(&plan, with, 1, 0, 0);
+        assert_eq!(messages, edit::messages(1, 0, 0));
+        assert_eq!(prediction.unwrap()["content"], edit::FILE);
+        // A synthetic plan never sends one.
+        let quick = Plan::builtins().remove(0);
+        assert_eq!(request(&quick, quick.cells()[0], 0, 0, 0).1, None);
+    }
+
+    #[test]
+    fn predicted_cells_report_counts_and_say_when_the_server_did_not_take_the_field() {
+        let with = edit_plan().cells()[1];
+        let counted = |accepted, rejected| {
+            timing(0.5, 11, 1.0).map(|r| RunTiming {
+                accepted_prediction_tokens: Some(accepted),
+                rejected_prediction_tokens: Some(rejected),
+                ..r
+            })
+        };
+        let rounds = vec![
+            (Duration::from_secs(1), vec![counted(8, 1)]),
+            (Duration::from_secs(1), vec![counted(9, 2)]),
+            (Duration::from_secs(1), vec![counted(10, 0)]),
+        ];
+        let r = summarize("x", with, &rounds, Peaks::default());
+        assert_eq!(
+            (r.prediction, r.accepted_prediction_tokens, r.rejected_prediction_tokens),
+            (Some(PredictionUse::Counted), Some(9), Some(1))
+        );
+        let r = summarize("x", with, &[(Duration::from_secs(1), vec![timing(0.5, 11, 1.0)])], Peaks::default());
+        assert_eq!((r.prediction, r.accepted_prediction_tokens), (Some(PredictionUse::Uncounted), None));
+        let refused = timing(0.5, 11, 1.0).map(|r| RunTiming { prediction_refused: true, ..r });
+        let r = summarize("x", with, &[(Duration::from_secs(1), vec![refused])], Peaks::default());
+        assert_eq!(r.prediction, Some(PredictionUse::Refused));
+        let without = summarize("x", with.unpredicted(), &[(Duration::from_secs(1), vec![timing(0.5, 11, 1.0)])], Peaks::default());
+        assert_eq!(without.prediction, None, "nothing to say about a cell that sent no prediction");
+    }
+
+    #[test]
+    fn the_speed_up_is_the_unpredicted_rows_e2e_over_the_predicted_ones() {
+        let [without, with] = edit_plan().cells()[..] else { panic!("two cells") };
+        let slow = summarize("x", without, &[(Duration::from_secs(6), vec![timing(0.5, 450, 6.0)])], Peaks::default());
+        let fast = summarize("x", with, &[(Duration::from_secs(2), vec![timing(0.5, 450, 2.0)])], Peaks::default());
+        assert_eq!(prediction_speedup(&slow, &fast), Some(3.0));
+        let failed = summarize("x", with, &[(Duration::from_secs(1), vec![Err(anyhow::anyhow!("HTTP 500"))])], Peaks::default());
+        assert_eq!(prediction_speedup(&slow, &failed), None, "no ratio against a cell that measured nothing");
     }
 }

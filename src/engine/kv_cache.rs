@@ -95,6 +95,12 @@ impl KvCache {
         self.offset += tokens;
     }
 
+    /// Forgets every position from `tokens` on (a draft's rejected tokens): the next update
+    /// writes over them.
+    pub fn truncate(&mut self, tokens: i32) {
+        self.offset = self.offset.min(tokens.max(0));
+    }
+
     /// Bytes held by the buffers (capacity, not just the filled part).
     pub fn nbytes(&self) -> usize {
         self.layers.iter().flat_map(|l| [&l.keys, &l.values]).flatten().map(|a| a.nbytes()).sum()

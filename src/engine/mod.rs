@@ -6,6 +6,7 @@ pub mod chat_template;
 pub mod constraint;
 pub mod cpu_backend;
 mod device_lock;
+pub mod draft;
 pub mod experts;
 #[cfg(feature = "test-hooks")]
 pub mod faults;
@@ -395,6 +396,7 @@ impl Engine {
             constraint: None,
             logprobs: None,
             special_tokens_as_text: false,
+            draft: None,
             events: tx,
             enqueued_at: Instant::now(),
         };

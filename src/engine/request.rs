@@ -21,6 +21,8 @@ pub struct GenerationRequest {
     /// Decode special tokens into the text (stop tokens aside): tool-call markers are
     /// special tokens in some families.
     pub special_tokens_as_text: bool,
+    /// Where speculative decoding takes its drafts from (None: one token a pass).
+    pub draft: Option<super::draft::DraftSource>,
     /// Dropping the receiver cancels the request within one decode step.
     pub events: mpsc::UnboundedSender<Event>,
     pub enqueued_at: Instant,
@@ -132,6 +134,10 @@ pub struct Completion {
     /// Prompt tokens whose KV came from the prefix cache (not recomputed).
     pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Speculative decoding: draft tokens taken into the answer, and those verified but
+    /// not taken (OpenAI's `accepted_prediction_tokens` / `rejected_prediction_tokens`).
+    pub accepted_draft_tokens: usize,
+    pub rejected_draft_tokens: usize,
     /// The stop string that ended the answer (Anthropic's `stop_sequence`), if one did.
     pub stop_sequence: Option<String>,
     pub timings: Timings,

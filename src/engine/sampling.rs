@@ -77,9 +77,18 @@ impl Sampler {
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
+        match self.distribution(logits) {
+            None => argmax(logits),
+            Some((idx, probs)) => self.pick(&idx, &probs),
+        }
+    }
+
+    /// The candidates and their probabilities (summing to 1) after temperature, top-k and
+    /// top-p; None when decoding is greedy.
+    fn distribution(&self, logits: &[f32]) -> Option<(Vec<u32>, Vec<f32>)> {
         let p = &self.params;
         if p.temperature <= 0.0 || p.top_k == 1 {
-            return argmax(logits);
+            return None;
         }
         // Candidates by descending logit, cut to top-k.
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
@@ -109,16 +118,25 @@ impl Sampler {
                 })
                 .map_or(probs.len(), |i| i + 1);
             probs.truncate(keep);
+            idx.truncate(keep);
+            let total: f32 = probs.iter().sum();
+            probs.iter_mut().for_each(|x| *x /= total);
         }
+        Some((idx, probs))
+    }
+
+    /// One of `idx` drawn by its weight in `probs` (which need not sum to 1).
+    fn pick(&mut self, idx: &[u32], probs: &[f32]) -> u32 {
         let total: f32 = probs.iter().sum();
         let mut r = self.rng.random::<f32>() * total;
         for (i, x) in probs.iter().enumerate() {
             r -= x;
-            if r <= 0.0 {
+            if r <= 0.0 && *x > 0.0 {
                 return idx[i];
             }
         }
-        idx[probs.len() - 1]
+        // Rounding left r above 0: the last candidate with any weight.
+        probs.iter().rposition(|&x| x > 0.0).map_or(idx[0], |i| idx[i])
     }
 }
 

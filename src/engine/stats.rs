@@ -22,6 +22,11 @@ pub struct EngineStats {
     prefix_misses: AtomicU64,
     prefix_evictions: AtomicU64,
     prefix_tokens_saved: AtomicU64,
+    /// Speculative decoding: passes that verified a draft, and the draft tokens they
+    /// accepted and rejected.
+    draft_passes: AtomicU64,
+    draft_accepted: AtomicU64,
+    draft_rejected: AtomicU64,
     /// New work is held back (memory pressure critical).
     admission_blocked: AtomicBool,
     /// Requests the engine ended with an error, counted whatever `metrics_enabled` says
@@ -114,6 +119,11 @@ pub struct StatsView {
     pub prefix_misses: u64,
     pub prefix_evictions: u64,
     pub prefix_tokens_saved: u64,
+    /// Speculative decoding (Predicted Outputs, prompt lookup): passes that verified a
+    /// draft, and the draft tokens they accepted and rejected.
+    pub draft_passes: u64,
+    pub draft_accepted: u64,
+    pub draft_rejected: u64,
     pub admission_blocked: bool,
     pub failed_requests: u64,
     /// The most sequences one decode step ran together since start.
@@ -136,6 +146,9 @@ impl StatsView {
             prefix_misses: self.prefix_misses + o.prefix_misses,
             prefix_evictions: self.prefix_evictions + o.prefix_evictions,
             prefix_tokens_saved: self.prefix_tokens_saved + o.prefix_tokens_saved,
+            draft_passes: self.draft_passes + o.draft_passes,
+            draft_accepted: self.draft_accepted + o.draft_accepted,
+            draft_rejected: self.draft_rejected + o.draft_rejected,
             admission_blocked: self.admission_blocked || o.admission_blocked,
             failed_requests: self.failed_requests + o.failed_requests,
             peak_batch: self.peak_batch.max(o.peak_batch),
@@ -178,6 +191,15 @@ impl EngineStats {
     /// A decode step ran `sequences` rows together.
     pub fn record_decode_step(&self, sequences: usize) {
         self.batch_sizes.steps[sequences.min(BatchSizes::MAX)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A pass verified `proposed` draft tokens and accepted `accepted` of them.
+    pub fn record_draft(&self, proposed: usize, accepted: usize) {
+        if proposed > 0 {
+            self.draft_passes.fetch_add(1, Ordering::Relaxed);
+            self.draft_accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+            self.draft_rejected.fetch_add(proposed.saturating_sub(accepted) as u64, Ordering::Relaxed);
+        }
     }
 
     pub fn batch_sizes(&self) -> &BatchSizes {
@@ -235,6 +257,9 @@ impl EngineStats {
             prefix_misses: get(&self.prefix_misses),
             prefix_evictions: get(&self.prefix_evictions),
             prefix_tokens_saved: get(&self.prefix_tokens_saved),
+            draft_passes: get(&self.draft_passes),
+            draft_accepted: get(&self.draft_accepted),
+            draft_rejected: get(&self.draft_rejected),
             admission_blocked: self.admission_blocked.load(Ordering::Relaxed),
             failed_requests: get(&self.failed_requests),
             peak_batch: self.batch_sizes.peak() as u64,

@@ -8,6 +8,9 @@
 //! 4. runs one decode step for every sequence past its prefill, as one batched forward
 //!    pass over the batch's padded KV ([`BatchKv`]: a sequence's cache moves in when it
 //!    starts decoding); finished sequences move out, and their KV goes to the prefix cache.
+//!    A sequence with a draft this step (Predicted Outputs; prompt lookup while it decodes
+//!    alone) runs a pass of its own instead: its next token and the draft, verified at
+//!    once ([`speculate`]).
 use std::collections::{BTreeSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -17,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::batch_kv::BatchKv;
+use super::draft::Drafter;
 use super::kv_cache::KvCache;
 use super::logprobs;
 use super::model::Model;
@@ -88,6 +92,17 @@ struct Sequence {
     timings: Timings,
     admitted_at: Instant,
     first_token_at: Option<Instant>,
+    /// Speculative decoding's drafts.
+    drafter: Option<Drafter>,
+    /// This step's draft: when there is one, the sequence runs a pass of its own instead of
+    /// a row in the batch.
+    draft: Vec<u32>,
+    /// A token already sent whose keys and values the next pass computes (speculation).
+    pending: Option<u32>,
+    /// The token `emit` drew last.
+    sampled: Option<u32>,
+    accepted_drafts: usize,
+    rejected_drafts: usize,
     /// KV tokens promised to this request.
     reserved: usize,
     #[cfg(feature = "test-hooks")]
@@ -256,13 +271,28 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
         // 4. One decode step for everyone past prefill.
         let mut next: Vec<(usize, u32)> = Vec::new();
         let mut done: Vec<(usize, Result<Outcome, EngineError>)> = Vec::new();
+        let decoding = running.iter().filter(|s| s.prefilled() && !s.logits.is_empty()).count();
         for (i, seq) in running.iter_mut().enumerate() {
             if !seq.prefilled() || seq.logits.is_empty() {
                 continue;
             }
-            match guarded(|| emit(&codec, &codec.stop_ids, &shared.stats, seq)) {
-                Ok(Outcome::Continue(token)) => next.push((i, token)),
-                other => done.push((i, other)),
+            // The next token: sent already by a speculating pass, or sampled now.
+            let token = match seq.pending.take() {
+                Some(token) => token,
+                None => match guarded(|| emit(&codec, &codec.stop_ids, &shared.stats, seq)) {
+                    Ok(Outcome::Continue(token)) => token,
+                    other => {
+                        done.push((i, other));
+                        continue;
+                    }
+                },
+            };
+            // With a draft it takes a pass of its own; without one, a row in the batch.
+            seq.draft = propose(seq, token, decoding);
+            if seq.draft.is_empty() {
+                next.push((i, token));
+            } else {
+                seq.pending = Some(token);
             }
         }
         #[cfg(feature = "test-hooks")]
@@ -322,6 +352,17 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                     batch = BatchKv::default();
                     done.extend(next.iter().map(|&(i, _)| (i, Err(e.clone()))));
                 }
+            }
+        }
+        // Sequences with drafts: a pass each.
+        for (i, seq) in running.iter_mut().enumerate() {
+            if seq.draft.is_empty() {
+                continue;
+            }
+            match guarded(|| speculate(&model, &codec, &shared.stats, seq)) {
+                Ok(None) => {}
+                Ok(Some(outcome)) => done.push((i, Ok(outcome))),
+                Err(e) => done.push((i, Err(e))),
             }
         }
         // Remove from the back so the indices stay valid.
@@ -393,7 +434,14 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// A new sequence, starting from the longest cached prefix of its prompt.
-fn admit(model: &Model, codec: &TextCodec, prefix: &mut PrefixCache, req: GenerationRequest, reserved: usize, id: u64) -> Result<Sequence> {
+fn admit(
+    model: &Model,
+    codec: &TextCodec,
+    prefix: &mut PrefixCache,
+    mut req: GenerationRequest,
+    reserved: usize,
+    id: u64,
+) -> Result<Sequence> {
     #[cfg(feature = "test-hooks")]
     let fault = super::faults::for_prompt(&codec.decode(&req.prompt_ids)?);
     #[cfg(feature = "test-hooks")]
@@ -420,6 +468,12 @@ fn admit(model: &Model, codec: &TextCodec, prefix: &mut PrefixCache, req: Genera
         timings: Timings { queue: admitted_at - req.enqueued_at, ..Default::default() },
         admitted_at,
         first_token_at: None,
+        drafter: req.draft.take().map(Drafter::new),
+        draft: vec![],
+        pending: None,
+        sampled: None,
+        accepted_drafts: 0,
+        rejected_drafts: 0,
         reserved,
         req,
         #[cfg(feature = "test-hooks")]
@@ -456,6 +510,68 @@ fn prefill(model: &Model, running: &mut [Sequence], chunks: &[(usize, usize)]) -
     Ok(())
 }
 
+/// The draft to verify after `token` (the sequence's next token), if it speculates this
+/// step beside `decoding` sequences in all: within the tokens the answer may still have
+/// (each pass sends at most its draft and one more token).
+fn propose(seq: &mut Sequence, token: u32, decoding: usize) -> Vec<u32> {
+    let Some(drafter) = seq.drafter.as_mut().filter(|d| d.speculates(decoding)) else { return vec![] };
+    let room = seq.req.max_tokens.saturating_sub(seq.generated).saturating_sub(1);
+    seq.tokens.push(token);
+    let draft = drafter.propose(&seq.tokens, seq.generated, room);
+    seq.tokens.pop();
+    draft
+}
+
+/// One pass of a sequence with a draft: its next token (sent already) and the draft go
+/// through the model together; each draft token the sampler draws from the logits before
+/// it is sent at once, and the first it does not draw ends the pass (the token drawn
+/// instead waits for the next step). The cache then forgets the rejected tokens.
+/// Drawing as without a draft and keeping a draft token only when it is the one drawn is
+/// speculative sampling's rule for a draft that is certain: the answer's distribution is
+/// the sampler's, and a seeded answer is the same with drafts or without.
+/// Some(outcome) when the sequence ended.
+fn speculate(model: &Model, codec: &TextCodec, stats: &EngineStats, seq: &mut Sequence) -> Result<Option<Outcome>> {
+    let token = seq.pending.take().expect("a speculating sequence has its next token");
+    let draft = std::mem::take(&mut seq.draft);
+    seq.tokens.push(token);
+    let mut feed = Vec::with_capacity(draft.len() + 1);
+    feed.push(token);
+    feed.extend_from_slice(&draft);
+    let logits = model.verify(&feed, &mut seq.cache)?;
+    let all = logits.as_slice::<f32>();
+    let vocab = all.len() / feed.len();
+    let mut accepted = 0;
+    let ended = loop {
+        seq.logits = all[accepted * vocab..(accepted + 1) * vocab].to_vec();
+        let proposed = draft.get(accepted).copied();
+        match emit(codec, &codec.stop_ids, stats, seq)? {
+            Outcome::Continue(t) if Some(t) == proposed => {
+                seq.tokens.push(t);
+                accepted += 1;
+            }
+            Outcome::Continue(t) => {
+                seq.pending = Some(t);
+                break None;
+            }
+            ended => {
+                // A draft token that ended the answer (its last, a stop) was taken too.
+                if matches!(ended, Outcome::Finished(_)) && proposed.is_some() && seq.sampled == proposed {
+                    accepted += 1;
+                }
+                break Some(ended);
+            }
+        }
+    };
+    seq.cache.truncate(seq.tokens.len() as i32);
+    if let Some(d) = &mut seq.drafter {
+        d.accepted(draft.len(), accepted);
+    }
+    seq.accepted_drafts += accepted;
+    seq.rejected_drafts += draft.len() - accepted;
+    stats.record_draft(draft.len(), accepted);
+    Ok(ended)
+}
+
 /// Samples the next token from the last logits (within the grammar, if the request has
 /// one) and sends its text; says whether the sequence goes on (and with which token).
 fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, stats: &EngineStats, seq: &mut Sequence) -> Result<Outcome> {
@@ -475,6 +591,7 @@ fn emit(codec: &TextCodec, stop_ids: &BTreeSet<u32>, stats: &EngineStats, seq: &
     let token = seq.sampler.sample(&seq.logits);
     #[cfg(feature = "test-hooks")]
     let token = seq.script.as_ref().and_then(|ids| ids.get(seq.generated).copied()).unwrap_or(token);
+    seq.sampled = Some(token);
     let logprobs = seq.req.logprobs.map(|top| logprobs::compute(&seq.logits, seq.req.sampling.temperature, token, top));
     let now = Instant::now();
     if seq.first_token_at.is_none() {
@@ -521,6 +638,8 @@ fn finish(seq: &mut Sequence, finish_reason: FinishReason) {
         prompt_tokens: seq.req.prompt_ids.len(),
         cached_prompt_tokens: seq.cached,
         completion_tokens: seq.generated,
+        accepted_draft_tokens: seq.accepted_drafts,
+        rejected_draft_tokens: seq.rejected_drafts,
         stop_sequence: seq.text.matched_stop().map(str::to_string),
         timings: seq.timings.clone(),
     }));

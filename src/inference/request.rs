@@ -22,6 +22,9 @@ pub struct InferenceRequest {
     pub stop: Vec<String>,
     /// `Some(n)`: report each token's log-probability and the `n` likeliest alternatives.
     pub logprobs: Option<usize>,
+    /// The text the answer is expected to be, mostly (OpenAI's Predicted Outputs): drafts for
+    /// speculative decoding. It changes how fast the answer comes, never what it is.
+    pub prediction: Option<String>,
     /// Which dialect and endpoint asked, for the metrics' `endpoint` label.
     pub endpoint: &'static str,
     pub stream: bool,

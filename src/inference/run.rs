@@ -13,8 +13,10 @@ use super::prompt::{fitted_prompt_ids, prompt_ids, TextLimit};
 use super::request::{Effort, InferenceRequest, Input, OutputFormat, Overflow, ToolSet};
 use crate::api::error::ApiError;
 use crate::api::AppState;
+use crate::config::Speculative;
 use crate::engine::constraint::schema::{self, MAX_SCHEMA_BYTES};
 use crate::engine::constraint::validate_schema;
+use crate::engine::draft::DraftSource;
 use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::tools::{ToolCall, ToolCallStream, ToolDelta, ToolMode};
 use crate::engine::{Constraint, Event, Events, FinishReason, Grammars, ModelInfo, SamplingParams, SubmitError};
@@ -81,10 +83,10 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
         other => (model_context, other),
     };
     let limit = TextLimit { context, max_token_bytes: grammars.max_token_bytes() };
-    let (input, requested) = (req.input, req.max_tokens);
+    let (input, requested, prediction) = (req.input, req.max_tokens, req.prediction);
     // The template, the tokenizer and the grammar: the request's heavy lifting before the
     // engine, bounded like the schema check.
-    let (prompt, max_tokens, constraint) = state
+    let (prompt, max_tokens, constraint, prediction) = state
         .prepare
         .run(move || -> Result<_, ApiError> {
             let specs = tools.as_ref().map(|t| t.specs.as_slice()).unwrap_or_default();
@@ -120,7 +122,19 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
                     Some(if param == "tools" { state.with_token_budget(max_tokens) } else { state })
                 }
             };
-            Ok((prompt, max_tokens, constraint))
+            // Tokenized alone; where its tokens split differently from the answer's, the
+            // drafter finds its place again by n-grams.
+            let prediction = match prediction.filter(|p| !p.is_empty()) {
+                Some(text) => {
+                    let bad = |why: String| ApiError::bad_request(format!("prediction: {why}")).param("prediction");
+                    let mut ids = codec.tokenizer.encode_fast(text, false).map_err(|e| bad(e.to_string()))?.get_ids().to_vec();
+                    // Only a hint: what no answer could reach is dropped.
+                    ids.truncate(context);
+                    Some(ids)
+                }
+                None => None,
+            };
+            Ok((prompt, max_tokens, constraint, prediction))
         })
         .await??;
     if state.config.admission == crate::config::Admission::Refuse && state.telemetry.pressure_critical() {
@@ -134,6 +148,11 @@ pub async fn start(state: &AppState, mut req: InferenceRequest) -> Result<Genera
     // Call markers that are special tokens (`[TOOL_CALLS]`, `<|python_tag|>`, harmony's
     // `<|channel|>`) must reach the parser as text.
     engine_req.special_tokens_as_text = read_answer;
+    engine_req.draft = match (prediction, state.config.speculative) {
+        (Some(tokens), _) => Some(DraftSource::Prediction(tokens)),
+        (None, Speculative::PromptLookup) => Some(DraftSource::PromptLookup),
+        (None, Speculative::Off) => None,
+    };
     engine.submit(engine_req)?;
     Ok(Generation {
         _lease: lease,

@@ -83,6 +83,8 @@ pub struct Metrics {
     pub prefix_cache_misses_total: IntCounter,
     pub prefix_cache_evictions_total: IntCounter,
     pub prefix_cache_tokens_saved_total: IntCounter,
+    pub speculative_passes_total: IntCounter,
+    pub speculative_draft_tokens_total: IntCounterVec,
     // memory
     pub mlx_memory_bytes: IntGaugeVec,
     pub mlx_cache_clears_total: IntCounterVec,
@@ -211,6 +213,11 @@ impl Metrics {
             prefix_cache_misses_total: reg!(IntCounter::new("prefix_cache_misses_total", "Requests that found no cached prefix.")),
             prefix_cache_evictions_total: reg!(IntCounter::new("prefix_cache_evictions_total", "Prefixes evicted from the prefix cache.")),
             prefix_cache_tokens_saved_total: reg!(IntCounter::new("prefix_cache_tokens_saved_total", "Prompt tokens not recomputed thanks to the prefix cache.")),
+            speculative_passes_total: reg!(IntCounter::new("speculative_passes_total", "Forward passes that verified a draft (Predicted Outputs, prompt lookup).")),
+            speculative_draft_tokens_total: reg!(IntCounterVec::new(
+                Opts::new("speculative_draft_tokens_total", "Draft tokens verified, by result: accepted (taken into the answer without a pass of their own), rejected."),
+                &["result"]
+            )),
             mlx_memory_bytes: reg!(IntGaugeVec::new(Opts::new("mlx_memory_bytes", "MLX allocator memory: active (live arrays), peak, cache (reusable buffers), limit, cache_limit."), &["kind"])),
             mlx_cache_clears_total: reg!(IntCounterVec::new(
                 Opts::new("mlx_cache_clears_total", "Times MLX's buffer cache was given back to the system, by reason: idle (no work for mlx_cache_idle_seconds), unload (a model unloaded)."),
@@ -291,6 +298,9 @@ impl Metrics {
         advance_to(&self.prefix_cache_misses_total, e.prefix_misses);
         advance_to(&self.prefix_cache_evictions_total, e.prefix_evictions);
         advance_to(&self.prefix_cache_tokens_saved_total, e.prefix_tokens_saved);
+        advance_to(&self.speculative_passes_total, e.draft_passes);
+        advance_to(&self.speculative_draft_tokens_total.with_label_values(&["accepted"]), e.draft_accepted);
+        advance_to(&self.speculative_draft_tokens_total.with_label_values(&["rejected"]), e.draft_rejected);
     }
 
     /// Copies the engine's decode steps per batch size (index = size).

@@ -44,6 +44,7 @@ pub fn messages(req: MessagesRequest) -> Result<InferenceRequest, ApiError> {
         overflow: Overflow::Refuse,
         stop: req.stop_sequences.unwrap_or_default(),
         logprobs: None,
+        prediction: None,
         endpoint: super::ENDPOINT,
         stream: req.stream,
     })
@@ -70,6 +71,7 @@ pub fn count_tokens(req: CountTokensRequest) -> Result<InferenceRequest, ApiErro
         overflow: Overflow::Refuse,
         stop: vec![],
         logprobs: None,
+        prediction: None,
         endpoint: "count_tokens",
         stream: false,
     })

@@ -109,6 +109,7 @@ fn core(
             overflow: Overflow::Trim { window: o.num_ctx },
             stop: o.stop,
             logprobs,
+            prediction: None,
             endpoint,
             stream,
         },

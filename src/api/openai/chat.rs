@@ -54,10 +54,43 @@ pub fn translate(req: ChatCompletionRequest) -> Result<(InferenceRequest, bool, 
         overflow: Overflow::Refuse,
         stop: req.stop.map(|s| s.into_vec()).unwrap_or_default(),
         logprobs,
+        prediction: prediction(req.prediction)?,
         endpoint: Endpoint::Chat.name(),
         stream: req.stream,
     };
     Ok((core, req.stream_options.is_some_and(|o| o.include_usage), logprobs.is_some()))
+}
+
+/// Predicted Outputs' `prediction`: `{"type": "content", "content": "..."}`, the content a
+/// string or text parts (joined), as OpenAI takes it.
+fn prediction(v: Option<serde_json::Value>) -> Result<Option<String>, ApiError> {
+    use serde_json::Value;
+    let bad = |why: &str| Err(ApiError::bad_request(format!("'prediction' {why}")).param("prediction"));
+    let object = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return bad("must be an object: {\"type\": \"content\", \"content\": \"...\"}"),
+    };
+    if let Some(key) = object.keys().find(|k| *k != "type" && *k != "content") {
+        return bad(&format!("has an unknown field '{key}'"));
+    }
+    if object.get("type").and_then(Value::as_str) != Some("content") {
+        return bad("needs \"type\": \"content\" (the only type OpenAI defines)");
+    }
+    match object.get("content") {
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) if part.as_object().is_some_and(|o| o.len() == 2) => text.push_str(t),
+                    _ => return bad("content parts must be {\"type\": \"text\", \"text\": \"...\"}"),
+                }
+            }
+            Ok(Some(text))
+        }
+        _ => bad("needs 'content': a string or an array of text parts"),
+    }
 }
 
 /// `reasoning_effort`: a level for the core (which refuses it for a model without the control).

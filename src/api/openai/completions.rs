@@ -64,6 +64,7 @@ pub fn translate(req: CompletionRequest) -> Result<(InferenceRequest, bool, bool
         overflow: Overflow::Refuse,
         stop: req.stop.map(|s| s.into_vec()).unwrap_or_default(),
         logprobs,
+        prediction: None,
         endpoint: Endpoint::Completions.name(),
         stream: req.stream,
     };

@@ -44,12 +44,13 @@ pub struct ChatCompletionRequest {
     pub prompt_cache_key: Option<String>,
     /// "low", "medium", "high": honoured by harmony models (gpt-oss), refused by the others.
     pub reasoning_effort: Option<Value>,
+    /// Predicted Outputs: `{"type": "content", "content": text or text parts}`.
+    pub prediction: Option<Value>,
     // Known, not done: refused by name in `check_unsupported`.
     audio: Option<Value>,
     modalities: Option<Vec<String>>,
     functions: Option<Value>,
     function_call: Option<Value>,
-    prediction: Option<Value>,
     web_search_options: Option<Value>,
     verbosity: Option<Value>,
     service_tier: Option<String>,
@@ -102,9 +103,6 @@ impl ChatCompletionRequest {
         if self.functions.is_some() || self.function_call.is_some() {
             let param = if self.functions.is_some() { "functions" } else { "function_call" };
             return refuse(param, "the deprecated functions API is not served; use 'tools' and 'tool_choice'");
-        }
-        if self.prediction.is_some() {
-            return refuse("prediction", "predicted outputs are not implemented");
         }
         if self.web_search_options.is_some() {
             return refuse("web_search_options", "mlxbar does not search the web");

@@ -52,6 +52,10 @@ pub fn usage_json(c: &Completion) -> Value {
         "completion_tokens": c.completion_tokens,
         "total_tokens": c.prompt_tokens + c.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": c.cached_prompt_tokens},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": c.accepted_draft_tokens,
+            "rejected_prediction_tokens": c.rejected_draft_tokens,
+        },
     })
 }
 

@@ -98,6 +98,7 @@ pub fn translate(req: ResponsesRequest) -> Result<(InferenceRequest, Echo), ApiE
         overflow: Overflow::Refuse,
         stop: vec![],
         logprobs,
+        prediction: None,
         endpoint: super::ENDPOINT,
         stream: req.stream,
     };

@@ -401,6 +401,17 @@ impl Model {
     /// causally. Returns each part's last-position logits (`[parts, vocab]`, float32),
     /// evaluated.
     pub fn prefill(&self, parts: &[&[u32]], caches: &mut [&mut KvCache]) -> Result<Array> {
+        self.run_parts(parts, caches, false)
+    }
+
+    /// Runs `tokens` after what `cache` holds, as [`Model::prefill`] does, and returns the
+    /// logits of every position (`[tokens, vocab]`, float32), evaluated: one pass verifies
+    /// a draft (`tokens` = the next token and the draft after it).
+    pub fn verify(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Array> {
+        self.run_parts(&[tokens], &mut [cache], true)
+    }
+
+    fn run_parts(&self, parts: &[&[u32]], caches: &mut [&mut KvCache], every_position: bool) -> Result<Array> {
         let c = &self.config;
         anyhow::ensure!(
             !parts.is_empty() && parts.len() == caches.len() && parts.iter().all(|p| !p.is_empty()),
@@ -428,9 +439,14 @@ impl Model {
         for (cache, &l) in caches.iter_mut().zip(&lens) {
             cache.advance(l);
         }
-        // Only each part's last position needs logits.
-        let last: Vec<i32> = starts.iter().zip(&lens).map(|(s, l)| s + l - 1).collect();
-        let last = h.reshape(&[total, c.hidden_size])?.take_axis(Array::from_slice(&last, &[last.len() as i32]), 0)?;
+        // Only each part's last position needs logits (unless a draft is verified).
+        let h = h.reshape(&[total, c.hidden_size])?;
+        let last = if every_position {
+            h
+        } else {
+            let last: Vec<i32> = starts.iter().zip(&lens).map(|(s, l)| s + l - 1).collect();
+            h.take_axis(Array::from_slice(&last, &[last.len() as i32]), 0)?
+        };
         let last = fast::rms_norm(&last, Some(&self.norm), c.rms_norm_eps)?;
         let logits = match &self.lm_head {
             Some(head) => head.apply(&last)?,
