@@ -77,7 +77,7 @@ pub struct CellResult {
     pub tokens_per_joule: Option<f64>,
     /// Predicted cells only: how the server took the `prediction`.
     #[serde(default)]
-    pub prediction: Option<PredictionUse>,
+    pub prediction_use: Option<PredictionUse>,
     /// Median per request of `usage.completion_tokens_details.accepted_prediction_tokens`
     /// and `rejected_prediction_tokens`, where the server reports them.
     #[serde(default)]

@@ -69,7 +69,7 @@ fn prediction_columns(c: &CellResult) -> [String; 4] {
     }
     let count = |n: Option<usize>| n.map_or_else(|| "not reported".into(), |n| n.to_string());
     [
-        c.prediction.map_or("–", |p| p.describe()).into(),
+        c.prediction_use.map_or("–", |p| p.describe()).into(),
         count(c.accepted_prediction_tokens),
         count(c.rejected_prediction_tokens),
         c.prediction_speedup.map_or_else(|| "–".into(), |x| format!("{x:.2}")),
@@ -340,7 +340,7 @@ mod tests {
                     cell: spec.into(),
                     stream_tok_s_p50: if counted { 120.0 } else { 60.0 },
                     e2e_p50: if counted { 3.0 } else { 6.0 },
-                    prediction: spec.prediction.then_some(if counted { PredictionUse::Counted } else { PredictionUse::Uncounted }),
+                    prediction_use: spec.prediction.then_some(if counted { PredictionUse::Counted } else { PredictionUse::Uncounted }),
                     accepted_prediction_tokens: counted.then_some(400),
                     rejected_prediction_tokens: counted.then_some(12),
                     prediction_speedup: spec.prediction.then_some(if counted { 2.0 } else { 1.0 }),

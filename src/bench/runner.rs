@@ -281,7 +281,7 @@ fn summarize(target: &str, cell: CellSpec, rounds: &[(Duration, Vec<Result<RunTi
     CellResult {
         target: target.to_string(),
         cell: cell.into(),
-        prediction,
+        prediction_use: prediction,
         accepted_prediction_tokens: median(&mut accepted),
         rejected_prediction_tokens: median(&mut rejected),
         requests,
@@ -431,16 +431,16 @@ mod tests {
         ];
         let r = summarize("x", with, &rounds, Peaks::default());
         assert_eq!(
-            (r.prediction, r.accepted_prediction_tokens, r.rejected_prediction_tokens),
+            (r.prediction_use, r.accepted_prediction_tokens, r.rejected_prediction_tokens),
             (Some(PredictionUse::Counted), Some(9), Some(1))
         );
         let r = summarize("x", with, &[(Duration::from_secs(1), vec![timing(0.5, 11, 1.0)])], Peaks::default());
-        assert_eq!((r.prediction, r.accepted_prediction_tokens), (Some(PredictionUse::Uncounted), None));
+        assert_eq!((r.prediction_use, r.accepted_prediction_tokens), (Some(PredictionUse::Uncounted), None));
         let refused = timing(0.5, 11, 1.0).map(|r| RunTiming { prediction_refused: true, ..r });
         let r = summarize("x", with, &[(Duration::from_secs(1), vec![refused])], Peaks::default());
-        assert_eq!(r.prediction, Some(PredictionUse::Refused));
+        assert_eq!(r.prediction_use, Some(PredictionUse::Refused));
         let without = summarize("x", with.unpredicted(), &[(Duration::from_secs(1), vec![timing(0.5, 11, 1.0)])], Peaks::default());
-        assert_eq!(without.prediction, None, "nothing to say about a cell that sent no prediction");
+        assert_eq!(without.prediction_use, None, "nothing to say about a cell that sent no prediction");
     }
 
     #[test]
