@@ -14,13 +14,16 @@
 //!   embedding, the q|k|v split, the final norm, and MLX's graph building and dispatch for
 //!   every op;
 //! - sampling one token from the vocabulary's logits, greedy and at the API's defaults
-//!   (temperature 1, top_p 1).
+//!   (temperature 1, top_p 1);
+//! - a step's quantized projections through each kernel this CPU runs (AVX512-VNNI,
+//!   AVX-VNNI, AVX2), called directly, at 1 and 8 rows.
 mod common;
 
 use std::time::Instant;
 
-use mlx_rs::{ops, random, Device};
+use mlx_rs::{ops, random, Device, Dtype};
 use mlxbar::engine::batch_kv::BatchKv;
+use mlxbar::engine::cpu_backend::affine_qmm::{self, Kernel};
 use mlxbar::engine::model::linear::{Quantized, Weight};
 use mlxbar::engine::model::quantized::QuantSpec;
 use mlxbar::engine::{loader, WeightFormat};
@@ -54,20 +57,22 @@ const HEAD_DIM: i32 = 64;
 
 impl StepMatmuls {
     fn new(format: WeightFormat) -> StepMatmuls {
-        let w = |r: i32, c: i32| {
+        let w = |r: i32, c: i32, bits: i32| {
             let a = random::normal::<f32>(&[r, c][..], 0.0, 0.05, None).unwrap();
             let w = if format == WeightFormat::Native {
-                // As the GGUF's Q4_1 loads: 4 bits in groups of 32.
-                let (wq, scales, biases) = ops::quantize(&a, 32, 4).unwrap();
-                Weight::Quantized(Quantized::new(wq, scales, Some(biases), QuantSpec::affine(32, 4)).unwrap()).for_cpu().unwrap()
+                // As the GGUF's Q4_1 (layers) and Q8_0 (the head) load: groups of 32,
+                // float16 scales and biases.
+                let (wq, scales, biases) = ops::quantize(&a, 32, bits).unwrap();
+                let (scales, biases) = (scales.as_dtype(Dtype::Float16).unwrap(), biases.as_dtype(Dtype::Float16).unwrap());
+                Weight::Quantized(Quantized::new(wq, scales, Some(biases), QuantSpec::affine(32, bits)).unwrap()).for_cpu().unwrap()
             } else {
                 Weight::dense(a).unwrap()
             };
             mlx_rs::transforms::eval(w.arrays()).unwrap();
             w
         };
-        let blocks = (0..LAYERS).map(|_| [w(H + 2 * KV, H), w(H, H), w(2 * FF, H), w(H, FF)]).collect();
-        StepMatmuls { blocks, head: w(VOCAB, H) }
+        let blocks = (0..LAYERS).map(|_| [w(H + 2 * KV, H, 4), w(H, H, 4), w(2 * FF, H, 4), w(H, FF, 4)]).collect();
+        StepMatmuls { blocks, head: w(VOCAB, H, 8) }
     }
 
     /// Milliseconds for each projection over all layers at `rows` rows (q|k|v, o, gate|up,
@@ -86,6 +91,43 @@ impl StepMatmuls {
         out[4] = time_ms(iters, || self.head.apply(&x).unwrap().eval().unwrap());
         out
     }
+}
+
+/// Milliseconds for a step's projections (30 layers of 4-bit q|k|v, o, gate|up and down,
+/// the 8-bit head; groups of 32, float16 scales) at `rows` rows through each quantized
+/// kernel this CPU runs, called directly (no MLX graph): the instruction sets side by side.
+fn kernels_ms(rows: usize, iters: usize) -> Vec<(Kernel, f64)> {
+    let mut state = 0x9e37_79b9_u32;
+    let mut words = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                state
+            })
+            .collect()
+    };
+    let (h, kv, ff, vocab) = (H as usize, KV as usize, FF as usize, VOCAB as usize);
+    let shapes: Vec<(usize, usize, u32)> =
+        (0..LAYERS).flat_map(|_| [(h + 2 * kv, h, 4), (h, h, 4), (2 * ff, h, 4), (h, ff, 4)]).chain([(vocab, h, 8)]).collect();
+    let held: Vec<(Vec<u32>, Vec<half::f16>)> =
+        shapes.iter().map(|&(n, k, bits)| (words(n * k * bits as usize / 32), vec![half::f16::from_f32(0.01); n * k / 32])).collect();
+    let x: Vec<f32> = (0..rows * ff).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
+    let mut out = vec![0f32; rows * vocab];
+    affine_qmm::Kernel::available()
+        .iter()
+        .filter(|k| **k != affine_qmm::Kernel::Scalar)
+        .map(|&kernel| {
+            let ms = time_ms(iters, || {
+                for (&(n, k, bits), (packed, scales)) in shapes.iter().zip(&held) {
+                    let w = affine_qmm::Weights { packed, scales, biases: scales, n, k, group_size: 32, bits };
+                    affine_qmm::matmul(kernel, &x[..rows * k], rows, &w, affine_qmm::Fusion::default(), &mut out[..rows * n]);
+                }
+            });
+            (kernel, ms)
+        })
+        .collect()
 }
 
 /// Milliseconds for a step's attention through mlxbar's CPU op (one per layer: RoPE, the
@@ -205,6 +247,12 @@ fn main() -> anyhow::Result<()> {
         bandwidth / 1e9,
         per_op_us()
     );
+    println!("a step's quantized projections by kernel, called directly (ms; 1 row / 8 rows):");
+    let (one, eight) = (kernels_ms(1, 20), kernels_ms(8, 10));
+    let avx2 = |set: &[(Kernel, f64)]| set.iter().find(|(k, _)| *k == Kernel::Avx2).map_or(f64::NAN, |(_, ms)| *ms);
+    for ((kernel, a), (_, b)) in one.iter().zip(&eight) {
+        println!("  {:<12}{a:>8.2}{b:>8.2}   ({:.2}x / {:.2}x AVX2's speed)", format!("{kernel:?}"), avx2(&one) / a, avx2(&eight) / b);
+    }
     let (greedy, sampled) = sampling_ms();
     println!("sampling from {VOCAB} logits: greedy {greedy:.3} ms, temperature 1 / top_p 1 {sampled:.3} ms");
     const ROWS: [usize; 3] = [1, 4, 8];

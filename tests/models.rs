@@ -96,8 +96,8 @@ async fn the_library_lists_local_models_and_v1_models_the_runnable_ones() {
     assert_eq!(four["quantization"], json!({"bits": 4, "group_size": 32, "mode": "affine"}));
     assert_eq!(four["runnable"], true);
     assert_eq!(four["state"], "unloaded");
-    // The default format keeps 4-bit weights packed: the estimate is the stored size (plus
-    // the float32 scales and biases) and 1,024 tokens of KV, not float32's ~540 MB.
+    // The default format keeps 4-bit weights packed, scales and biases as stored: the
+    // estimate is the stored size and 1,024 tokens of KV, not float32's ~540 MB.
     let (estimate, stored) = (four["estimate_bytes"].as_u64().unwrap(), four["size_bytes"].as_u64().unwrap());
     assert!(estimate > stored && estimate < stored + 150_000_000, "packed weights (the default format): {four}");
     assert_eq!(model(&list, EIGHT)["quantization"]["bits"], 8);

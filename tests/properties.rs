@@ -107,7 +107,7 @@ fn build_gguf() -> BuiltGguf {
         infos.push(at);
         offset = (offset + tensor_bytes(dims, *ty).unwrap()).div_ceil(32) * 32;
     }
-    while out.len() % 32 != 0 {
+    while !out.len().is_multiple_of(32) {
         out.push(0);
     }
     let data_start = out.len() as u64;

@@ -1,7 +1,8 @@
 //! mlxbar's C++ MLX primitives for the CPU (engine::cpu_backend) against references.
 //!
 //! The quantized matmul (affine_qmm, as the MLX op the model runs), on random shapes: 4 and
-//! 8 bits, groups of 32, 64 and 128, 1 to 16 rows, contiguous, strided and batched `x`;
+//! 8 bits, groups of 32, 64 and 128, 1 to 16 rows, contiguous, strided and batched `x`,
+//! float16, bfloat16 and float32 scales and biases;
 //! and with the RMS norm, SwiGLU and residual add it fuses, against MLX's own ops for them.
 //! Two checks on every random shape:
 //! - the tight one: a float64 reference computed here from the packed weights and from `x`
@@ -25,7 +26,7 @@
 #![cfg(target_os = "linux")]
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{ops, random, Array, Device};
+use mlx_rs::{ops, random, Array, Device, Dtype};
 use mlxbar::engine::cpu_backend::{self, Prologue};
 
 /// Host copies of the inputs, for the bound.
@@ -137,9 +138,14 @@ fn tight_misses(x: &[f32], rows: usize, p: &Packed, got: &[f32]) -> Vec<String> 
     misses
 }
 
-fn check(bits: i32, group_size: i32, rows: i32, n: i32, k: i32, layout: &str, seed: u64) {
+/// One random case; the kernel gets the scales and biases as `scale_type` (models store
+/// float16 or bfloat16; the references use the same values widened to float32).
+#[allow(clippy::too_many_arguments)]
+fn check(bits: i32, group_size: i32, rows: i32, n: i32, k: i32, layout: &str, scale_type: Dtype, seed: u64) {
     let w = random::normal::<f32>(&[n, k][..], 0.0, 0.05, &random::key(seed).unwrap()).unwrap();
-    let (wq, scales, biases) = ops::quantize(&w, group_size, bits).unwrap();
+    let (wq, stored_scales, stored_biases) = ops::quantize(&w, group_size, bits).unwrap();
+    let (kernel_scales, kernel_biases) = (stored_scales.as_dtype(scale_type).unwrap(), stored_biases.as_dtype(scale_type).unwrap());
+    let (scales, biases) = (kernel_scales.as_dtype(Dtype::Float32).unwrap(), kernel_biases.as_dtype(Dtype::Float32).unwrap());
     let dense = ops::dequantize(&wq, &scales, &biases, group_size, bits).unwrap();
     let batch = if layout == "batched" { 2 } else { 1 };
     let all_rows = (batch * rows) as usize;
@@ -168,13 +174,13 @@ fn check(bits: i32, group_size: i32, rows: i32, n: i32, k: i32, layout: &str, se
         "batched" => mlx_rs::Array::from_slice(&host, &[2, rows, k]),
         _ => mlx_rs::Array::from_slice(&host, &[rows, k]),
     };
-    mlx_rs::transforms::eval([&wq, &scales, &biases, &dense, &x]).unwrap();
-    let ours = cpu_backend::quantized_matmul(&x, &wq, &scales, &biases, group_size, bits, Prologue::None, None).unwrap();
+    mlx_rs::transforms::eval([&wq, &kernel_scales, &kernel_biases, &scales, &biases, &dense, &x]).unwrap();
+    let ours = cpu_backend::quantized_matmul(&x, &wq, &kernel_scales, &kernel_biases, group_size, bits, Prologue::None, None).unwrap();
     let mlx = ops::quantized_matmul(&x, &wq, &scales, &biases, true, group_size, bits).unwrap();
     mlx_rs::transforms::eval([&ours, &mlx]).unwrap();
     assert_eq!(ours.shape(), mlx.shape());
     let packed = Packed::of(&wq, &scales, &biases, n as usize, k as usize, group_size as usize, bits as u32);
-    let what = format!("{bits}-bit, groups of {group_size}, {rows}x{k} ({layout}) by {n}x{k}");
+    let what = format!("{bits}-bit, groups of {group_size}, {rows}x{k} ({layout}) by {n}x{k}, {scale_type:?} scales");
     if let Some(miss) = tight_misses(&host, all_rows, &packed, ours.as_slice::<f32>()).first() {
         panic!("{what}: {miss}");
     }
@@ -184,10 +190,7 @@ fn check(bits: i32, group_size: i32, rows: i32, n: i32, k: i32, layout: &str, se
         for j in 0..case.n {
             let (a, b) = (o[r * case.n + j], m[r * case.n + j]);
             let bound = case.bound(r, j);
-            assert!(
-                (a - b).abs() <= bound,
-                "{bits}-bit, groups of {group_size}, {rows}x{k} ({layout}) by {n}x{k}: [{r},{j}] = {a}, MLX {b}, bound {bound}"
-            );
+            assert!((a - b).abs() <= bound, "{what}: [{r},{j}] = {a}, MLX {b}, bound {bound}");
         }
     }
 }
@@ -207,7 +210,8 @@ fn matches_mlx_quantized_matmul_on_random_shapes() {
                 let n = 1 + next(300) as i32;
                 let k = group_size * (1 + next(8) as i32);
                 let layout = ["contiguous", "contiguous", "strided", "batched"][next(4) as usize];
-                check(bits, group_size, rows, n, k, layout, next(1 << 30));
+                let scale_type = [Dtype::Float16, Dtype::Bfloat16, Dtype::Float32][cases % 3];
+                check(bits, group_size, rows, n, k, layout, scale_type, next(1 << 30));
                 cases += 1;
             }
         }
@@ -499,7 +503,14 @@ fn fusions_equal_the_ops_they_replace() {
 #[test]
 fn doctor_names_the_kernels() {
     let line = mlxbar::doctor::report().lines().find(|l| l.starts_with("kernels")).unwrap().to_string();
-    let simd = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
-    assert!(line.contains(if simd { "AVX2+FMA" } else { "portable scalar" }), "{line}");
+    use std::arch::is_x86_feature_detected as has;
+    // The widest instruction set the CPU has, as cpuid reports it.
+    let want = match () {
+        _ if !(has!("avx2") && has!("fma") && has!("f16c")) => "portable scalar",
+        _ if has!("avx512vnni") && has!("avx512vl") && has!("avx512f") => "AVX512-VNNI",
+        _ if has!("avxvnni") => "AVX-VNNI",
+        _ => "AVX2+FMA",
+    };
+    assert!(line.contains(want), "{line}");
     assert!(line.contains("decode attention: mlxbar's"), "{line}");
 }

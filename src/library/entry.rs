@@ -90,6 +90,16 @@ impl Quantization {
 pub struct WeightPart {
     pub quantization: Option<Quantization>,
     pub elements: u64,
+    /// Bytes of each quantization scale and bias as stored (2: float16 or bfloat16, what
+    /// model files hold; 4: float32); the CPU keeps them so.
+    pub scale_bytes: u64,
+}
+
+impl WeightPart {
+    /// Scales and biases of 16 bits, as model files and GGUF's blocks store them.
+    pub fn new(quantization: Option<Quantization>, elements: u64) -> WeightPart {
+        WeightPart { quantization, elements, scale_bytes: 2 }
+    }
 }
 
 /// The experts of a mixture-of-experts folder, for the memory estimate of streaming them.
@@ -175,7 +185,7 @@ impl ModelEntry {
     pub fn parts(&self) -> Vec<WeightPart> {
         match (self.weight_parts.is_empty(), self.parameters) {
             (false, _) => self.weight_parts.clone(),
-            (true, Some(elements)) => vec![WeightPart { quantization: self.quantization, elements }],
+            (true, Some(elements)) => vec![WeightPart::new(self.quantization, elements)],
             (true, None) => vec![],
         }
     }

@@ -175,7 +175,8 @@ struct Tensor {
 fn folder_parts(tensors: &BTreeMap<String, Tensor>, quant: Option<&QuantizationConfig>) -> anyhow::Result<Vec<WeightPart>> {
     let count = |shape: &Vec<u64>| shape.iter().product::<u64>();
     let cols = |t: &Tensor| t.shape.last().copied().unwrap_or(0) as i32;
-    let mut by_width: BTreeMap<Option<Quantization>, u64> = BTreeMap::new();
+    // By width and scale bytes.
+    let mut by_width: BTreeMap<(Option<Quantization>, u64), u64> = BTreeMap::new();
     for (name, t) in tensors {
         let scales = |module: &str| tensors.get(&format!("{module}.scales"));
         if let Some(module) = name.strip_suffix(".scales").or(name.strip_suffix(".biases")) {
@@ -184,14 +185,14 @@ fn folder_parts(tensors: &BTreeMap<String, Tensor>, quant: Option<&QuantizationC
             }
         }
         if name.ends_with("_blocks") {
-            *by_width.entry(Some(MXFP4)).or_default() += count(&t.shape) * 2;
+            *by_width.entry((Some(MXFP4), 1)).or_default() += count(&t.shape) * 2;
             continue;
         }
         if name.strip_suffix("_scales").is_some_and(|base| tensors.contains_key(&format!("{base}_blocks"))) {
             continue;
         }
         let Some((module, s)) = name.strip_suffix(".weight").and_then(|m| Some((m, scales(m)?))) else {
-            *by_width.entry(None).or_default() += count(&t.shape);
+            *by_width.entry((None, 0)).or_default() += count(&t.shape);
             continue;
         };
         let q = quant.with_context(|| format!("{module} is quantized but config.json has no quantization"))?;
@@ -201,9 +202,10 @@ fn folder_parts(tensors: &BTreeMap<String, Tensor>, quant: Option<&QuantizationC
         // (engine::model: its choice is discrete).
         let router = name.ends_with(".mlp.gate.weight") || name.ends_with(".block_sparse_moe.gate.weight");
         let width = (!router).then_some(Quantization { bits: spec.bits as u32, group_size: spec.group_size as u32, mode: spec.mode });
-        *by_width.entry(width).or_default() += elements;
+        let scale_bytes = if s.dtype == "F32" { 4 } else { 2 };
+        *by_width.entry((width, scale_bytes)).or_default() += elements;
     }
-    Ok(by_width.into_iter().map(|(quantization, elements)| WeightPart { quantization, elements }).collect())
+    Ok(by_width.into_iter().map(|((quantization, scale_bytes), elements)| WeightPart { quantization, elements, scale_bytes }).collect())
 }
 
 /// The MLX dtype of a safetensors dtype name, as far as telling scales apart needs.
@@ -407,7 +409,7 @@ fn gguf_parts(tensors: &[GgufTensorInfo]) -> Vec<WeightPart> {
         };
         *by_width.entry(width).or_default() += t.dims.iter().product::<u64>();
     }
-    by_width.into_iter().map(|(quantization, elements)| WeightPart { quantization, elements }).collect()
+    by_width.into_iter().map(|(quantization, elements)| WeightPart::new(quantization, elements)).collect()
 }
 
 /// A mixture-of-experts GGUF's stacked experts, as [`gguf_parts`] counts them, when they can

@@ -345,13 +345,14 @@ pub fn parts_as_held(parts: &[WeightPart], format: WeightFormat, on_gpu: bool) -
         .sum()
 }
 
-/// What the CPU device holds of `part`: packed values plus a float32 scale and bias a group
-/// where its kernel runs them, mxfp4 as stored (MLX's ops run it), else float32.
+/// What the CPU device holds of `part`: packed values plus a scale and bias a group as the
+/// file stores them (the kernel reads float16, bfloat16 or float32) where its kernel runs
+/// them, mxfp4 as stored (MLX's ops run it), else float32.
 fn cpu_bytes(part: &WeightPart) -> u64 {
     match part.quantization {
         Some(q) if q.mode == QuantMode::Mxfp4 => q.packed_bytes(part.elements, 4),
         Some(q) if crate::engine::cpu_backend::quantized_kernel(q.bits as i32, q.group_size as i32).is_some() => {
-            q.packed_bytes(part.elements, 4)
+            q.packed_bytes(part.elements, part.scale_bytes)
         }
         _ => part.elements * 4,
     }
@@ -537,9 +538,9 @@ mod tests {
         use super::super::experts::{plan, Ask};
         use crate::library::entry::ExpertParts;
         // 1 GB of float32 experts (100 of 10 MB, 8 a token) beside 100 MB of other weights.
-        let experts = WeightPart { quantization: None, elements: 250 * MB };
+        let experts = WeightPart::new(None, 250 * MB);
         let moe = ModelEntry {
-            weight_parts: vec![experts, WeightPart { quantization: None, elements: 25 * MB }],
+            weight_parts: vec![experts, WeightPart::new(None, 25 * MB)],
             parameters: Some(275 * MB),
             experts: Some(ExpertParts { parts: vec![experts], count: 100, per_token: 8 }),
             ..entry(None)
@@ -566,8 +567,8 @@ mod tests {
         assert_eq!(plan(&b, &dense, &ask(10 * GB, Some(MB))).ok().unwrap().expert_cache, None, "a dense model never streams");
     }
 
-    /// A 4-bit 7B on the CPU: packed values plus float32 scales and biases (groups of 64:
-    /// 0.625 bytes a parameter, ~4.8 GB), where float32 would take ~30 GB; what the kernel
+    /// A 4-bit 7B on the CPU: packed values plus 16-bit scales and biases (groups of 64:
+    /// 0.5625 bytes a parameter, ~4.3 GB), where float32 would take ~30 GB; what the kernel
     /// cannot run (3 bits) is float32.
     #[cfg(target_os = "linux")]
     #[test]
@@ -577,33 +578,31 @@ mod tests {
         let mut e = entry(Some(QWEN7B_SHAPE));
         e.parameters = Some(params);
         e.quantization = Some(crate::library::Quantization::affine(4, 64));
-        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, params / 2 + params / 8);
+        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, params / 2 + params / 16);
         assert_eq!(b.need(&e, WeightFormat::Float32, false).weights, params * 4);
         e.quantization = Some(crate::library::Quantization::affine(3, 64));
         assert_eq!(b.need(&e, WeightFormat::Native, false).weights, params * 4);
     }
 
-    /// The default model's GGUF: Q4_1 layers (0.75 bytes a value packed), a Q8_0 embedding
-    /// that is also the head (1.25), float32 norms: 115 MB, where counting every parameter
-    /// at the file's one reported width (4 bits) said 101 MB. A part the kernel cannot run
-    /// (3 bits) is float32.
+    /// The default model's GGUF: Q4_1 layers (0.625 bytes a value packed with float16
+    /// scales and biases, as the file holds them), a Q8_0 embedding that is also the head
+    /// (1.125), float32 norms: 98 MB. A part the kernel cannot run (3 bits) is float32.
     #[cfg(target_os = "linux")]
     #[test]
     fn each_part_is_estimated_at_its_own_width() {
         let b = budget(18 * GB, 2);
-        let part = |width: Option<(u32, u32)>, elements| WeightPart {
-            quantization: width.map(|(bits, group_size)| crate::library::Quantization::affine(bits, group_size)),
-            elements,
+        let part = |width: Option<(u32, u32)>, elements| {
+            WeightPart::new(width.map(|(bits, group_size)| crate::library::Quantization::affine(bits, group_size)), elements)
         };
         let mut e = entry(Some(SMOL_SHAPE));
         e.parameters = Some(134_515_008);
         e.quantization = Some(crate::library::Quantization::affine(4, 32));
         e.weight_parts = vec![part(None, 35_136), part(Some((4, 32)), 106_168_320), part(Some((8, 32)), 28_311_552)];
-        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 106_168_320 * 3 / 4 + 28_311_552 * 5 / 4 + 35_136 * 4);
-        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 115_156_224);
+        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 106_168_320 * 5 / 8 + 28_311_552 * 9 / 8 + 35_136 * 4);
+        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 98_346_240);
         assert_eq!(b.need(&e, WeightFormat::Float32, false).weights, 134_515_008 * 4);
         e.weight_parts[2] = part(Some((3, 32)), 28_311_552);
-        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 106_168_320 * 3 / 4 + 28_311_552 * 4 + 35_136 * 4);
+        assert_eq!(b.need(&e, WeightFormat::Native, false).weights, 106_168_320 * 5 / 8 + 28_311_552 * 4 + 35_136 * 4);
     }
 
     #[test]

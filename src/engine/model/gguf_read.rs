@@ -83,7 +83,7 @@ pub fn convert(info: &GgufTensorInfo, bytes: &[u8]) -> Result<Tensor> {
 fn quantized(info: &GgufTensorInfo, bytes: &[u8], shape: &[i32]) -> Result<Quantized> {
     let name = info.ggml_type.name;
     let block = info.ggml_type.bytes as usize;
-    ensure!(bytes.len() % block == 0 && info.dims.first().is_some_and(|d| d % 32 == 0), "rows are not whole {name} blocks");
+    ensure!(bytes.len().is_multiple_of(block) && info.dims.first().is_some_and(|d| d % 32 == 0), "rows are not whole {name} blocks");
     let blocks = bytes.len() / block;
     let bits = if name == "Q8_0" { 8 } else { 4 };
     let mut packed = Vec::with_capacity(blocks * 4 * bits);

@@ -60,15 +60,20 @@ impl Weight {
         })
     }
 
-    /// For the CPU device: quantized weights the CPU kernel runs stay packed (float32
-    /// scales and biases), mxfp4 ones too (MLX's own CPU ops run them: float32 would be
-    /// eight times their size), the rest become float32 matrices.
+    /// For the CPU device: quantized weights the CPU kernel runs stay packed, their scales
+    /// and biases in the float type the file holds (float16 or bfloat16: in float32 they
+    /// would add half again to a 4-bit matrix), mxfp4 ones too (MLX's own CPU ops run
+    /// them: float32 would be eight times their size), the rest become float32 matrices.
     pub fn for_cpu(self) -> Result<Weight> {
         match self {
             Weight::Quantized(q)
                 if q.mode == QuantMode::Affine && crate::engine::cpu_backend::quantized_kernel(q.bits, q.group_size).is_some() =>
             {
-                let q = q.map(Ok, |a| cast(a, Dtype::Float32))?;
+                let kept = |a: Array| match a.dtype() {
+                    Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 => Ok(a),
+                    _ => cast(a, Dtype::Float32),
+                };
+                let q = q.map(Ok, kept)?;
                 Ok(Weight::Quantized(Quantized { cpu_kernel: true, ..q }))
             }
             Weight::Quantized(q) if q.mode == QuantMode::Mxfp4 => Ok(Weight::Quantized(q)),
@@ -232,8 +237,15 @@ impl Embedding {
         Ok(match &self.0 {
             Weight::Dense(w) => w.take_axis(ids, 0)?,
             Weight::Quantized(q) => {
-                let dtype = q.biases.as_ref().map_or(Dtype::Float32, |b| b.dtype());
-                q.clone().map_all(|a| Ok(a.take_axis(ids, 0)?))?.dequantize(dtype)?
+                let rows = q.clone().map_all(|a| Ok(a.take_axis(ids, 0)?))?;
+                if q.cpu_kernel {
+                    // The CPU runs float32: the looked-up rows' scales widened first, so the
+                    // values are not rounded to float16 on the way.
+                    rows.map(Ok, |a| cast(a, Dtype::Float32))?.dequantize(Dtype::Float32)?
+                } else {
+                    let dtype = q.biases.as_ref().map_or(Dtype::Float32, |b| b.dtype());
+                    rows.dequantize(dtype)?
+                }
             }
         })
     }

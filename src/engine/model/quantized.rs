@@ -98,8 +98,8 @@ pub struct Quantized {
     pub bits: i32,
     pub mode: QuantMode,
     /// Runs mlxbar's CPU kernel (`engine::cpu_backend::affine_qmm`) instead of MLX's
-    /// `quantized_matmul`: set at assembly on the CPU device, affine with float32 scales
-    /// and biases.
+    /// `quantized_matmul`: set at assembly on the CPU device, affine, scales and biases
+    /// as the file holds them (float16, bfloat16 or float32).
     pub cpu_kernel: bool,
 }
 

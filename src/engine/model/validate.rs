@@ -625,7 +625,7 @@ mod tests {
             out.extend(0u32.to_le_bytes());
             out.extend((i as u64 * 32u64.div_ceil(align) * align).to_le_bytes());
         }
-        while out.len() as u64 % align != 0 {
+        while !(out.len() as u64).is_multiple_of(align) {
             out.push(0);
         }
         let data = 32u64.div_ceil(align) * align + 32;

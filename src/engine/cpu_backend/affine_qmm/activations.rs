@@ -65,7 +65,7 @@ impl Activations {
     /// If `x.len() != rows * k` or `k` is not a multiple of `group_size`, itself a multiple
     /// of [`BLOCK`] (the caller checks shapes first).
     pub fn new(x: &[f32], rows: usize, k: usize, group_size: usize, bits: u32) -> Activations {
-        assert!(x.len() == rows * k && group_size % BLOCK == 0 && k % group_size == 0);
+        assert!(x.len() == rows * k && group_size.is_multiple_of(BLOCK) && k.is_multiple_of(group_size));
         let (blocks, groups) = (k / BLOCK, k / group_size);
         let per_group = group_size / BLOCK;
         let mut a = Activations {

@@ -1,14 +1,15 @@
 //! A fast CPU matmul for MLX's affine-quantized weights (every mlx-community quantized
 //! model, and the GGUF's Q4_0/Q4_1/Q8_0 tensors as MLX loads them): `y = x · dequant(W)ᵀ`
-//! with `W` `[n, k]` packed in `uint32`, one float32 scale and bias per group of
-//! `group_size` values; 4 or 8 bits, groups of 32, 64 or 128.
+//! with `W` `[n, k]` packed in `uint32`, one scale and bias per group of `group_size`
+//! values; 4 or 8 bits, groups of 32, 64 or 128.
 //!
 //! MLX's own CPU kernel for this is naive and single-threaded. Here the weights stay packed
 //! and are unpacked in registers; `x` is quantized to int8 per 32 values once per call
 //! ([`activations`], as llama.cpp does for its Q4/Q8 dot products), so a block's dot
 //! product is integer multiply-adds; every weight row is read once for all rows of `x`,
-//! and the output columns are split across the cores with rayon. [`avx2`] on x86_64 with
-//! AVX2+FMA, [`scalar`] elsewhere.
+//! and the output columns are split across the cores with rayon. On x86_64 the widest
+//! instruction set the CPU has is chosen at run time ([`Kernel::detect`]): [`vnni`]'s
+//! `vpdpbusd` (AVX512-VNNI or AVX-VNNI), else [`avx2`]'s `maddubs`; [`scalar`] elsewhere.
 //!
 //! [`primitive.cpp`](primitive.cpp) makes this an MLX primitive, so it runs inside MLX's
 //! lazy graph on the CPU stream like any other op; [`op`] builds it from Rust. Each MLX op
@@ -21,6 +22,8 @@ pub mod activations;
 mod avx2;
 pub mod op;
 mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 use std::ops::Range;
 
@@ -31,24 +34,53 @@ use activations::Activations;
 use super::primitive_call::{self, count, elems};
 
 /// Which kernel this machine runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
+    /// `vpdpbusd` on 256-bit registers, EVEX-encoded (32 registers: tiles of 8 rows).
+    Avx512Vnni,
+    /// `vpdpbusd`, VEX-encoded.
+    AvxVnni,
     Avx2,
     Scalar,
 }
 
 impl Kernel {
-    pub fn detect() -> Kernel {
+    /// The kernels this CPU can run, fastest first (the first is [`kernel`]'s choice).
+    pub fn available() -> &'static [Kernel] {
+        static AVAILABLE: std::sync::OnceLock<Vec<Kernel>> = std::sync::OnceLock::new();
+        AVAILABLE.get_or_init(Kernel::probe)
+    }
+
+    fn probe() -> Vec<Kernel> {
+        let mut kernels = Vec::new();
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            return Kernel::Avx2;
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            if std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512f")
+            {
+                kernels.push(Kernel::Avx512Vnni);
+            }
+            if std::arch::is_x86_feature_detected!("avxvnni") {
+                kernels.push(Kernel::AvxVnni);
+            }
+            kernels.push(Kernel::Avx2);
         }
-        Kernel::Scalar
+        kernels.push(Kernel::Scalar);
+        kernels
+    }
+
+    pub fn detect() -> Kernel {
+        Kernel::available()[0]
     }
 
     pub fn describe(self) -> &'static str {
         match self {
+            Kernel::Avx512Vnni => "AVX512-VNNI (int8 activations, vpdpbusd, 8-row tiles)",
+            Kernel::AvxVnni => "AVX-VNNI (int8 activations, vpdpbusd, 8-row tiles)",
             Kernel::Avx2 => "AVX2+FMA (int8 activations, weights unpacked in registers)",
             Kernel::Scalar => "portable scalar",
         }
@@ -60,13 +92,85 @@ pub fn supports(bits: i32, group_size: i32) -> bool {
     matches!(bits, 4 | 8) && matches!(group_size, 32 | 64 | 128)
 }
 
+/// A weight group's scale or bias as stored. Model files hold them in float16 or bfloat16;
+/// widened to float32 they would add half again to a 4-bit matrix's bytes (8 bytes per 16
+/// bytes of weights at groups of 32), bytes every decode step reads.
+pub trait Scale: Copy + Send + Sync + 'static {
+    /// The `scale_type` code primitive.cpp passes for this type.
+    const CODE: i32;
+    fn to_f32(self) -> f32;
+    /// As [`Scale::to_f32`], inside the x86 kernels (their entry points enable F16C).
+    ///
+    /// # Safety
+    /// F16C is available.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn to_f32_f16c(self) -> f32 {
+        self.to_f32()
+    }
+    /// Eight values from `p` as float32 lanes, inside the x86 kernels.
+    ///
+    /// # Safety
+    /// AVX2 and F16C are available; `p` is valid for eight reads.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Scale for f32 {
+    const CODE: i32 = 0;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl Scale for half::f16 {
+    const CODE: i32 = 1;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn to_f32_f16c(self) -> f32 {
+        use std::arch::x86_64::*;
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(self.to_bits() as i32)))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const half::f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
+
+impl Scale for half::bf16 {
+    const CODE: i32 = 2;
+    /// bfloat16 is float32's top half.
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const half::bf16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)), 16))
+    }
+}
+
 /// A quantized weight matrix as MLX holds it (`transpose = true` layout).
-pub struct Weights<'a> {
+pub struct Weights<'a, S: Scale = f32> {
     /// `n × k·bits/32`.
     pub packed: &'a [u32],
     /// `n × k/group_size` each.
-    pub scales: &'a [f32],
-    pub biases: &'a [f32],
+    pub scales: &'a [S],
+    pub biases: &'a [S],
     pub n: usize,
     pub k: usize,
     pub group_size: usize,
@@ -161,8 +265,10 @@ const MIN_COLUMNS_PER_TASK: usize = 16;
 /// `out[rows × n] = prologue(x) · dequant(w)ᵀ + residual`.
 ///
 /// # Panics
-/// On inconsistent shapes (checked before anything is read).
-pub fn matmul(kernel: Kernel, x: &[f32], rows: usize, w: &Weights, fusion: Fusion, out: &mut [f32]) {
+/// On inconsistent shapes (checked before anything is read), or a kernel this CPU cannot
+/// run.
+pub fn matmul<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, fusion: Fusion, out: &mut [f32]) {
+    assert!(Kernel::available().contains(&kernel), "{kernel:?} needs instructions this CPU lacks");
     assert!(supports(w.bits as i32, w.group_size as i32), "{} bits, groups of {}", w.bits, w.group_size);
     let (k, n) = (w.k, w.n);
     assert!(k % w.group_size == 0 && x.len() == rows * fusion.prologue.input_columns(k) && out.len() == rows * n);
@@ -182,10 +288,18 @@ pub fn matmul(kernel: Kernel, x: &[f32], rows: usize, w: &Weights, fusion: Fusio
         if columns.is_empty() {
             return;
         }
+        // Each SIMD arm: `kernel` is one `Kernel::available` lists (asserted above), which
+        // checked its instruction sets; the shapes were checked above.
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: Avx2 is only detected with AVX2+FMA; the shapes were checked above.
-            Kernel::Avx2 => unsafe { avx2::columns(w, &a, o, columns) },
+            // SAFETY: AVX512-VNNI, AVX512VL, AVX2, FMA and F16C detected; shapes checked.
+            Kernel::Avx512Vnni => unsafe { vnni::columns_avx512_vnni(w, &a, o, columns) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX-VNNI, AVX2, FMA and F16C detected; shapes checked.
+            Kernel::AvxVnni => unsafe { vnni::columns_avx_vnni(w, &a, o, columns) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2, FMA and F16C detected; shapes checked.
+            Kernel::Avx2 => unsafe { avx2::columns_avx2(w, &a, o, columns) },
             _ => scalar::columns(w, &a, o, columns),
         }
     });
@@ -197,7 +311,8 @@ pub const PROLOGUE_RMS_NORM: i32 = 1;
 pub const PROLOGUE_SWIGLU: i32 = 2;
 
 /// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays, each
-/// pointer with the number of elements its buffer holds; `norm` (k values) is read for
+/// pointer with the number of elements its buffer holds; `scales` and `biases` hold the
+/// [`Scale`] type whose code is `scale_type`; `norm` (k values) is read for
 /// [`PROLOGUE_RMS_NORM`]; `residual` may be null.
 ///
 /// # Safety
@@ -212,10 +327,11 @@ pub unsafe extern "C" fn mlxbar_affine_qmm_run(
     k: i64,
     packed: *const u32,
     packed_len: i64,
-    scales: *const f32,
+    scales: *const std::ffi::c_void,
     scales_len: i64,
-    biases: *const f32,
+    biases: *const std::ffi::c_void,
     biases_len: i64,
+    scale_type: i32,
     n: i64,
     group_size: i32,
     bits: i32,
@@ -239,18 +355,44 @@ pub unsafe extern "C" fn mlxbar_affine_qmm_run(
         };
         let residual = (!residual.is_null()).then(|| primitive_call::input(residual, residual_len, elems(&[rows, n]), "residual"));
         let fusion = Fusion { prologue, residual };
-        let groups = elems(&[n, k / gs]);
-        let w = Weights {
-            packed: primitive_call::input(packed, packed_len, elems(&[n, k, b]) / 32, "w"),
-            scales: primitive_call::input(scales, scales_len, groups, "scales"),
-            biases: primitive_call::input(biases, biases_len, groups, "biases"),
-            n,
-            k,
-            group_size: gs,
-            bits: b as u32,
-        };
         let x = primitive_call::input(x, x_len, elems(&[rows, prologue.input_columns(k)]), "x");
-        matmul(kernel(), x, rows, &w, fusion, primitive_call::output(out, out_len, elems(&[rows, n]), "out"));
+        let packed = primitive_call::input(packed, packed_len, elems(&[n, k, b]) / 32, "w");
+        let out = primitive_call::output(out, out_len, elems(&[rows, n]), "out");
+        /// The product with scales and biases of type `S`.
+        ///
+        /// # Safety
+        /// As the caller's: `scales` and `biases` hold `S` values.
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn with<S: Scale>(
+            shape: (usize, usize, usize, usize, usize),
+            x: &[f32],
+            packed: &[u32],
+            (scales, scales_len): (*const std::ffi::c_void, i64),
+            (biases, biases_len): (*const std::ffi::c_void, i64),
+            fusion: Fusion,
+            out: &mut [f32],
+        ) {
+            let (rows, k, n, gs, bits) = shape;
+            let groups = elems(&[n, k / gs]);
+            let w = Weights {
+                packed,
+                scales: primitive_call::input(scales as *const S, scales_len, groups, "scales"),
+                biases: primitive_call::input(biases as *const S, biases_len, groups, "biases"),
+                n,
+                k,
+                group_size: gs,
+                bits: bits as u32,
+            };
+            matmul(kernel(), x, rows, &w, fusion, out);
+        }
+        let shape = (rows, k, n, gs, b);
+        let (s, bi) = ((scales, scales_len), (biases, biases_len));
+        match scale_type {
+            <f32 as Scale>::CODE => with::<f32>(shape, x, packed, s, bi, fusion, out),
+            <half::f16 as Scale>::CODE => with::<half::f16>(shape, x, packed, s, bi, fusion, out),
+            <half::bf16 as Scale>::CODE => with::<half::bf16>(shape, x, packed, s, bi, fusion, out),
+            other => panic!("unknown scale type {other}"),
+        }
     };
     // A panic must not unwind into MLX's C++ scheduler thread.
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
@@ -270,7 +412,7 @@ pub fn kernel() -> Kernel {
 pub fn faster_than_float32() -> bool {
     static FASTER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *FASTER.get_or_init(|| {
-        if kernel() == Kernel::Avx2 {
+        if kernel() != Kernel::Scalar {
             return true;
         }
         let (n, k, gs) = (1536usize, 576usize, 64usize);
@@ -302,13 +444,25 @@ pub fn faster_than_float32() -> bool {
 mod tests {
     use super::*;
 
-    /// The SIMD kernel computes what the scalar one does (same integer sums; float
-    /// summation order only), on every supported format and row counts 1 to 9.
-    #[test]
-    fn avx2_equals_scalar() {
-        if Kernel::detect() != Kernel::Avx2 {
-            return;
+    /// Every kernel this CPU runs computes what the scalar one does (same integer sums;
+    /// float summation order only), on every supported format and row counts 1 to 17 (the
+    /// tiles' every remainder).
+    /// Each SIMD kernel this CPU runs against the scalar one on `w`.
+    fn kernels_agree<S: Scale>(x: &[f32], rows: usize, w: &Weights<S>, what: &str) {
+        let mut plain = vec![0f32; rows * w.n];
+        matmul(Kernel::Scalar, x, rows, w, Fusion::default(), &mut plain);
+        for &kernel in Kernel::available().iter().filter(|k| **k != Kernel::Scalar) {
+            let mut simd = vec![0f32; rows * w.n];
+            matmul(kernel, x, rows, w, Fusion::default(), &mut simd);
+            for (i, (s, p)) in simd.iter().zip(&plain).enumerate() {
+                assert!((s - p).abs() <= 1e-4 * p.abs().max(1.0), "{kernel:?} {what} [{i}]: {s} vs {p}");
+            }
         }
+    }
+
+    #[test]
+    fn every_kernel_equals_scalar() {
+        eprintln!("kernels checked against scalar: {:?}", Kernel::available());
         let mut seed = 7u64;
         let mut next = move || {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -316,8 +470,11 @@ mod tests {
         };
         for bits in [4u32, 8] {
             for gs in [32usize, 64, 128] {
-                // 96 = three blocks: an odd last block for the 4-bit pairs.
-                for (rows, k) in [(1usize, 256usize), (2, 256), (3, 96), (4, 256), (5, 256), (9, 96), (1, 96)] {
+                // 96 = three blocks: an odd last block for the 4-bit pairs; 352 and 576 =
+                // 11 and 18 groups of 32: the bias sums' eight-group body and their tail.
+                let shapes =
+                    [(1usize, 256usize), (2, 256), (3, 96), (4, 256), (5, 256), (8, 128), (9, 96), (1, 96), (17, 128), (3, 352), (9, 576)];
+                for (rows, k) in shapes {
                     if k % gs != 0 {
                         continue;
                     }
@@ -326,13 +483,13 @@ mod tests {
                     let scales: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4).collect();
                     let biases: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4 - 0.05).collect();
                     let x: Vec<f32> = (0..rows * k).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+                    let what = format!("bits {bits} gs {gs} rows {rows}");
                     let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits };
-                    let (mut simd, mut plain) = (vec![0f32; rows * n], vec![0f32; rows * n]);
-                    matmul(Kernel::Avx2, &x, rows, &w, Fusion::default(), &mut simd);
-                    matmul(Kernel::Scalar, &x, rows, &w, Fusion::default(), &mut plain);
-                    for (i, (s, p)) in simd.iter().zip(&plain).enumerate() {
-                        assert!((s - p).abs() <= 1e-4 * p.abs().max(1.0), "bits {bits} gs {gs} rows {rows} [{i}]: {s} vs {p}");
-                    }
+                    kernels_agree(&x, rows, &w, &format!("float32 scales, {what}"));
+                    let half = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>();
+                    let (scales, biases) = (half(&scales), half(&biases));
+                    let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits };
+                    kernels_agree(&x, rows, &w, &format!("float16 scales, {what}"));
                 }
             }
         }

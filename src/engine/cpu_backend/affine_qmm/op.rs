@@ -28,7 +28,8 @@ extern "C" {
 }
 
 /// `prologue(x) · dequant(w)ᵀ (+ residual)` for MLX affine-quantized `w`
-/// (`[n, k·bits/32]` uint32, float32 `scales`/`biases` `[n, k/group_size]`, evaluated);
+/// (`[n, k·bits/32]` uint32, `scales`/`biases` `[n, k/group_size]` of one type, float32,
+/// float16 or bfloat16, evaluated);
 /// `x` float32 `[..., k]` (`[..., 2k]` for SwiGLU), `residual` the output's shape.
 #[allow(clippy::too_many_arguments)]
 pub fn affine_qmm(

@@ -28,10 +28,11 @@ extern "C" void mlxbar_affine_qmm_run(
     int64_t k,
     const uint32_t* packed,
     int64_t packed_len,
-    const float* scales,
+    const void* scales,
     int64_t scales_len,
-    const float* biases,
+    const void* biases,
     int64_t biases_len,
+    int32_t scale_type,
     int64_t n,
     int32_t group_size,
     int32_t bits,
@@ -44,7 +45,10 @@ extern "C" void mlxbar_affine_qmm_run(
     float* out,
     int64_t out_len);
 
-// As in affine_qmm/mod.rs.
+// As in affine_qmm/mod.rs (`Scale::CODE`, the prologue codes).
+constexpr int SCALE_F32 = 0;
+constexpr int SCALE_F16 = 1;
+constexpr int SCALE_BF16 = 2;
 constexpr int PROLOGUE_NONE = 0;
 constexpr int PROLOGUE_RMS_NORM = 1;
 constexpr int PROLOGUE_SWIGLU = 2;
@@ -78,16 +82,31 @@ class AffineQmm : public mx::UnaryPrimitive {
       // Every input is read as row-major data: gathered here when it is not (a strided or
       // broadcast view; weights come contiguous, so only x and the residual ever are).
       std::vector<float> xc, sc, bc, nc, rc;
+      std::vector<uint16_t> sc16, bc16;
       std::vector<uint32_t> wc;
       const auto x = mlxbar::dense(inputs[0], xc);
       const auto w = mlxbar::dense(inputs[1], wc);
-      const auto s = mlxbar::dense(inputs[2], sc);
-      const auto b = mlxbar::dense(inputs[3], bc);
+      // Scales and biases in their stored type: 16-bit ones are passed as their bits.
+      const auto scale_type = inputs[2].dtype() == mx::float32 ? SCALE_F32
+          : inputs[2].dtype() == mx::float16                   ? SCALE_F16
+                                                               : SCALE_BF16;
+      mlxbar::Dense<void> s{nullptr, 0}, b{nullptr, 0};
+      if (scale_type == SCALE_F32) {
+        const auto s32 = mlxbar::dense(inputs[2], sc);
+        const auto b32 = mlxbar::dense(inputs[3], bc);
+        s = {s32.ptr, s32.len};
+        b = {b32.ptr, b32.len};
+      } else {
+        const auto s16 = mlxbar::dense(inputs[2], sc16);
+        const auto b16 = mlxbar::dense(inputs[3], bc16);
+        s = {s16.ptr, s16.len};
+        b = {b16.ptr, b16.len};
+      }
       const mlxbar::Dense<float> none{nullptr, 0};
       const auto nm = prologue == PROLOGUE_RMS_NORM ? mlxbar::dense(inputs[4], nc) : none;
       const auto r = has_res ? mlxbar::dense(inputs.back(), rc) : none;
       mlxbar_affine_qmm_run(
-          x.ptr, x.len, rows, k, w.ptr, w.len, s.ptr, s.len, b.ptr, b.len, n, gs, bits, prologue, nm.ptr, nm.len, eps,
+          x.ptr, x.len, rows, k, w.ptr, w.len, s.ptr, s.len, b.ptr, b.len, scale_type, n, gs, bits, prologue, nm.ptr, nm.len, eps,
           r.ptr, r.len, out_ptr, out_len);
     });
   }
@@ -136,8 +155,12 @@ mx::array affine_qmm(
     throw std::invalid_argument("affine_qmm: 4 or 8 bits in groups of 32, 64 or 128 only");
   }
   auto f32 = [](const mx::array* a) { return !a || a->dtype() == mx::float32; };
-  if (!f32(&x) || !f32(&scales) || !f32(&biases) || !f32(norm) || !f32(residual) || w.dtype() != mx::uint32) {
-    throw std::invalid_argument("affine_qmm: x, scales, biases, norm and residual must be float32 and w uint32");
+  if (!f32(&x) || !f32(norm) || !f32(residual) || w.dtype() != mx::uint32) {
+    throw std::invalid_argument("affine_qmm: x, norm and residual must be float32 and w uint32");
+  }
+  const auto st = scales.dtype();
+  if ((st != mx::float32 && st != mx::float16 && st != mx::bfloat16) || biases.dtype() != st) {
+    throw std::invalid_argument("affine_qmm: scales and biases must share one type: float32, float16 or bfloat16");
   }
   if (x.ndim() < 1 || w.ndim() != 2 || scales.ndim() != 2 || biases.shape() != scales.shape()) {
     throw std::invalid_argument("affine_qmm: w, scales and biases must be matrices of matching shapes");

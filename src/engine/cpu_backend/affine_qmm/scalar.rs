@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use super::activations::{slot, Activations, BLOCK};
-use super::{Out, Weights};
+use super::{Out, Scale, Weights};
 
 /// Value `i` of a packed weight row.
 fn value(row: &[u32], i: usize, bits: u32) -> i32 {
@@ -13,7 +13,7 @@ fn value(row: &[u32], i: usize, bits: u32) -> i32 {
 }
 
 /// Output columns `columns` of every row.
-pub fn columns(w: &Weights, a: &Activations, out: Out, columns: Range<usize>) {
+pub fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, columns: Range<usize>) {
     let (k, gs) = (w.k, w.group_size);
     let groups = k / gs;
     let words = k * w.bits as usize / 32;
@@ -34,9 +34,9 @@ pub fn columns(w: &Weights, a: &Activations, out: Out, columns: Range<usize>) {
                     }
                     acc += isum as f32 * xs[b];
                 }
-                total += scales[g] * acc + biases[g] * a.group_sum[r * groups + g];
+                total += scales[g].to_f32() * acc + biases[g].to_f32() * a.group_sum[r * groups + g];
                 if w.bits == 8 {
-                    total += scales[g] * a.offset[r * groups + g];
+                    total += scales[g].to_f32() * a.offset[r * groups + g];
                 }
             }
             // SAFETY: (r, j) is inside `out`, and only this task writes column j.

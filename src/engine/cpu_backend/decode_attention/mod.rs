@@ -63,7 +63,7 @@ pub struct Cache<'a> {
 pub fn step(s: Shape, prep: Prep, q: &[f32], k: &[f32], v: &[f32], positions: &[i32], scale: f32, cache: Cache, out: &mut [f32]) {
     let hd = s.head_dim;
     let dims = usize::try_from(prep.rope.dims).unwrap_or(0);
-    assert!(s.kv_heads > 0 && s.heads % s.kv_heads == 0 && hd > 0);
+    assert!(s.kv_heads > 0 && s.heads.is_multiple_of(s.kv_heads) && hd > 0);
     assert!(dims % 2 == 0 && dims > 0 && dims <= hd, "rope: dims {dims} for head_dim {hd}");
     assert!(q.len() == s.rows * s.heads * hd && out.len() == q.len() && positions.len() == s.rows);
     assert!(k.len() == s.rows * s.kv_heads * hd && v.len() == k.len());
