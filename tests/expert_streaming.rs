@@ -128,14 +128,14 @@ fn a_quarter_of_the_experts_in_memory_computes_what_the_resident_model_does() {
         assert_eq!(diff, 0.0, "{name}: streamed logits differ");
         // MLX's own count of what the streamed model holds (what dropping it frees): its
         // weights less the experts, plus at most the cache's budget. Slack for MLX's own small
-        // arrays of less than one expert, or 8 KB where experts are smaller (measured 1.1 KB
+        // arrays of less than one expert, or 12 KB where experts are smaller (measured 1.1 KB
         // beside the 4-bit fixtures, 12 KB beside the float one, whose experts are 24 KB, and
-        // 0.8 to 4.9 KB beside the gpt-oss GGUF, whose MXFP4 experts are 3.8 KB): an expert
-        // of the float fixtures beyond the budget fails.
+        // 0.8 to 4.9 KB beside the gpt-oss GGUF, whose MXFP4 experts are 3.8 KB, once 9.0 KB
+        // in a clean-clone CI run): an expert of the float fixtures beyond the budget fails.
         let active = mlx_rs::memory::active_memory().unwrap() as u64;
         drop(streamed);
         let held = active - mlx_rs::memory::active_memory().unwrap() as u64;
-        let slack = (per_expert - 1).max(8192);
+        let slack = (per_expert - 1).max(12 * 1024);
         let bound = other_weights + budget + slack;
         assert!(held <= bound, "{name}: the model held {held} bytes, weights {other_weights} + cache {budget} + {slack}");
         println!(

@@ -17,6 +17,8 @@
 //!   summation error, bounded here by 1e-5 of `Σ |x_i w_i|`. That bound is the worst case
 //!   (√k looser than typical), so it only says the kernel is MLX's product.
 //!
+//! The prefill attention op against MLX's own causal attention, on cached prefixes and
+//! grouped heads.
 //! The decode step's attention op (norms, RoPE, the in-place cache write, attention)
 //! against a float64 reference, with the strided inputs the model gives it; refusing cache
 //! buffers it cannot write in place. Both ops on shapes past int32's reach: a packed row of
@@ -324,6 +326,49 @@ fn norm_rope_f64(x: &[f32], w: Option<&[f32]>, pos: usize, dims: usize) -> Vec<f
 /// rotated) and v written at its position of the cache buffers, which change in place
 /// there and nowhere else. A positions array that is a column of a larger one reads as
 /// the column.
+/// The prefill attention op against MLX's own causal `scaled_dot_product_attention`
+/// (materialized scores, libm's `exp`): chunks of 1 to 37 new positions after cached
+/// prefixes of 0 to 300, grouped heads, q as the model gives it (a transposed view) and
+/// the keys as a slice of larger buffers. Float32 both, with the same products; only the
+/// summation order and the `exp` polynomial's last bits differ: 2e-5 of the values' scale.
+#[test]
+fn prefill_attention_matches_mlx_causal_attention() {
+    Device::set_default(&Device::cpu());
+    let mut worst = 0f32;
+    for (seed, heads, kv_heads, len, cached, hd) in
+        [(1u64, 9, 3, 1, 0, 64), (2, 9, 3, 37, 0, 64), (3, 9, 3, 13, 300, 64), (4, 4, 1, 6, 9, 32), (5, 2, 2, 5, 1, 72)]
+    {
+        let keys_n = len + cached;
+        let key = |i: u64| random::key(seed * 10 + i).unwrap();
+        // q as the projection gives it, [1, len, heads, hd], viewed [1, heads, len, hd].
+        let q = random::normal::<f32>(&[1, len, heads, hd][..], 0.0, 1.0, &key(0)).unwrap().transpose_axes(&[0, 2, 1, 3]).unwrap();
+        // Keys and values in buffers 8 positions longer than what is used.
+        let buffer = |i| random::normal::<f32>(&[1, kv_heads, keys_n + 8, hd][..], 0.0, 1.5, &key(i)).unwrap();
+        let (kb, vb) = (buffer(1), buffer(2));
+        let (k, v) = (kb.index((.., .., ..keys_n, ..)), vb.index((.., .., ..keys_n, ..)));
+        let scale = 1.0 / (hd as f32).sqrt();
+        let ours = cpu_backend::prefill_attention(&q, &k, &v, scale).unwrap();
+        let mlx = mlx_rs::fast::scaled_dot_product_attention(&q, &k, &v, scale, mlx_rs::fast::ScaledDotProductAttentionMask::Causal, None)
+            .unwrap();
+        mlx_rs::transforms::eval([&ours, &mlx]).unwrap();
+        assert_eq!(ours.shape(), mlx.shape());
+        let what = format!("{heads} heads over {kv_heads}, {len} new after {cached}, head_dim {hd}");
+        for (i, (a, b)) in ours.as_slice::<f32>().iter().zip(mlx.as_slice::<f32>()).enumerate() {
+            assert!((a - b).abs() <= 2e-5 * b.abs().max(1.0), "{what} [{i}]: {a} vs MLX {b}");
+            worst = worst.max((a - b).abs());
+        }
+    }
+    println!("largest |difference| from MLX: {worst:e}");
+    // Shapes it cannot attend: more queries than keys, heads not a multiple of kv_heads.
+    let q = Array::zeros::<f32>(&[1, 4, 6, 8]).unwrap();
+    let err =
+        cpu_backend::prefill_attention(&q, &Array::zeros::<f32>(&[1, 2, 5, 8]).unwrap(), &Array::zeros::<f32>(&[1, 2, 5, 8]).unwrap(), 1.0);
+    assert!(err.is_err_and(|e| e.to_string().contains("prefill_attention")));
+    let err =
+        cpu_backend::prefill_attention(&q, &Array::zeros::<f32>(&[1, 3, 6, 8]).unwrap(), &Array::zeros::<f32>(&[1, 3, 6, 8]).unwrap(), 1.0);
+    assert!(err.is_err_and(|e| e.to_string().contains("prefill_attention")));
+}
+
 #[test]
 fn decode_attention_matches_float64_and_writes_the_cache_in_place() {
     Device::set_default(&Device::cpu());

@@ -7,7 +7,9 @@
 //! [`affine_qmm`] instead, an MLX primitive of our own; a decode step's attention is one
 //! op of ours too ([`decode_attention`]: norms, RoPE, the cache write and attention, where
 //! MLX's composed ops make about twenty a layer), and so is prefill's RoPE ([`rope`]: one
-//! op where the fallback makes about 28). macOS runs
+//! op where the fallback makes about 28), and a prefill chunk's attention
+//! ([`prefill_attention`]: MLX's fallback materializes the scores and runs a scalar
+//! `exp`). macOS runs
 //! Metal as MLX ships it: nothing to do, and none of these kernels.
 #[cfg(target_os = "linux")]
 pub mod affine_qmm;
@@ -15,6 +17,8 @@ pub mod affine_qmm;
 pub mod decode_attention;
 #[cfg(target_os = "linux")]
 pub mod gemv_forward;
+#[cfg(target_os = "linux")]
+pub mod prefill_attention;
 #[cfg(target_os = "linux")]
 mod primitive_call;
 #[cfg(target_os = "linux")]
@@ -129,6 +133,22 @@ pub fn decode_attention(a: &DecodeAttention) -> Result<Array> {
     {
         let _ = a;
         anyhow::bail!("no CPU decode attention on this platform")
+    }
+}
+
+/// A prefill chunk's causal attention (`[1, heads, len, head_dim]`): each query against the
+/// keys and values `[1, kv_heads, keys, head_dim]` up to its own position (the last `len`
+/// keys are the chunk's), what `fast::scaled_dot_product_attention` with the causal mask
+/// gives, as one op. Only where [`has_decode_attention`].
+pub fn prefill_attention(q: &Array, keys: &Array, values: &Array, scale: f32) -> Result<Array> {
+    #[cfg(target_os = "linux")]
+    {
+        prefill_attention::op::prefill_attention(q, keys, values, scale)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (q, keys, values, scale);
+        anyhow::bail!("no CPU prefill attention on this platform")
     }
 }
 

@@ -208,7 +208,8 @@ pub struct Model {
     lm_head: Option<Weight>,
     rope_periods: Option<Array>,
     /// Decode steps' norms, RoPE, cache writes and attention run mlxbar's CPU op
-    /// (`cpu_backend::decode_attention`).
+    /// (`cpu_backend::decode_attention`), and prefill's attention its other
+    /// (`cpu_backend::prefill_attention`).
     cpu_attention: bool,
     /// RoPE runs mlxbar's CPU op (`cpu_backend::rope`).
     cpu_rope: bool,
@@ -325,7 +326,7 @@ impl Model {
             (None, None, None) => None,
         };
         let norm = vector(t.take_vector("norm")?)?;
-        // mlxbar's CPU decode attention sees every position: not for local windows.
+        // mlxbar's CPU attention ops see every position: not for local windows.
         let cpu_attention = !on_gpu
             && dtype == Dtype::Float32
             && c.style.local.is_none()
@@ -473,7 +474,9 @@ impl Model {
                 let mask = keys_at.le(&queries)?.logical_and(&keys_at.gt(&queries.subtract(Array::from_int(w))?)?)?;
                 fast::scaled_dot_product_attention(&q, &keys, &values, scale, &mask, b.sinks.as_ref())?
             }
-            // Causal mask aligned to the end of the keys, so cached prefixes are visible.
+            // Causal, aligned to the end of the keys so cached prefixes are visible: on the
+            // CPU mlxbar's op (the same arithmetic, without the score matrix).
+            None if len > 1 && self.cpu_attention => super::cpu_backend::prefill_attention(&q, &keys, &values, scale)?,
             None if len > 1 => fast::scaled_dot_product_attention(
                 &q,
                 &keys,
