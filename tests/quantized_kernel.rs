@@ -372,7 +372,17 @@ fn prefill_attention_matches_mlx_causal_attention() {
 #[test]
 fn decode_attention_matches_float64_and_writes_the_cache_in_place() {
     Device::set_default(&Device::cpu());
-    let (rows, heads, kv_heads, capacity, hd, dims) = (3usize, 4usize, 2usize, 8usize, 16usize, 12usize);
+    // Query heads go four of a KV head's group at a time: groups of 2, 3 (the default
+    // model's 9 heads over 3) and 6 (a task of four and one of two); head_dim 20 leaves the
+    // vectorized loops a tail.
+    decode_attention_case((3, 4, 2, 8, 16, 12), &[5, 2, 7]);
+    decode_attention_case((2, 9, 3, 40, 64, 64), &[39, 3]);
+    decode_attention_case((2, 12, 2, 24, 20, 20), &[0, 17]);
+}
+
+/// One step of `rows` sequences at `positions`, `(rows, heads, kv_heads, capacity,
+/// head_dim, rope dims)`, against float64.
+fn decode_attention_case((rows, heads, kv_heads, capacity, hd, dims): (usize, usize, usize, usize, usize, usize), positions: &[i32]) {
     let mut values = uniform(0x5eed);
     let width = (heads + 2 * kv_heads) * hd;
     let qkv = values(rows * width);
@@ -380,7 +390,7 @@ fn decode_attention_matches_float64_and_writes_the_cache_in_place() {
     let vals = values(rows * kv_heads * capacity * hd);
     let (q_norm, k_norm): (Vec<f32>, Vec<f32>) =
         (values(hd).iter().map(|w| 1.0 + w / 2.0).collect(), values(hd).iter().map(|w| 1.0 + w / 2.0).collect());
-    let positions = [5i32, 2, 7];
+    assert_eq!(positions.len(), rows);
     let scale = 0.25f32;
     let dim = |d: &[usize]| d.iter().map(|&v| v as i32).collect::<Vec<_>>();
     let kv_shape = dim(&[rows, kv_heads, capacity, hd]);
@@ -552,7 +562,7 @@ fn doctor_names_the_kernels() {
     // The widest instruction set the CPU has, as cpuid reports it.
     let want = match () {
         _ if !(has!("avx2") && has!("fma") && has!("f16c")) => "portable scalar",
-        _ if has!("avx512vnni") && has!("avx512vl") && has!("avx512f") => "AVX512-VNNI",
+        _ if has!("avx512vnni") && has!("avx512vl") && has!("avx512bw") && has!("avx512f") => "AVX512-VNNI",
         _ if has!("avxvnni") => "AVX-VNNI",
         _ => "AVX2+FMA",
     };

@@ -9,8 +9,8 @@
 //! MLX's composed ops make about twenty a layer), and so is prefill's RoPE ([`rope`]: one
 //! op where the fallback makes about 28), and a prefill chunk's attention
 //! ([`prefill_attention`]: MLX's fallback materializes the scores and runs a scalar
-//! `exp`). macOS runs
-//! Metal as MLX ships it: nothing to do, and none of these kernels.
+//! `exp`). They split their work across the cores with [`pool`]. macOS runs Metal as MLX
+//! ships it: nothing to do, and none of these kernels.
 #[cfg(target_os = "linux")]
 pub mod affine_qmm;
 #[cfg(target_os = "linux")]
@@ -18,11 +18,15 @@ pub mod decode_attention;
 #[cfg(target_os = "linux")]
 pub mod gemv_forward;
 #[cfg(target_os = "linux")]
+pub mod pool;
+#[cfg(target_os = "linux")]
 pub mod prefill_attention;
 #[cfg(target_os = "linux")]
 mod primitive_call;
 #[cfg(target_os = "linux")]
 pub mod rope;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod simd;
 #[cfg(target_os = "linux")]
 pub mod small_m;
 

@@ -1,10 +1,8 @@
 //! `c = a · bᵀ` for a few rows of `a` (a batched decode step: one row per sequence) against
 //! a large row-major `b` (a weight matrix, `[out, in]`), streaming each row of `b` once for
 //! all rows of `a`; Debian's OpenBLAS instead packs the whole of `b` on every call. AVX2 +
-//! FMA on x86_64, chosen at run time; the rows of `b` are split across the cores with
-//! rayon. [`super::gemv_forward`] routes MLX's small sgemm calls here.
-use rayon::prelude::*;
-
+//! FMA on x86_64, chosen at run time; the rows of `b` are split across the cores
+//! ([`super::pool`]). [`super::gemv_forward`] routes MLX's small sgemm calls here.
 /// Rows of `a` handled here; more go to BLAS (prefill chunks are larger).
 pub const MAX_ROWS: usize = 16;
 /// Rows of `b` (output columns) per parallel task.
@@ -21,7 +19,7 @@ pub fn available() -> bool {
     }
 }
 
-/// Raw pointers into rayon tasks; each task writes its own columns of `c`.
+/// Raw pointers into the pool's tasks; each task writes its own columns of `c`.
 #[derive(Clone, Copy)]
 struct Ptr<T>(T);
 // SAFETY: the pointers are only dereferenced inside `matmul_bt`, whose caller keeps the
@@ -36,7 +34,7 @@ unsafe impl<T> Sync for Ptr<T> {}
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn matmul_bt(a: *const f32, lda: usize, b: *const f32, ldb: usize, c: *mut f32, ldc: usize, m: usize, n: usize, k: usize) {
     let (a, b, c) = (Ptr(a), Ptr(b), Ptr(c));
-    (0..n.div_ceil(COLUMNS_PER_TASK)).into_par_iter().for_each(move |task| {
+    super::pool::for_each(n.div_ceil(COLUMNS_PER_TASK), move |task| {
         let (a, b, c) = (a, b, c);
         let columns = task * COLUMNS_PER_TASK..((task + 1) * COLUMNS_PER_TASK).min(n);
         #[cfg(target_arch = "x86_64")]
@@ -63,6 +61,7 @@ unsafe fn columns_avx2(
     columns: std::ops::Range<usize>,
     k: usize,
 ) {
+    use super::simd::hsum;
     use std::arch::x86_64::*;
     let body = k - k % 8;
     let mut j = columns.start;
@@ -101,16 +100,6 @@ unsafe fn columns_avx2(
         }
         j += nb;
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: std::arch::x86_64::__m256) -> f32 {
-    use std::arch::x86_64::*;
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 //! - 4-bit, two blocks (64 values) at a time: one 32-byte load split into low and high
 //!   nibbles (the pair's even and odd values, the order [`super::activations`] stores `x`
 //!   in), the integer sums scaled per lane by the two blocks' activation scales and
-//!   weight-group scales;
+//!   weight-group scales ([`Dot::quads`] may take four blocks at a time instead);
 //! - 8-bit, a block at a time: the integer sums scaled by the block's scale, then the
-//!   group's at the group's end.
+//!   group's at the group's end ([`Dot::bytes_all`] may take two blocks at a time).
 //!
 //! The groups' biases meet the sums of the rounded `x` afterwards. Arithmetic as in
 //! [`super::scalar`], up to float summation order. Every function here is inlined into a
@@ -16,12 +16,13 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::super::simd::hsum;
 use super::activations::{Activations, BLOCK};
 use super::{Out, Scale, Weights};
 
 /// Bytes ahead of the weights being read that are asked for early (the rows of the next
 /// columns follow in memory: one step streams every matrix once).
-const PREFETCH: usize = 4096;
+pub(super) const PREFETCH: usize = 4096;
 
 /// The widest tile of rows any [`Dot`] takes.
 pub(super) const MAX_TILE: usize = 8;
@@ -42,6 +43,53 @@ pub(super) trait Dot {
     /// Each lane: the sum over its four bytes of the weight (shifted, see
     /// [`Dot::SHIFTED_BYTES`]) times `x`.
     unsafe fn bytes(w: Self::Bytes, x: __m256i) -> __m256i;
+
+    /// 4-bit column `j`'s sums over the row's whole quads of blocks, per row of the tile
+    /// (eight lanes to add up, scaled): a pair of blocks at a time here, four at a time
+    /// where 512-bit registers hold them ([`super::vnni`]).
+    #[inline(always)]
+    unsafe fn quads<S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize) -> [__m256; R]
+    where
+        Self: Sized,
+    {
+        let mut acc = [_mm256_setzero_ps(); R];
+        pairs::<Self, S, R>(w, a, j, r0, 0..w.k / BLOCK / 4 * 2, Layout::Quads, &mut acc);
+        acc
+    }
+
+    /// 8-bit column `j`'s sums over every block, per row of the tile (eight lanes to add
+    /// up), scaled by the blocks' activation scales and the groups' scales: a block at a
+    /// time here, two where 512-bit registers hold them ([`super::vnni`]).
+    #[inline(always)]
+    unsafe fn bytes_all<S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize) -> [__m256; R]
+    where
+        Self: Sized,
+    {
+        let (k, gs) = (w.k, w.group_size);
+        let groups = k / gs;
+        let wrow = (w.packed.as_ptr() as *const u8).add(j * k);
+        let scales = &w.scales[j * groups..][..groups];
+        let q: [*const i8; R] = std::array::from_fn(|y| a.row_q(r0 + y).as_ptr());
+        let xs: [*const f32; R] = std::array::from_fn(|y| a.row_scale(r0 + y).as_ptr());
+        let mut acc = [_mm256_setzero_ps(); R];
+        let per_group = gs / BLOCK;
+        for (g, scale) in scales.iter().enumerate() {
+            let mut group = [_mm256_setzero_ps(); R];
+            for b in g * per_group..(g + 1) * per_group {
+                _mm_prefetch::<_MM_HINT_T0>(wrow.add(b * 32 + PREFETCH) as *const i8);
+                let v = Self::prepare_bytes(_mm256_loadu_si256(wrow.add(b * 32) as *const __m256i));
+                for y in 0..R {
+                    let p = Self::bytes(v, _mm256_loadu_si256(q[y].add(b * BLOCK) as *const __m256i));
+                    group[y] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&*xs[y].add(b)), group[y]);
+                }
+            }
+            let s = _mm256_set1_ps(scale.to_f32_f16c());
+            for y in 0..R {
+                acc[y] = _mm256_fmadd_ps(group[y], s, acc[y]);
+            }
+        }
+        acc
+    }
 }
 
 /// AVX2: `maddubs` to int16 pairs, `madd` against ones to int32.
@@ -82,16 +130,19 @@ pub unsafe fn columns_avx2<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, 
     columns_with::<Maddubs, S>(w, a, out, columns)
 }
 
-/// Output columns `columns` of every row, `D::TILE` rows at a time.
+/// Output columns `columns` of every row, `D::TILE` rows at a time: each tile of rows
+/// (a few KB of int8 activations, held in L1) meets every column of the range in turn, so
+/// a long prefill streams the task's weights (from L2) once per tile rather than every
+/// row's activations once per column.
 ///
 /// # Safety
 /// As [`columns_avx2`], with the instructions `D` uses.
 #[inline(always)]
 pub(super) unsafe fn columns_with<D: Dot, S: Scale>(w: &Weights<S>, a: &Activations, out: Out, columns: Range<usize>) {
-    for j in columns {
-        let mut r = 0;
-        while r < a.rows {
-            let n = (a.rows - r).min(D::TILE);
+    let mut r = 0;
+    while r < a.rows {
+        let n = (a.rows - r).min(D::TILE);
+        for j in columns.clone() {
             let mut sums = [0f32; MAX_TILE];
             macro_rules! tile {
                 ($($rows:literal)*) => {
@@ -107,14 +158,31 @@ pub(super) unsafe fn columns_with<D: Dot, S: Scale>(w: &Weights<S>, a: &Activati
                 // SAFETY: (r + y, j) is inside `out`, and only this task writes column j.
                 out.write(r + y, j, *s);
             }
-            r += n;
         }
+        r += n;
     }
 }
 
-/// 4-bit column `j` against rows `r0..r0 + R`.
+/// Where a pair of blocks' int8 activations sit ([`super::activations::slot`]).
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Layout {
+    /// Inside a quad: this pair's evens, 64 bytes on its odds.
+    Quads,
+    /// A last pair after the quads: its evens, then its odds.
+    Pair,
+}
+
+/// Pairs `pairs` of 4-bit column `j` against rows `r0..r0 + R`, added to `acc`.
 #[inline(always)]
-unsafe fn tile4<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize, sums: &mut [f32; MAX_TILE]) {
+pub(super) unsafe fn pairs<D: Dot, S: Scale, const R: usize>(
+    w: &Weights<S>,
+    a: &Activations,
+    j: usize,
+    r0: usize,
+    pairs: Range<usize>,
+    layout: Layout,
+    acc: &mut [__m256; R],
+) {
     let (k, gs) = (w.k, w.group_size);
     let (groups, blocks) = (k / gs, k / BLOCK);
     // Blocks per group: 1, 2 or 4, so a shift (a division per pair costs more than the pair).
@@ -124,8 +192,11 @@ unsafe fn tile4<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activation
     let q: [*const i8; R] = std::array::from_fn(|y| a.row_q(r0 + y).as_ptr());
     let ps: [*const f32; R] = std::array::from_fn(|y| a.pair_scale.as_ptr().add((r0 + y) * (blocks / 2) * 8));
     let low = _mm256_set1_epi8(0x0F);
-    let mut acc = [_mm256_setzero_ps(); R];
-    for p in 0..blocks / 2 {
+    for p in pairs {
+        let (xe, xo) = match layout {
+            Layout::Quads => ((p >> 1) * 128 + (p & 1) * 32, (p >> 1) * 128 + (p & 1) * 32 + 64),
+            Layout::Pair => (p * 64, p * 64 + 32),
+        };
         // 32 bytes = blocks 2p and 2p+1; low nibbles are their even values, high the odd.
         _mm_prefetch::<_MM_HINT_T0>(wrow.add(p * 32 + PREFETCH) as *const i8);
         let v = _mm256_loadu_si256(wrow.add(p * 32) as *const __m256i);
@@ -137,25 +208,40 @@ unsafe fn tile4<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activation
             _mm_set1_ps(scales.get_unchecked((2 * p) >> group_shift).to_f32_f16c()),
         );
         for y in 0..R {
-            let xe = _mm256_loadu_si256(q[y].add(p * 64) as *const __m256i);
-            let xo = _mm256_loadu_si256(q[y].add(p * 64 + 32) as *const __m256i);
+            let xe = _mm256_loadu_si256(q[y].add(xe) as *const __m256i);
+            let xo = _mm256_loadu_si256(q[y].add(xo) as *const __m256i);
             let t = _mm256_mul_ps(_mm256_cvtepi32_ps(D::nibbles(lo, xe, hi, xo)), _mm256_loadu_ps(ps[y].add(p * 8)));
             acc[y] = _mm256_fmadd_ps(t, s, acc[y]);
         }
+    }
+}
+
+/// 4-bit column `j` against rows `r0..r0 + R`.
+#[inline(always)]
+unsafe fn tile4<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize, sums: &mut [f32; MAX_TILE]) {
+    let (k, gs) = (w.k, w.group_size);
+    let blocks = k / BLOCK;
+    let mut acc = D::quads::<S, R>(w, a, j, r0);
+    if blocks % 4 >= 2 {
+        let p = blocks / 4 * 2;
+        pairs::<D, S, R>(w, a, j, r0, p..p + 1, Layout::Pair, &mut acc);
     }
     if blocks % 2 == 1 {
         // An odd last block: 16 bytes, its x stored [evens | odds]; the two halves of one
         // register hold the evens' and the odds' products.
         let b = blocks - 1;
+        let group_shift = (gs / BLOCK).trailing_zeros();
+        let scales = &w.scales[j * (k / gs)..][..k / gs];
+        let wrow = (w.packed.as_ptr() as *const u8).add(j * k / 2);
         let v = _mm_loadu_si128(wrow.add(b * 16) as *const __m128i);
         let l = _mm_set1_epi8(0x0F);
         let wv = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), l), _mm_and_si128(v, l));
         let zero = _mm256_setzero_si256();
-        for y in 0..R {
-            let x = _mm256_loadu_si256(q[y].add(b * BLOCK) as *const __m256i);
+        for (y, acc) in acc.iter_mut().enumerate() {
+            let x = _mm256_loadu_si256(a.row_q(r0 + y).as_ptr().add(b * BLOCK) as *const __m256i);
             let p = D::nibbles(wv, x, zero, zero);
             let m = _mm256_set1_ps(a.row_scale(r0 + y)[b] * scales[b >> group_shift].to_f32_f16c());
-            acc[y] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), m, acc[y]);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), m, *acc);
         }
     }
     finish::<S, R>(w, a, j, r0, &acc, false, sums);
@@ -164,29 +250,7 @@ unsafe fn tile4<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activation
 /// 8-bit column `j` against rows `r0..r0 + R`.
 #[inline(always)]
 unsafe fn tile8<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize, sums: &mut [f32; MAX_TILE]) {
-    let (k, gs) = (w.k, w.group_size);
-    let groups = k / gs;
-    let wrow = (w.packed.as_ptr() as *const u8).add(j * k);
-    let scales = &w.scales[j * groups..][..groups];
-    let q: [*const i8; R] = std::array::from_fn(|y| a.row_q(r0 + y).as_ptr());
-    let xs: [*const f32; R] = std::array::from_fn(|y| a.row_scale(r0 + y).as_ptr());
-    let mut acc = [_mm256_setzero_ps(); R];
-    let per_group = gs / BLOCK;
-    for (g, scale) in scales.iter().enumerate() {
-        let mut group = [_mm256_setzero_ps(); R];
-        for b in g * per_group..(g + 1) * per_group {
-            _mm_prefetch::<_MM_HINT_T0>(wrow.add(b * 32 + PREFETCH) as *const i8);
-            let v = D::prepare_bytes(_mm256_loadu_si256(wrow.add(b * 32) as *const __m256i));
-            for y in 0..R {
-                let p = D::bytes(v, _mm256_loadu_si256(q[y].add(b * BLOCK) as *const __m256i));
-                group[y] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&*xs[y].add(b)), group[y]);
-            }
-        }
-        let s = _mm256_set1_ps(scale.to_f32_f16c());
-        for y in 0..R {
-            acc[y] = _mm256_fmadd_ps(group[y], s, acc[y]);
-        }
-    }
+    let acc = D::bytes_all::<S, R>(w, a, j, r0);
     finish::<S, R>(w, a, j, r0, &acc, D::SHIFTED_BYTES, sums);
 }
 
@@ -205,6 +269,9 @@ unsafe fn finish<S: Scale, const R: usize>(
 ) {
     let groups = w.k / w.group_size;
     let (scales, biases) = (&w.scales[j * groups..][..groups], &w.biases[j * groups..][..groups]);
+    if R >= 4 {
+        return finish_rows::<S, R>(w, a, j, r0, acc, shifted, sums);
+    }
     let body = groups - groups % 8;
     for y in 0..R {
         let r = r0 + y;
@@ -230,10 +297,61 @@ unsafe fn finish<S: Scale, const R: usize>(
     }
 }
 
+/// [`finish`] for a tile of 4 to 8 rows, with the rows in the lanes: the accumulators'
+/// sums in one transposing reduction, and each group's bias (and offset) term for all the
+/// rows in one multiply-add against [`Activations::group_sum_t`] (at 8 rows, a fifth of
+/// the instructions of eight rows done one by one; a long prefill's k = 576 columns spent
+/// as long here as in their products).
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
+unsafe fn finish_rows<S: Scale, const R: usize>(
+    w: &Weights<S>,
+    a: &Activations,
+    j: usize,
+    r0: usize,
+    acc: &[__m256; R],
+    shifted: bool,
+    sums: &mut [f32; MAX_TILE],
+) {
+    let groups = w.k / w.group_size;
+    let (scales, biases) = (w.scales.as_ptr().add(j * groups), w.biases.as_ptr().add(j * groups));
+    // Lane y: row r0 + y's sum of its accumulator's eight lanes (rows past R: zero).
+    let row = |y: usize| if y < R { acc[y] } else { _mm256_setzero_ps() };
+    let h =
+        [_mm256_hadd_ps(row(0), row(1)), _mm256_hadd_ps(row(2), row(3)), _mm256_hadd_ps(row(4), row(5)), _mm256_hadd_ps(row(6), row(7))];
+    let (g0, g1) = (_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+    let total = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(g0, g1), _mm256_permute2f128_ps::<0x31>(g0, g1));
+    let mut terms = [_mm256_setzero_ps(); 4];
+    // Lanes y of group g's sums: the rows' block of eight, from row r0 on (lanes past R
+    // read the next group's, and are not kept).
+    let (block, lane) = (r0 / 8, r0 % 8);
+    let at = |g: usize| (block * groups + g) * 8 + lane;
+    let mut g = 0;
+    while g < groups {
+        let n = (groups - g).min(8);
+        let (b8, s8) = if n == 8 {
+            (S::load8(biases.add(g)), S::load8(scales.add(g)))
+        } else {
+            let (mut b, mut s) = ([0f32; 8], [0f32; 8]);
+            for i in 0..n {
+                b[i] = (*biases.add(g + i)).to_f32_f16c();
+                s[i] = (*scales.add(g + i)).to_f32_f16c();
+            }
+            (_mm256_loadu_ps(b.as_ptr()), _mm256_loadu_ps(s.as_ptr()))
+        };
+        for i in 0..n {
+            // Four chains of multiply-adds, not one: each waits on the last's latency.
+            let pick = _mm256_set1_epi32(i as i32);
+            let sums_g = _mm256_loadu_ps(a.group_sum_t.as_ptr().add(at(g + i)));
+            terms[i % 4] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, pick), sums_g, terms[i % 4]);
+            if shifted {
+                let off = _mm256_loadu_ps(a.offset_t.as_ptr().add(at(g + i)));
+                terms[(i + 2) % 4] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s8, pick), off, terms[(i + 2) % 4]);
+            }
+        }
+        g += n;
+    }
+    let total = _mm256_add_ps(_mm256_add_ps(total, terms[0]), _mm256_add_ps(terms[1], _mm256_add_ps(terms[2], terms[3])));
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), total);
+    sums[..R].copy_from_slice(&lanes[..R]);
 }

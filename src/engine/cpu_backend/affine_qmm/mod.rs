@@ -7,7 +7,7 @@
 //! and are unpacked in registers; `x` is quantized to int8 per 32 values once per call
 //! ([`activations`], as llama.cpp does for its Q4/Q8 dot products), so a block's dot
 //! product is integer multiply-adds; every weight row is read once for all rows of `x`,
-//! and the output columns are split across the cores with rayon. On x86_64 the widest
+//! and the output columns are split across the cores ([`super::pool`]). On x86_64 the widest
 //! instruction set the CPU has is chosen at run time ([`Kernel::detect`]): [`vnni`]'s
 //! `vpdpbusd` (AVX512-VNNI or AVX-VNNI), else [`avx2`]'s `maddubs`; [`scalar`] elsewhere.
 //!
@@ -27,8 +27,6 @@ mod vnni;
 
 use std::ops::Range;
 
-use rayon::prelude::*;
-
 use activations::Activations;
 
 use super::primitive_call::{self, count, elems};
@@ -36,7 +34,8 @@ use super::primitive_call::{self, count, elems};
 /// Which kernel this machine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
-    /// `vpdpbusd` on 256-bit registers, EVEX-encoded (32 registers: tiles of 8 rows).
+    /// `vpdpbusd`, EVEX-encoded: 4-bit weights four blocks a 512-bit load, 32 registers
+    /// (tiles of 8 rows).
     Avx512Vnni,
     /// `vpdpbusd`, VEX-encoded.
     AvxVnni,
@@ -60,6 +59,7 @@ impl Kernel {
         {
             if std::arch::is_x86_feature_detected!("avx512vnni")
                 && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512f")
             {
                 kernels.push(Kernel::Avx512Vnni);
@@ -79,7 +79,7 @@ impl Kernel {
 
     pub fn describe(self) -> &'static str {
         match self {
-            Kernel::Avx512Vnni => "AVX512-VNNI (int8 activations, vpdpbusd, 8-row tiles)",
+            Kernel::Avx512Vnni => "AVX512-VNNI (int8 activations, vpdpbusd on 512-bit registers, 8-row tiles)",
             Kernel::AvxVnni => "AVX-VNNI (int8 activations, vpdpbusd, 8-row tiles)",
             Kernel::Avx2 => "AVX2+FMA (int8 activations, weights unpacked in registers)",
             Kernel::Scalar => "portable scalar",
@@ -114,6 +114,13 @@ pub trait Scale: Copy + Send + Sync + 'static {
     /// AVX2 and F16C are available; `p` is valid for eight reads.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// The values of the lanes set in `mask` (of four) from `p` as float32 lanes, the rest
+    /// zero and not read, inside the AVX-512 kernel.
+    ///
+    /// # Safety
+    /// AVX512F, AVX512VL, AVX512BW and F16C are available; `p` is valid for the masked reads.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load4_masked(p: *const Self, mask: u8) -> std::arch::x86_64::__m128;
 }
 
 impl Scale for f32 {
@@ -126,6 +133,11 @@ impl Scale for f32 {
     #[inline(always)]
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load4_masked(p: *const f32, mask: u8) -> std::arch::x86_64::__m128 {
+        std::arch::x86_64::_mm_maskz_loadu_ps(mask, p)
     }
 }
 
@@ -147,6 +159,12 @@ impl Scale for half::f16 {
         use std::arch::x86_64::*;
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load4_masked(p: *const half::f16, mask: u8) -> std::arch::x86_64::__m128 {
+        use std::arch::x86_64::*;
+        _mm_cvtph_ps(_mm_maskz_loadu_epi16(mask, p as *const i16))
+    }
 }
 
 impl Scale for half::bf16 {
@@ -161,6 +179,12 @@ impl Scale for half::bf16 {
     unsafe fn load8(p: *const half::bf16) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::*;
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)), 16))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load4_masked(p: *const half::bf16, mask: u8) -> std::arch::x86_64::__m128 {
+        use std::arch::x86_64::*;
+        _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_maskz_loadu_epi16(mask, p as *const i16)), 16))
     }
 }
 
@@ -259,7 +283,7 @@ impl Out {
     }
 }
 
-/// Output columns per rayon task at least (fewer tasks than this cost more than they save).
+/// Output columns per task at least (fewer tasks than this cost more than they save).
 const MIN_COLUMNS_PER_TASK: usize = 16;
 
 /// `out[rows × n] = prologue(x) · dequant(w)ᵀ + residual`.
@@ -281,9 +305,9 @@ pub fn matmul<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, 
     let transformed = fusion.prologue.apply(x, k);
     let a = Activations::new(transformed.as_deref().unwrap_or(x), rows, k, w.group_size, w.bits);
     let o = Out { ptr: out.as_mut_ptr(), residual: fusion.residual.map_or(std::ptr::null(), |r| r.as_ptr()), n };
-    let tasks = (rayon::current_num_threads() * 4).min(n.div_ceil(MIN_COLUMNS_PER_TASK)).max(1);
+    let tasks = (super::pool::threads() * 4).min(n.div_ceil(MIN_COLUMNS_PER_TASK)).max(1);
     let per_task = n.div_ceil(tasks);
-    (0..tasks).into_par_iter().for_each(|t| {
+    let body = |t: usize| {
         let columns: Range<usize> = t * per_task..((t + 1) * per_task).min(n);
         if columns.is_empty() {
             return;
@@ -292,7 +316,7 @@ pub fn matmul<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, 
         // checked its instruction sets; the shapes were checked above.
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX512-VNNI, AVX512VL, AVX2, FMA and F16C detected; shapes checked.
+            // SAFETY: AVX512-VNNI, AVX512VL, AVX512BW, AVX2, FMA and F16C detected; shapes checked.
             Kernel::Avx512Vnni => unsafe { vnni::columns_avx512_vnni(w, &a, o, columns) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX-VNNI, AVX2, FMA and F16C detected; shapes checked.
@@ -302,7 +326,8 @@ pub fn matmul<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, 
             Kernel::Avx2 => unsafe { avx2::columns_avx2(w, &a, o, columns) },
             _ => scalar::columns(w, &a, o, columns),
         }
-    });
+    };
+    super::pool::for_each(tasks, body);
 }
 
 /// Prologue codes shared with primitive.cpp.
@@ -470,10 +495,27 @@ mod tests {
         };
         for bits in [4u32, 8] {
             for gs in [32usize, 64, 128] {
-                // 96 = three blocks: an odd last block for the 4-bit pairs; 352 and 576 =
-                // 11 and 18 groups of 32: the bias sums' eight-group body and their tail.
-                let shapes =
-                    [(1usize, 256usize), (2, 256), (3, 96), (4, 256), (5, 256), (8, 128), (9, 96), (1, 96), (17, 128), (3, 352), (9, 576)];
+                // 4-bit blocks go by quads, then a last pair, then an odd last block: 96 =
+                // three blocks (a pair and a block), 160 a quad and a block, 192 a quad and
+                // a pair, 352 and 576 = 11 and 18 groups of 32: quads, a pair and a block,
+                // and the bias sums' eight-group body and their tail.
+                let shapes = [
+                    (1usize, 256usize),
+                    (2, 256),
+                    (3, 96),
+                    (4, 256),
+                    (5, 256),
+                    (8, 128),
+                    (9, 96),
+                    (1, 96),
+                    (17, 128),
+                    (3, 352),
+                    (9, 576),
+                    (2, 160),
+                    (6, 192),
+                    (1, 384),
+                    (11, 448),
+                ];
                 for (rows, k) in shapes {
                     if k % gs != 0 {
                         continue;

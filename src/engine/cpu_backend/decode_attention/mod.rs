@@ -10,13 +10,15 @@
 //! and evaluated, `BatchKv` keeps them so), and each row's write goes to the slot at its
 //! position, which every reader of those buffers treats as padding until the step is done.
 //! Float32 throughout; the norm, RoPE and softmax are MLX's arithmetic (see `rope`,
-//! `affine_qmm::rms_norm`); grouped query heads read their KV head. Rows × heads are split
-//! across the cores with rayon.
+//! `affine_qmm::rms_norm`); grouped query heads read their KV head. The attention itself is
+//! [`prefill_attention::queries`]'s (a vectorized `exp`, each key loaded once for up to
+//! four query heads of a KV head); rows × KV heads are split across the cores
+//! ([`pool`]).
 pub mod op;
 
-use rayon::prelude::*;
-
 use super::affine_qmm::rms_norm;
+use super::pool;
+use super::prefill_attention::{self, QUERIES};
 use super::primitive_call::{self, count, elems};
 use super::rope;
 use super::RopeParams;
@@ -96,24 +98,17 @@ pub fn step(s: Shape, prep: Prep, q: &[f32], k: &[f32], v: &[f32], positions: &[
     }
     let (keys, values) = (&*cache.keys, &*cache.values);
     let group = s.heads / s.kv_heads;
-    out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-        let (row, head) = (i / s.heads, i % s.heads);
-        let q = &q_rot[i * hd..][..hd];
-        let base = (row * s.kv_heads + head / group) * s.capacity * hd;
+    let simd = prefill_attention::simd();
+    // A task: up to four query heads of one KV head's group in one row, so each key and
+    // value is loaded once for all of them.
+    pool::for_each_row_chunk_mut(out, group * hd, QUERIES * hd, |row_kv, b, o| {
+        let (row, kv) = (row_kv / s.kv_heads, row_kv % s.kv_heads);
+        let n = o.len() / hd;
+        let first = (row * s.heads + kv * group + b * QUERIES) * hd;
+        let base = (row * s.kv_heads + kv) * s.capacity * hd;
         let len = positions[row] as usize + 1;
         let (k, v) = (&keys[base..][..len * hd], &values[base..][..len * hd]);
-        let scores: Vec<f32> = k.chunks_exact(hd).map(|kt| kt.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
-        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        o.fill(0.0);
-        let mut total = 0f32;
-        for (p, vt) in scores.iter().zip(v.chunks_exact(hd)) {
-            let e = (p - max).exp();
-            total += e;
-            for (acc, x) in o.iter_mut().zip(vt) {
-                *acc += e * x;
-            }
-        }
-        o.iter_mut().for_each(|x| *x /= total);
+        prefill_attention::queries(simd, &q_rot[first..][..n * hd], n, k, v, &[len; QUERIES], hd, scale, o);
     });
 }
 

@@ -1,8 +1,9 @@
 //! The AVX2 + FMA form of [`super::portable_block`]: each key loaded once for the four
-//! queries' dot products, the softmax's `exp` eight values at a time ([`exp`]), each value
-//! row loaded once for the four queries' weighted sums.
+//! queries' dot products (their sums reduced together), the softmax's `exp` eight values
+//! at a time ([`exp`]), each value row loaded once for the four queries' weighted sums.
 use std::arch::x86_64::*;
 
+use super::super::simd::hsum;
 use super::QUERIES;
 
 /// See [`super::portable_block`]; `hd` a multiple of 8 or not (a scalar tail).
@@ -41,8 +42,11 @@ pub unsafe fn block(
             }
             c += 8;
         }
-        for r in 0..QUERIES {
-            let mut s = hsum(acc[r]);
+        // The four rows' sums in one reduction: lane r of the halves' sum is row r's.
+        let h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        let mut s = [0f32; QUERIES];
+        _mm_storeu_ps(s.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        for (r, mut s) in s.into_iter().enumerate() {
             for c in body..hd {
                 s += *qr[r].add(c) * *kt.add(c);
             }
@@ -70,9 +74,32 @@ pub unsafe fn block(
         }
         inv[r] = 1.0 / total;
     }
-    // Values: eight columns at a time, every key once for the four rows.
+    // Values: sixteen columns at a time (eight chains of multiply-adds), every key once
+    // for the four rows; then eight, then the rest.
     let rows = |r: usize| r.min(n - 1) * width;
+    let store = |acc: &[__m256; QUERIES], c: usize, lanes: usize, o: &mut [f32]| {
+        for r in 0..n {
+            let mut lane = [0f32; 8];
+            _mm256_storeu_ps(lane.as_mut_ptr(), _mm256_mul_ps(acc[r], _mm256_set1_ps(inv[r])));
+            o[r * hd + c..][..lanes].copy_from_slice(&lane[..lanes]);
+        }
+    };
     let mut c = 0;
+    while c + 16 <= hd {
+        let (mut lo, mut hi) = ([_mm256_setzero_ps(); QUERIES], [_mm256_setzero_ps(); QUERIES]);
+        for t in 0..width {
+            let vt = vp.add(t * hd + c);
+            let (x0, x1) = (_mm256_loadu_ps(vt), _mm256_loadu_ps(vt.add(8)));
+            for r in 0..QUERIES {
+                let w = _mm256_set1_ps(*pp.add(rows(r) + t));
+                lo[r] = _mm256_fmadd_ps(w, x0, lo[r]);
+                hi[r] = _mm256_fmadd_ps(w, x1, hi[r]);
+            }
+        }
+        store(&lo, c, 8, o);
+        store(&hi, c + 8, 8, o);
+        c += 16;
+    }
     while c < hd {
         let lanes = (hd - c).min(8);
         let mut acc = [_mm256_setzero_ps(); QUERIES];
@@ -83,11 +110,7 @@ pub unsafe fn block(
                 *a = _mm256_fmadd_ps(_mm256_set1_ps(*pp.add(rows(r) + t)), x, *a);
             }
         }
-        for r in 0..n {
-            let mut lane = [0f32; 8];
-            _mm256_storeu_ps(lane.as_mut_ptr(), _mm256_mul_ps(acc[r], _mm256_set1_ps(inv[r])));
-            o[r * hd + c..][..lanes].copy_from_slice(&lane[..lanes]);
-        }
+        store(&acc, c, lanes, o);
         c += lanes;
     }
 }
@@ -118,12 +141,4 @@ unsafe fn exp(x: __m256) -> __m256 {
     let y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(f, f), f), _mm256_set1_ps(1.0));
     let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
     _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
-}
-
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
 }

@@ -8,15 +8,13 @@
 //!
 //! Here a task takes four queries of one head: their scores against each key (one load of
 //! the key for all four), the softmax with a vectorized `exp`, then the values weighted,
-//! never more than four rows of scores at a time. Tasks are split across the cores with
-//! rayon. Float32; grouped query heads read their KV head. AVX2 + FMA on x86_64, chosen at
+//! never more than four rows of scores at a time. Tasks are split across the cores
+//! ([`super::pool`]). Float32; grouped query heads read their KV head. AVX2 + FMA on x86_64, chosen at
 //! run time; a portable form elsewhere (and as the reference the SIMD one is tested
 //! against).
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod op;
-
-use rayon::prelude::*;
 
 use super::primitive_call::{self, count, elems};
 
@@ -67,26 +65,47 @@ pub fn attend_with(simd: bool, s: Shape, q: &[f32], k: &[f32], v: &[f32], scale:
     assert!(!simd || self::simd(), "the SIMD form needs AVX2 and FMA");
     let group = s.heads / s.kv_heads;
     let cached = s.keys - s.len;
-    out.par_chunks_mut(s.len * hd).enumerate().for_each(|(h, out_h)| {
+    super::pool::for_each_row_chunk_mut(out, s.len * hd, QUERIES * hd, |h, b, o| {
         let kv = h / group;
         let (k, v) = (&k[kv * s.keys * hd..][..s.keys * hd], &v[kv * s.keys * hd..][..s.keys * hd]);
-        let q_h = &q[h * s.len * hd..][..s.len * hd];
-        out_h.par_chunks_mut(QUERIES * hd).enumerate().for_each(|(b, o)| {
-            let first = b * QUERIES;
-            let n = (s.len - first).min(QUERIES);
-            // Row r sees keys 0..cached + first + r + 1.
-            let seen: [usize; QUERIES] = std::array::from_fn(|r| cached + first + r.min(n - 1) + 1);
-            let q = &q_h[first * hd..][..n * hd];
-            let mut p = vec![0f32; QUERIES * seen[n - 1]];
-            match simd {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2 and FMA were detected (asserted above); the slices have the
-                // shapes the block reads (checked above, `seen` within `keys`).
-                true => unsafe { avx2::block(q, n, k, v, &seen, hd, scale, &mut p, o) },
-                _ => portable_block(q, n, k, v, &seen, hd, scale, &mut p, o),
-            }
-        });
+        let first = b * QUERIES;
+        let n = o.len() / hd;
+        // Row r sees keys 0..cached + first + r + 1.
+        let seen: [usize; QUERIES] = std::array::from_fn(|r| cached + first + r.min(n - 1) + 1);
+        let q = &q[(h * s.len + first) * hd..][..n * hd];
+        queries(simd, q, n, k, v, &seen, hd, scale, o);
     });
+}
+
+/// Up to [`QUERIES`] queries against keys and values: row `r` of `q` (`n` rows of `hd`)
+/// attends over the first `seen[r]` rows of `k` and `v`; the results go to `o` (`n` rows).
+/// Shared with [`super::decode_attention`], whose queries are a KV head's group.
+///
+/// # Panics
+/// When `simd` is asked for where it does not run, or on shapes that do not fit.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn queries(
+    simd: bool,
+    q: &[f32],
+    n: usize,
+    k: &[f32],
+    v: &[f32],
+    seen: &[usize; QUERIES],
+    hd: usize,
+    scale: f32,
+    o: &mut [f32],
+) {
+    assert!((1..=QUERIES).contains(&n) && q.len() == n * hd && o.len() == n * hd);
+    assert!(seen[..n].iter().all(|&t| t >= 1 && t * hd <= k.len() && t <= seen[n - 1]) && v.len() == k.len());
+    assert!(!simd || self::simd(), "the SIMD form needs AVX2 and FMA");
+    let mut p = vec![0f32; QUERIES * seen[n - 1]];
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA were detected (asserted above); the slices have the shapes the
+        // block reads (checked above).
+        true => unsafe { avx2::block(q, n, k, v, seen, hd, scale, &mut p, o) },
+        _ => portable_block(q, n, k, v, seen, hd, scale, &mut p, o),
+    }
 }
 
 /// One task's queries (`n` rows of `q`, the rows' key counts in `seen`): scores into `p`

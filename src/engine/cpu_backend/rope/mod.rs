@@ -7,8 +7,6 @@
 //! copied. LongRoPE's attention factor scales the rotated part in the same pass.
 pub mod op;
 
-use rayon::prelude::*;
-
 use super::primitive_call::{self, count, elems};
 use super::RopeParams;
 
@@ -42,8 +40,8 @@ pub fn rotate(s: Shape, p: RopeParams, x: &[f32], offsets: &[i32], periods: Opti
         angles((t as f32 + offset as f32) * p.position_scale, &inv_freqs, cs);
     }
     let work = s.len * hd;
-    out.par_chunks_mut(work.max(1)).zip(x.par_chunks(work.max(1))).enumerate().for_each(|(bn, (o, x))| {
-        let b = bn / s.heads;
+    super::pool::for_each_chunk_mut(out, work, |bn, o| {
+        let (b, x) = (bn / s.heads, &x[bn * work..][..o.len()]);
         for t in 0..s.len {
             let cs = &table[(b * s.len + t) * half..][..half];
             apply(p, cs, &x[t * hd..][..hd], &mut o[t * hd..][..hd]);
