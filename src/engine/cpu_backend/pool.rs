@@ -90,8 +90,14 @@ fn run(tasks: usize, f: Job) {
         let per = tasks.div_ceil(MAX_TASKS);
         return run(tasks.div_ceil(per), &|g| (g * per..((g + 1) * per).min(tasks)).for_each(f));
     }
-    let guard = if tasks > 1 && pool.helpers > 0 { pool.busy.try_lock().ok() } else { None };
-    let Some(_guard) = guard else {
+    let guard = match pool.busy.try_lock() {
+        _ if tasks <= 1 || pool.helpers == 0 => None,
+        Ok(guard) => Some(guard),
+        // A job whose caller panicked while holding it: the pool itself is sound.
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    };
+    let Some(guard) = guard else {
         let mut panicked = None;
         for i in 0..tasks {
             if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
@@ -126,7 +132,10 @@ fn run(tasks: usize, f: Job) {
         }
         std::hint::spin_loop();
     }
-    if let Some(panic) = pool.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
+    let panicked = pool.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // Released before unwinding, so that the pool is not left poisoned.
+    drop(guard);
+    if let Some(panic) = panicked {
         std::panic::resume_unwind(panic);
     }
 }
@@ -176,7 +185,8 @@ impl<T> SendPtr<T> {
         self.0
     }
 }
-// SAFETY: the pointer is only used by `for_each_chunk_mut`'s tasks, each on its own range.
+// SAFETY: the pointer is only used by `for_each_chunk_mut`'s and `for_each_row_chunk_mut`'s
+// tasks, each on its own range.
 unsafe impl<T: Send> Send for SendPtr<T> {}
 // SAFETY: as for Send.
 unsafe impl<T: Send> Sync for SendPtr<T> {}
@@ -277,6 +287,7 @@ mod tests {
         }));
         assert!(result.is_err());
         assert_eq!(ran.load(Ordering::Relaxed), 64, "every task ran");
+        assert!(!pool().busy.is_poisoned(), "the pool is left usable by its helpers");
         // The pool still works.
         let n = AtomicU32::new(0);
         for_each(10, |_| {

@@ -469,9 +469,6 @@ pub fn faster_than_float32() -> bool {
 mod tests {
     use super::*;
 
-    /// Every kernel this CPU runs computes what the scalar one does (same integer sums;
-    /// float summation order only), on every supported format and row counts 1 to 17 (the
-    /// tiles' every remainder).
     /// Each SIMD kernel this CPU runs against the scalar one on `w`.
     fn kernels_agree<S: Scale>(x: &[f32], rows: usize, w: &Weights<S>, what: &str) {
         let mut plain = vec![0f32; rows * w.n];
@@ -485,6 +482,9 @@ mod tests {
         }
     }
 
+    /// Every kernel this CPU runs computes what the scalar one does (same integer sums;
+    /// float summation order only), on every supported format, float32, float16 and
+    /// bfloat16 scales, and row counts that leave the tiles of 4 and 8 every remainder.
     #[test]
     fn every_kernel_equals_scalar() {
         eprintln!("kernels checked against scalar: {:?}", Kernel::available());
@@ -515,6 +515,8 @@ mod tests {
                     (6, 192),
                     (1, 384),
                     (11, 448),
+                    (7, 256),
+                    (15, 192),
                 ];
                 for (rows, k) in shapes {
                     if k % gs != 0 {
@@ -532,6 +534,10 @@ mod tests {
                     let (scales, biases) = (half(&scales), half(&biases));
                     let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits };
                     kernels_agree(&x, rows, &w, &format!("float16 scales, {what}"));
+                    let brain = |v: &[half::f16]| v.iter().map(|x| half::bf16::from_f32(x.to_f32())).collect::<Vec<_>>();
+                    let (scales, biases) = (brain(&scales), brain(&biases));
+                    let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits };
+                    kernels_agree(&x, rows, &w, &format!("bfloat16 scales, {what}"));
                 }
             }
         }

@@ -1,4 +1,4 @@
-//! VNNI's `vpdpbusd` for [`super::avx2`]'s 256-bit kernel: four unsigned-byte × int8
+//! VNNI's `vpdpbusd` for [`super::avx2`]'s kernel (and, with AVX-512, its 512-bit loops): four unsigned-byte × int8
 //! products summed into each int32 lane in one instruction, where AVX2 takes three
 //! (`maddubs`, an add, `madd`). Unsigned 8-bit weights meet `x` as they are (no shift to
 //! signed, no offset term), and 4-bit nibbles go straight in.
@@ -39,8 +39,9 @@ impl Dot for AvxVnni {
     }
 }
 
-/// `vpdpbusd` in its EVEX encoding (AVX512-VNNI): 4-bit quads on 512-bit registers, the
-/// rest (a last pair or block, 8-bit weights) on 256-bit ones (AVX512VL).
+/// `vpdpbusd` in its EVEX encoding (AVX512-VNNI): 4-bit quads and 8-bit pairs of blocks
+/// on 512-bit registers, the rest (a 4-bit last pair, an odd last block) on 256-bit ones
+/// (AVX512VL).
 struct Avx512Vnni;
 
 impl Dot for Avx512Vnni {
