@@ -50,9 +50,9 @@ async fn schemas_and_free_text_decode_together_as_they_do_alone() {
         request("Explain in detail how bread is made.", None, true),
     ];
     // Each alone twice, keeping the second: the batch below finds each prompt in the prefix
-    // cache, and so must the answer it is compared with. With the default format's int8
-    // activations a prompt prefilled whole and one whose prefix came from the cache can part
-    // at a near-tie (batching.rs bounds that); here only batching differs.
+    // cache, and so must the answer it is compared with (on Metal a prompt prefilled whole
+    // and one whose prefix came from the cache can part at a near-tie: agreement.rs); here
+    // only batching differs.
     let mut expected = vec![];
     for body in &bodies {
         let mut b = body.clone();

@@ -257,6 +257,12 @@ unsafe fn tile8<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activation
 /// The row sums plus the groups' bias terms, and the 8-bit offset when the sums were of
 /// shifted weights: dot products over the groups, eight at a time (with k in the hundreds,
 /// a column's few pairs of blocks make this a third of its work).
+///
+/// A row's result is the same bit for bit whatever tile it was in (a batched decode step
+/// must give each sequence what it would get alone): lane `i` of the row's accumulator
+/// takes groups `i`, `i + 8`, … in order, bias then offset, each with one rounding, and the
+/// eight lanes are added as [`hsum`] adds them. [`finish_rows`] does the same arithmetic
+/// with the rows in the lanes.
 #[inline(always)]
 unsafe fn finish<S: Scale, const R: usize>(
     w: &Weights<S>,
@@ -267,11 +273,11 @@ unsafe fn finish<S: Scale, const R: usize>(
     shifted: bool,
     sums: &mut [f32; MAX_TILE],
 ) {
-    let groups = w.k / w.group_size;
-    let (scales, biases) = (&w.scales[j * groups..][..groups], &w.biases[j * groups..][..groups]);
     if R >= 4 {
         return finish_rows::<S, R>(w, a, j, r0, acc, shifted, sums);
     }
+    let groups = w.k / w.group_size;
+    let (scales, biases) = (&w.scales[j * groups..][..groups], &w.biases[j * groups..][..groups]);
     let body = groups - groups % 8;
     for y in 0..R {
         let r = r0 + y;
@@ -286,22 +292,28 @@ unsafe fn finish<S: Scale, const R: usize>(
             }
             g += 8;
         }
-        let mut t = hsum(v);
-        for g in body..groups {
-            t += biases[g].to_f32_f16c() * sums_g[g];
-            if shifted {
-                t += scales[g].to_f32_f16c() * off[g];
+        if body < groups {
+            // The last few groups into the first lanes, as finish_rows does.
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+            for g in body..groups {
+                let l = &mut lanes[g - body];
+                *l = biases[g].to_f32_f16c().mul_add(sums_g[g], *l);
+                if shifted {
+                    *l = scales[g].to_f32_f16c().mul_add(off[g], *l);
+                }
             }
+            v = _mm256_loadu_ps(lanes.as_ptr());
         }
-        sums[y] = t;
+        sums[y] = hsum(v);
     }
 }
 
-/// [`finish`] for a tile of 4 to 8 rows, with the rows in the lanes: the accumulators'
-/// sums in one transposing reduction, and each group's bias (and offset) term for all the
-/// rows in one multiply-add against [`Activations::group_sum_t`] (at 8 rows, a fifth of
-/// the instructions of eight rows done one by one; a long prefill's k = 576 columns spent
-/// as long here as in their products).
+/// [`finish`] for a tile of 4 to 8 rows, with the rows in the lanes: the accumulators
+/// transposed (register `i` holds every row's lane `i`), then each group's bias (and
+/// offset) term for all the rows in one multiply-add against
+/// [`Activations::group_sum_t`] (at 8 rows, a fifth of the instructions of eight rows done
+/// one by one; a long prefill's k = 576 columns spent as long here as in their products).
 #[inline(always)]
 unsafe fn finish_rows<S: Scale, const R: usize>(
     w: &Weights<S>,
@@ -314,13 +326,8 @@ unsafe fn finish_rows<S: Scale, const R: usize>(
 ) {
     let groups = w.k / w.group_size;
     let (scales, biases) = (w.scales.as_ptr().add(j * groups), w.biases.as_ptr().add(j * groups));
-    // Lane y: row r0 + y's sum of its accumulator's eight lanes (rows past R: zero).
-    let row = |y: usize| if y < R { acc[y] } else { _mm256_setzero_ps() };
-    let h =
-        [_mm256_hadd_ps(row(0), row(1)), _mm256_hadd_ps(row(2), row(3)), _mm256_hadd_ps(row(4), row(5)), _mm256_hadd_ps(row(6), row(7))];
-    let (g0, g1) = (_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
-    let total = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(g0, g1), _mm256_permute2f128_ps::<0x31>(g0, g1));
-    let mut terms = [_mm256_setzero_ps(); 4];
+    // Rows past R: zero, and not kept.
+    let mut lanes = transpose8(std::array::from_fn(|y| if y < R { acc[y] } else { _mm256_setzero_ps() }));
     // Lanes y of group g's sums: the rows' block of eight, from row r0 on (lanes past R
     // read the next group's, and are not kept).
     let (block, lane) = (r0 / 8, r0 % 8);
@@ -338,20 +345,51 @@ unsafe fn finish_rows<S: Scale, const R: usize>(
             }
             (_mm256_loadu_ps(b.as_ptr()), _mm256_loadu_ps(s.as_ptr()))
         };
-        for i in 0..n {
-            // Four chains of multiply-adds, not one: each waits on the last's latency.
+        for (i, lane) in lanes.iter_mut().enumerate().take(n) {
             let pick = _mm256_set1_epi32(i as i32);
-            let sums_g = _mm256_loadu_ps(a.group_sum_t.as_ptr().add(at(g + i)));
-            terms[i % 4] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, pick), sums_g, terms[i % 4]);
+            *lane = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, pick), _mm256_loadu_ps(a.group_sum_t.as_ptr().add(at(g + i))), *lane);
             if shifted {
                 let off = _mm256_loadu_ps(a.offset_t.as_ptr().add(at(g + i)));
-                terms[(i + 2) % 4] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s8, pick), off, terms[(i + 2) % 4]);
+                *lane = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s8, pick), off, *lane);
             }
         }
         g += n;
     }
-    let total = _mm256_add_ps(_mm256_add_ps(total, terms[0]), _mm256_add_ps(terms[1], _mm256_add_ps(terms[2], terms[3])));
-    let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), total);
-    sums[..R].copy_from_slice(&lanes[..R]);
+    // hsum's order: lanes i and i + 4, then (0, 2) and (1, 3), then the two.
+    let u: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(lanes[i], lanes[i + 4]));
+    let total = _mm256_add_ps(_mm256_add_ps(u[0], u[2]), _mm256_add_ps(u[1], u[3]));
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), total);
+    sums[..R].copy_from_slice(&out[..R]);
+}
+
+/// An 8×8 transpose: lane `y` of result `i` is lane `i` of `m[y]`.
+#[inline(always)]
+unsafe fn transpose8(m: [__m256; 8]) -> [__m256; 8] {
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (m[i / 2 * 2], m[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // u[0..4] from rows 0-3: lanes 0|4, 1|5, 2|6, 3|7 of each half; u[4..8] from rows 4-7.
+    let u: [__m256; 8] = std::array::from_fn(|i| {
+        let base = i / 4 * 4;
+        let (a, b) = (t[base + (i % 4) / 2], t[base + 2 + (i % 4) / 2]);
+        if i % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xEE>(a, b)
+        }
+    });
+    std::array::from_fn(|i| {
+        let (a, b) = (u[i % 4], u[4 + i % 4]);
+        if i < 4 {
+            _mm256_permute2f128_ps::<0x20>(a, b)
+        } else {
+            _mm256_permute2f128_ps::<0x31>(a, b)
+        }
+    })
 }

@@ -469,22 +469,33 @@ pub fn faster_than_float32() -> bool {
 mod tests {
     use super::*;
 
-    /// Each SIMD kernel this CPU runs against the scalar one on `w`.
+    /// Each SIMD kernel this CPU runs against the scalar one on `w`, and each row of its
+    /// answer against that row's product alone, bit for bit (a batched decode step gives
+    /// each sequence what it would get alone).
     fn kernels_agree<S: Scale>(x: &[f32], rows: usize, w: &Weights<S>, what: &str) {
         let mut plain = vec![0f32; rows * w.n];
         matmul(Kernel::Scalar, x, rows, w, Fusion::default(), &mut plain);
+        let k = w.k;
         for &kernel in Kernel::available().iter().filter(|k| **k != Kernel::Scalar) {
             let mut simd = vec![0f32; rows * w.n];
             matmul(kernel, x, rows, w, Fusion::default(), &mut simd);
             for (i, (s, p)) in simd.iter().zip(&plain).enumerate() {
                 assert!((s - p).abs() <= 1e-4 * p.abs().max(1.0), "{kernel:?} {what} [{i}]: {s} vs {p}");
             }
+            for r in 0..rows {
+                let mut alone = vec![0f32; w.n];
+                matmul(kernel, &x[r * k..][..k], 1, w, Fusion::default(), &mut alone);
+                let batched = &simd[r * w.n..][..w.n];
+                let differ = alone.iter().zip(batched).position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(differ.is_none(), "{kernel:?} {what}: row {r} alone differs from batched at column {differ:?}");
+            }
         }
     }
 
     /// Every kernel this CPU runs computes what the scalar one does (same integer sums;
-    /// float summation order only), on every supported format, float32, float16 and
-    /// bfloat16 scales, and row counts that leave the tiles of 4 and 8 every remainder.
+    /// float summation order only), and the same for a row in any tile, on every supported
+    /// format, float32, float16 and bfloat16 scales, and row counts that leave the tiles of
+    /// 4 and 8 every remainder.
     #[test]
     fn every_kernel_equals_scalar() {
         eprintln!("kernels checked against scalar: {:?}", Kernel::available());
