@@ -1,5 +1,6 @@
 //! The activations' side of the quantized matmul, prepared once per call for every output
-//! column: each row of `x` quantized to int8 in blocks of 32 (one scale per block, as
+//! column (rows split across the pool, each row transformed by the call's prologue first):
+//! each row of `x` quantized to int8 in blocks of 32 (one scale per block, as
 //! llama.cpp's Q8 activations), the sum of each weight group's quantized values (for the
 //! groups' biases), and for 8-bit weights the offset that makes their unsigned values
 //! signed.
@@ -15,6 +16,8 @@
 //! up with the quad's evens and odds without shuffles, and so does a 32-byte load (two
 //! blocks) with each half of them. Each pair of blocks' two scales are stored as one 8-lane
 //! vector (four lanes each) to match, so a quad's are one 16-lane vector.
+
+use super::Prologue;
 
 /// Elements per activation block (every supported group size is a multiple).
 pub const BLOCK: usize = 32;
@@ -85,57 +88,106 @@ pub fn slot(bits: u32, blocks: usize, b: usize, i: usize) -> usize {
     }
 }
 
+/// Values per row in each of [`Activations`]' per-row arrays (0 where a format has none).
+#[derive(Clone, Copy)]
+struct Widths {
+    q: usize,
+    scale: usize,
+    group_sum: usize,
+    offset: usize,
+    pair_scale: usize,
+    lane_scale: usize,
+}
+
+/// Some consecutive rows of each per-row array, which one task fills.
+struct Rows<'a> {
+    q: &'a mut [i8],
+    scale: &'a mut [f32],
+    group_sum: &'a mut [f32],
+    offset: &'a mut [f32],
+    pair_scale: &'a mut [f32],
+    lane_scale: &'a mut [f32],
+}
+
+impl<'a> Rows<'a> {
+    /// The first `n` rows, and the rest.
+    fn split(self, w: Widths, n: usize) -> (Rows<'a>, Rows<'a>) {
+        let (q, q2) = self.q.split_at_mut(n * w.q);
+        let (scale, scale2) = self.scale.split_at_mut(n * w.scale);
+        let (group_sum, group_sum2) = self.group_sum.split_at_mut(n * w.group_sum);
+        let (offset, offset2) = self.offset.split_at_mut(n * w.offset);
+        let (pair_scale, pair_scale2) = self.pair_scale.split_at_mut(n * w.pair_scale);
+        let (lane_scale, lane_scale2) = self.lane_scale.split_at_mut(n * w.lane_scale);
+        (
+            Rows { q, scale, group_sum, offset, pair_scale, lane_scale },
+            Rows { q: q2, scale: scale2, group_sum: group_sum2, offset: offset2, pair_scale: pair_scale2, lane_scale: lane_scale2 },
+        )
+    }
+}
+
+/// Rows per task at least: a decode step's few rows are not worth the pool's wake-up.
+const MIN_ROWS_PER_TASK: usize = 4;
+
 impl Activations {
+    /// `x` (`rows × prologue.input_columns(k)`) transformed by `prologue` and quantized,
+    /// rows split across the pool's threads (with the prologue, a long prefill's fifth on
+    /// one thread otherwise). Each row's values depend on that row alone.
+    ///
     /// # Panics
-    /// If `x.len() != rows * k` or `k` is not a multiple of `group_size`, itself a multiple
-    /// of [`BLOCK`] (the caller checks shapes first).
-    pub fn new(x: &[f32], rows: usize, k: usize, group_size: usize, bits: u32) -> Activations {
-        assert!(x.len() == rows * k && group_size.is_multiple_of(BLOCK) && k.is_multiple_of(group_size));
+    /// If `x` does not hold `rows` rows or `k` is not a multiple of `group_size`, itself a
+    /// multiple of [`BLOCK`] (the caller checks shapes first).
+    pub fn new(x: &[f32], rows: usize, k: usize, group_size: usize, bits: u32, prologue: Prologue) -> Activations {
+        let columns = prologue.input_columns(k);
+        assert!(x.len() == rows * columns && group_size.is_multiple_of(BLOCK) && k.is_multiple_of(group_size));
         let (blocks, groups) = (k / BLOCK, k / group_size);
-        let per_group = group_size / BLOCK;
+        let (four, eight) = (bits == 4, bits == 8);
+        let w = Widths {
+            q: k,
+            scale: blocks,
+            group_sum: groups,
+            offset: if eight { groups } else { 0 },
+            pair_scale: if four { blocks / 2 * 8 } else { 0 },
+            lane_scale: if eight { blocks * 8 } else { 0 },
+        };
         let mut a = Activations {
             rows,
             k,
-            q: vec![0; rows * k],
-            scale: vec![0.0; rows * blocks],
-            group_sum: vec![0.0; rows * groups],
-            offset: if bits == 8 { vec![0.0; rows * groups] } else { Vec::new() },
-            pair_scale: if bits == 4 { vec![0.0; rows * (blocks / 2) * 8] } else { Vec::new() },
-            lane_scale: if bits == 8 { vec![0.0; rows * blocks * 8] } else { Vec::new() },
+            q: vec![0; rows * w.q],
+            scale: vec![0.0; rows * w.scale],
+            group_sum: vec![0.0; rows * w.group_sum],
+            offset: vec![0.0; rows * w.offset],
+            pair_scale: vec![0.0; rows * w.pair_scale],
+            lane_scale: vec![0.0; rows * w.lane_scale],
             group_sum_t: Vec::new(),
             offset_t: Vec::new(),
         };
-        for r in 0..rows {
-            for b in 0..blocks {
-                let src = &x[r * k + b * BLOCK..][..BLOCK];
-                let amax = src.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let scale = amax / 127.0;
-                let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-                let mut qsum = 0i32;
-                // The block's evens and odds each go to a run of 16 (4-bit), or in order.
-                let (even, odd) = (r * k + slot(bits, blocks, b, 0), r * k + slot(bits, blocks, b, 1));
-                for (i, v) in src.iter().enumerate() {
-                    let q = round(v * inv) as i8;
-                    qsum += q as i32;
-                    a.q[if bits == 4 { [even, odd][i % 2] + i / 2 } else { even + i }] = q;
-                }
-                a.scale[r * blocks + b] = scale;
-                if bits == 4 && b / 2 < blocks / 2 {
-                    let at = (r * (blocks / 2) + b / 2) * 8 + (b % 2) * 4;
-                    a.pair_scale[at..at + 4].fill(scale);
-                }
-                if bits == 8 {
-                    a.lane_scale[(r * blocks + b) * 8..][..8].fill(scale);
-                }
-                let g = r * groups + b / per_group;
-                a.group_sum[g] += scale * qsum as f32;
-                if bits == 8 {
-                    a.offset[g] += scale * 128.0 * qsum as f32;
-                }
-            }
+        let per_task = rows.div_ceil(super::super::pool::threads()).max(MIN_ROWS_PER_TASK);
+        let mut tasks = Vec::with_capacity(rows.div_ceil(per_task));
+        let mut rest = Rows {
+            q: &mut a.q,
+            scale: &mut a.scale,
+            group_sum: &mut a.group_sum,
+            offset: &mut a.offset,
+            pair_scale: &mut a.pair_scale,
+            lane_scale: &mut a.lane_scale,
+        };
+        for r0 in (0..rows).step_by(per_task) {
+            let (these, more) = rest.split(w, per_task.min(rows - r0));
+            tasks.push(std::sync::Mutex::new((r0, these)));
+            rest = more;
         }
+        super::super::pool::for_each(tasks.len(), |t| {
+            let mut task = tasks[t].lock().unwrap_or_else(|e| e.into_inner());
+            let (r0, ref mut out) = *task;
+            let n = out.scale.len() / w.scale;
+            let mut transformed = vec![0f32; if matches!(prologue, Prologue::None) { 0 } else { k }];
+            for i in 0..n {
+                let src = prologue.row(&x[(r0 + i) * columns..][..columns], &mut transformed);
+                quantize_row(src, bits, group_size, w, i, out);
+            }
+        });
         a.group_sum_t = rows_in_lanes(&a.group_sum, rows, groups);
-        if bits == 8 {
+        if eight {
             a.offset_t = rows_in_lanes(&a.offset, rows, groups);
         }
         a
@@ -147,6 +199,41 @@ impl Activations {
     pub fn row_scale(&self, r: usize) -> &[f32] {
         let blocks = self.k / BLOCK;
         &self.scale[r * blocks..][..blocks]
+    }
+}
+
+/// Row `i` of `out` from `src` (`k` values): each block's scale and int8 values (in
+/// [`slot`] order), and the group sums.
+fn quantize_row(src: &[f32], bits: u32, group_size: usize, w: Widths, i: usize, out: &mut Rows) {
+    let blocks = src.len() / BLOCK;
+    let per_group = group_size / BLOCK;
+    let q = &mut out.q[i * w.q..][..w.q];
+    let group_sum = &mut out.group_sum[i * w.group_sum..][..w.group_sum];
+    for b in 0..blocks {
+        let block = &src[b * BLOCK..][..BLOCK];
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let mut qsum = 0i32;
+        // The block's evens and odds each go to a run of 16 (4-bit), or in order.
+        let (even, odd) = (slot(bits, blocks, b, 0), slot(bits, blocks, b, 1));
+        for (j, v) in block.iter().enumerate() {
+            let v = round(v * inv) as i8;
+            qsum += v as i32;
+            q[if bits == 4 { [even, odd][j % 2] + j / 2 } else { even + j }] = v;
+        }
+        out.scale[i * w.scale + b] = scale;
+        if bits == 4 && b / 2 < blocks / 2 {
+            let at = i * w.pair_scale + (b / 2) * 8 + (b % 2) * 4;
+            out.pair_scale[at..at + 4].fill(scale);
+        }
+        if bits == 8 {
+            out.lane_scale[i * w.lane_scale + b * 8..][..8].fill(scale);
+        }
+        group_sum[b / per_group] += scale * qsum as f32;
+        if bits == 8 {
+            out.offset[i * w.offset + b / per_group] += scale * 128.0 * qsum as f32;
+        }
     }
 }
 
@@ -179,7 +266,7 @@ mod tests {
     fn blocks_round_trip_within_half_a_step() {
         let x: Vec<f32> = (0..128).map(|i| ((i * 37) % 23) as f32 - 11.0 + 0.25 * (i % 3) as f32).collect();
         for bits in [4, 8] {
-            let a = Activations::new(&x, 2, 64, 32, bits);
+            let a = Activations::new(&x, 2, 64, 32, bits, Prologue::None);
             for r in 0..2 {
                 for i in 0..64 {
                     let (b, j) = (i / BLOCK, i % BLOCK);

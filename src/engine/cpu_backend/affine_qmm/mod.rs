@@ -229,23 +229,22 @@ impl Prologue<'_> {
         }
     }
 
-    /// `x` transformed (`rows × k`), or None when it is used as it is.
-    fn apply(&self, x: &[f32], k: usize) -> Option<Vec<f32>> {
+    /// One row of `x` (`input_columns(k)` values) transformed into `buf` (`k` values), or
+    /// the row itself when it is used as it is.
+    fn row<'a>(&self, x: &'a [f32], buf: &'a mut [f32]) -> &'a [f32] {
         match *self {
-            Prologue::None => None,
+            Prologue::None => x,
             Prologue::RmsNorm { weight, eps } => {
-                let mut out = vec![0.0; x.len()];
-                x.chunks_exact(k).zip(out.chunks_exact_mut(k)).for_each(|(row, o)| rms_norm(row, weight, eps, o));
-                Some(out)
+                rms_norm(x, weight, eps, buf);
+                buf
             }
-            Prologue::SwiGlu => Some(
-                x.chunks_exact(2 * k)
-                    .flat_map(|row| {
-                        let (gate, up) = row.split_at(k);
-                        gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                    })
-                    .collect(),
-            ),
+            Prologue::SwiGlu => {
+                let (gate, up) = x.split_at(buf.len());
+                for ((o, g), u) in buf.iter_mut().zip(gate).zip(up) {
+                    *o = g / (1.0 + (-g).exp()) * u;
+                }
+                buf
+            }
         }
     }
 }
@@ -302,8 +301,7 @@ pub fn matmul<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, 
         assert!(weight.len() == k);
     }
     assert!(fusion.residual.is_none_or(|r| r.len() == rows * n));
-    let transformed = fusion.prologue.apply(x, k);
-    let a = Activations::new(transformed.as_deref().unwrap_or(x), rows, k, w.group_size, w.bits);
+    let a = Activations::new(x, rows, k, w.group_size, w.bits, fusion.prologue);
     let o = Out { ptr: out.as_mut_ptr(), residual: fusion.residual.map_or(std::ptr::null(), |r| r.as_ptr()), n };
     let tasks = (super::pool::threads() * 4).min(n.div_ceil(MIN_COLUMNS_PER_TASK)).max(1);
     let per_task = n.div_ceil(tasks);
