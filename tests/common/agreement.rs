@@ -1,20 +1,27 @@
 //! Two serving paths that should give the same greedy answer (batched and alone, with and
 //! without a reused prefix, with and without a prediction), compared as closely as the
-//! platform's kernels allow:
-//! - On the CPU backend (Linux) they must match bit for bit, tokens and logprobs
-//!   ([`EXACT`]): every CPU kernel gives a row the same result whatever rows share its call
-//!   (the quantized matmul's tests prove it for each kernel; attention works per query),
-//!   so neither a batch nor a prefill's shape may move a logit.
-//! - On macOS, MLX's Metal kernels differ by shape (one row against many), and with the
-//!   default weight format a different prefill shape moved one token's logprob by up to
-//!   ~0.11 (measured on the CPU before its kernels were made shape-independent), enough
-//!   to flip a near-tie. There the paths must agree token by token, with logprobs within
-//!   [`LOGPROB_TOLERANCE`], until a step where the reference's top two tokens are within
-//!   [`TIE_MARGIN`] and the other path took the second one; from there they may part.
+//! weights' path allows:
+//! - Where the default format keeps the weights packed on the CPU (Linux, with mlxbar's
+//!   quantized kernel: always with AVX2), they must match bit for bit, tokens and logprobs
+//!   ([`exact`]): that kernel gives a row the same result whatever rows share its call
+//!   (`every_kernel_equals_scalar` checks each SIMD kernel; the portable one works row by
+//!   row), and attention works per query, so neither a batch nor a prefill's shape may
+//!   move a logit.
+//! - Elsewhere the matmuls' arithmetic depends on the call's shape: float32 goes through
+//!   BLAS (gemv for one row, other blockings for more), and MLX's Metal kernels differ by
+//!   shape too. With the default weight format a different prefill shape moved one
+//!   token's logprob by up to ~0.11 (measured on the CPU before its kernel was made
+//!   shape-independent), enough to flip a near-tie. There the paths must agree token by
+//!   token, with logprobs within [`LOGPROB_TOLERANCE`], until a step where the reference's
+//!   top two tokens are within [`TIE_MARGIN`] and the other path took the second one; from
+//!   there they may part.
 use serde_json::Value;
 
-/// Whether the paths must match exactly (see the module's note).
-pub const EXACT: bool = !cfg!(target_os = "macos");
+/// Whether the paths must match exactly (see the module's note): the default format runs
+/// packed weights on the CPU (decided once per process, as the in-process servers decide).
+pub fn exact() -> bool {
+    mlxbar::engine::cpu_backend::quantized_is_faster()
+}
 /// How far one token's logprob may move between paths (measured max 0.11; see above).
 pub const LOGPROB_TOLERANCE: f64 = 0.3;
 /// Paths may part only where the reference's top two are closer than this (reference.rs
@@ -70,10 +77,10 @@ pub fn traced_body(body: &Value) -> Value {
 }
 
 /// Asserts `got` agrees with `want` as the module says; returns the step where they parted
-/// at a near-tie, if they did (the caller prints it). Where not [`EXACT`], equal texts
+/// at a near-tie, if they did (the caller prints it). Where not [`exact`], equal texts
 /// always pass.
 pub fn assert_agree(got: &Traced, want: &Traced, what: &str) -> Option<usize> {
-    if EXACT {
+    if exact() {
         assert_eq!(got.text, want.text, "{what}: the texts differ");
         assert_eq!(got.steps.len(), want.steps.len(), "{what}: the step counts differ");
         for (i, (g, w)) in got.steps.iter().zip(&want.steps).enumerate() {

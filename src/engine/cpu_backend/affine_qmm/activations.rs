@@ -22,7 +22,7 @@ use super::Prologue;
 /// Elements per activation block (every supported group size is a multiple).
 pub const BLOCK: usize = 32;
 
-/// `x` (`rows × k`, float32) as the kernels read it.
+/// `x` (`rows × k`, float32, after the call's prologue) as the kernels read it.
 pub struct Activations {
     pub rows: usize,
     pub k: usize,
@@ -172,14 +172,14 @@ impl Activations {
             lane_scale: &mut a.lane_scale,
         };
         for r0 in (0..rows).step_by(per_task) {
-            let (these, more) = rest.split(w, per_task.min(rows - r0));
-            tasks.push(std::sync::Mutex::new((r0, these)));
+            let n = per_task.min(rows - r0);
+            let (these, more) = rest.split(w, n);
+            tasks.push(std::sync::Mutex::new((r0, n, these)));
             rest = more;
         }
         super::super::pool::for_each(tasks.len(), |t| {
             let mut task = tasks[t].lock().unwrap_or_else(|e| e.into_inner());
-            let (r0, ref mut out) = *task;
-            let n = out.scale.len() / w.scale;
+            let (r0, n, ref mut out) = *task;
             let mut transformed = vec![0f32; if matches!(prologue, Prologue::None) { 0 } else { k }];
             for i in 0..n {
                 let src = prologue.row(&x[(r0 + i) * columns..][..columns], &mut transformed);

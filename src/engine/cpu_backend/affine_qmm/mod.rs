@@ -5,11 +5,13 @@
 //!
 //! MLX's own CPU kernel for this is naive and single-threaded. Here the weights stay packed
 //! and are unpacked in registers; `x` is quantized to int8 per 32 values once per call
-//! ([`activations`], as llama.cpp does for its Q4/Q8 dot products), so a block's dot
-//! product is integer multiply-adds; every weight row is read once for all rows of `x`,
-//! and the output columns are split across the cores ([`super::pool`]). On x86_64 the widest
-//! instruction set the CPU has is chosen at run time ([`Kernel::detect`]): [`vnni`]'s
-//! `vpdpbusd` (AVX512-VNNI or AVX-VNNI), else [`avx2`]'s `maddubs`; [`scalar`] elsewhere.
+//! ([`activations`], as llama.cpp does for its Q4/Q8 dot products; its rows split across
+//! the cores), so a block's dot product is integer multiply-adds; every weight row is read
+//! once for all rows of `x`, and the output columns are split across the cores
+//! ([`super::pool`]). A row's result does not depend on the other rows of the call. On
+//! x86_64 the widest instruction set the CPU has is chosen at run time
+//! ([`Kernel::detect`]): [`vnni`]'s `vpdpbusd` (AVX512-VNNI or AVX-VNNI), else [`avx2`]'s
+//! `maddubs`; [`scalar`] elsewhere.
 //!
 //! [`primitive.cpp`](primitive.cpp) makes this an MLX primitive, so it runs inside MLX's
 //! lazy graph on the CPU stream like any other op; [`op`] builds it from Rust. Each MLX op
@@ -486,6 +488,53 @@ mod tests {
                 let batched = &simd[r * w.n..][..w.n];
                 let differ = alone.iter().zip(batched).position(|(a, b)| a.to_bits() != b.to_bits());
                 assert!(differ.is_none(), "{kernel:?} {what}: row {r} alone differs from batched at column {differ:?}");
+            }
+        }
+    }
+
+    /// A fused prologue, applied by the pool's tasks to their own rows, gives each row what
+    /// the product of the already transformed rows gives, bit for bit, on rows enough for
+    /// several tasks (the prologues' values against MLX's own ops: tests/quantized_kernel.rs).
+    #[test]
+    fn fused_prologues_equal_their_transformed_input() {
+        let (rows, k, n, gs) = (13usize, 256usize, 37usize, 32usize);
+        let mut seed = 11u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        let packed: Vec<u32> = (0..n * k / 8).map(|_| next()).collect();
+        let scales: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4).collect();
+        let biases: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4 - 0.05).collect();
+        let x: Vec<f32> = (0..rows * 2 * k).map(|_| (next() % 2001) as f32 / 500.0 - 2.0).collect();
+        let norm: Vec<f32> = (0..k).map(|_| (next() % 1000) as f32 / 500.0).collect();
+        let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits: 4 };
+        let swiglu: Vec<f32> = x
+            .chunks_exact(2 * k)
+            .flat_map(|row| {
+                let (gate, up) = row.split_at(k);
+                gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect::<Vec<_>>()
+            })
+            .collect();
+        let normed: Vec<f32> = x[..rows * k]
+            .chunks_exact(k)
+            .flat_map(|row| {
+                let mut out = vec![0.0; k];
+                rms_norm(row, &norm, 1e-5, &mut out);
+                out
+            })
+            .collect();
+        let cases = [
+            ("SwiGLU", &x[..], Prologue::SwiGlu, &swiglu),
+            ("RMS norm", &x[..rows * k], Prologue::RmsNorm { weight: &norm, eps: 1e-5 }, &normed),
+        ];
+        for &kernel in Kernel::available() {
+            for (what, input, prologue, transformed) in cases {
+                let (mut fused, mut plain) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                matmul(kernel, input, rows, &w, Fusion { prologue, residual: None }, &mut fused);
+                matmul(kernel, transformed, rows, &w, Fusion::default(), &mut plain);
+                let differ = fused.iter().zip(&plain).position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(differ.is_none(), "{kernel:?} {what}: differs at {differ:?}");
             }
         }
     }
