@@ -15,8 +15,8 @@
 //!   every op;
 //! - sampling one token from the vocabulary's logits, greedy and at the API's defaults
 //!   (temperature 1, top_p 1);
-//! - a step's quantized projections through each kernel this CPU runs (AVX512-VNNI,
-//!   AVX-VNNI, AVX2), called directly, at 1 and 8 rows.
+//! - a step's quantized projections through each kernel this CPU runs (AMX, AVX512-VNNI,
+//!   AVX-VNNI, AVX2), called directly, at 1, 8 and 64 rows.
 mod common;
 
 use std::time::Instant;
@@ -247,11 +247,19 @@ fn main() -> anyhow::Result<()> {
         bandwidth / 1e9,
         per_op_us()
     );
-    println!("a step's quantized projections by kernel, called directly (ms; 1 row / 8 rows):");
-    let (one, eight) = (kernels_ms(1, 20), kernels_ms(8, 10));
+    // 64 rows: a prefill chunk's shape, where AMX's tiles take over (1 and 8 rows are
+    // decode's, where Amx hands the product to the AVX512-VNNI kernel).
+    println!("a step's quantized projections by kernel, called directly (ms; 1 row / 8 rows / 64 rows):");
+    let (one, eight, many) = (kernels_ms(1, 20), kernels_ms(8, 10), kernels_ms(64, 3));
     let avx2 = |set: &[(Kernel, f64)]| set.iter().find(|(k, _)| *k == Kernel::Avx2).map_or(f64::NAN, |(_, ms)| *ms);
-    for ((kernel, a), (_, b)) in one.iter().zip(&eight) {
-        println!("  {:<12}{a:>8.2}{b:>8.2}   ({:.2}x / {:.2}x AVX2's speed)", format!("{kernel:?}"), avx2(&one) / a, avx2(&eight) / b);
+    for (((kernel, a), (_, b)), (_, c)) in one.iter().zip(&eight).zip(&many) {
+        println!(
+            "  {:<12}{a:>8.2}{b:>8.2}{c:>8.2}   ({:.2}x / {:.2}x / {:.2}x AVX2's speed)",
+            format!("{kernel:?}"),
+            avx2(&one) / a,
+            avx2(&eight) / b,
+            avx2(&many) / c
+        );
     }
     let (greedy, sampled) = sampling_ms();
     println!("sampling from {VOCAB} logits: greedy {greedy:.3} ms, temperature 1 / top_p 1 {sampled:.3} ms");

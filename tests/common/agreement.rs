@@ -2,25 +2,28 @@
 //! without a reused prefix, with and without a prediction), compared as closely as the
 //! weights' path allows:
 //! - Where the default format keeps the weights packed on the CPU (Linux, with mlxbar's
-//!   quantized kernel: always with AVX2), they must match bit for bit, tokens and logprobs
-//!   ([`exact`]): that kernel gives a row the same result whatever rows share its call
-//!   (`every_kernel_equals_scalar` checks each SIMD kernel; the portable one works row by
-//!   row), and attention works per query, so neither a batch nor a prefill's shape may
-//!   move a logit.
+//!   quantized kernel: always with AVX2) and the CPU has no AMX, they must match bit for
+//!   bit, tokens and logprobs ([`exact`]): that kernel gives a row the same result
+//!   whatever rows share its call (`every_kernel_equals_scalar` checks each SIMD kernel;
+//!   the portable one works row by row), and attention works per query, so neither a
+//!   batch nor a prefill's shape may move a logit.
 //! - Elsewhere the matmuls' arithmetic depends on the call's shape: float32 goes through
-//!   BLAS (gemv for one row, other blockings for more), and MLX's Metal kernels differ by
-//!   shape too. With the default weight format a different prefill shape moved one
-//!   token's logprob by up to ~0.11 (measured on the CPU before its kernel was made
-//!   shape-independent), enough to flip a near-tie. There the paths must agree token by
+//!   BLAS (gemv for one row, other blockings for more), MLX's Metal kernels differ by
+//!   shape too, and with AMX products of 16 rows or more (a prefill) run on its tiles, in
+//!   another summation order than the VNNI kernel that takes fewer (a decode step). With
+//!   the default weight format a different prefill shape moved one token's logprob by up
+//!   to ~0.11 (measured on the CPU before its kernel was made shape-independent), enough
+//!   to flip a near-tie. There the paths must agree token by
 //!   token, with logprobs within [`LOGPROB_TOLERANCE`], until a step where the reference's
 //!   top two tokens are within [`TIE_MARGIN`] and the other path took the second one; from
 //!   there they may part.
 use serde_json::Value;
 
 /// Whether the paths must match exactly (see the module's note): the default format runs
-/// packed weights on the CPU (decided once per process, as the in-process servers decide).
+/// packed weights on the CPU (decided once per process, as the in-process servers decide)
+/// through a kernel whose rows do not depend on the call's row count.
 pub fn exact() -> bool {
-    mlxbar::engine::cpu_backend::quantized_is_faster()
+    mlxbar::engine::cpu_backend::quantized_is_faster() && mlxbar::engine::cpu_backend::quantized_rows_independent()
 }
 /// How far one token's logprob may move between paths (measured max 0.11; see above).
 pub const LOGPROB_TOLERANCE: f64 = 0.3;

@@ -62,6 +62,17 @@ pub fn quantized_is_faster() -> bool {
     false
 }
 
+/// Whether [`quantized_kernel`] gives a row the same result bit for bit whatever rows share
+/// its call (not where AMX takes the wide products: see `affine_qmm::Kernel::rows_independent`).
+pub fn quantized_rows_independent() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        affine_qmm::kernel().rows_independent()
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
 /// What the CPU kernel applies to its input before the product.
 #[derive(Clone, Copy)]
 pub enum Prologue<'a> {

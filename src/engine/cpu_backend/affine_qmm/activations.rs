@@ -15,12 +15,44 @@
 //! so one 64-byte load of weights (four blocks) split into its low and high nibbles lines
 //! up with the quad's evens and odds without shuffles, and so does a 32-byte load (two
 //! blocks) with each half of them. Each pair of blocks' two scales are stored as one 8-lane
-//! vector (four lanes each) to match, so a quad's are one 16-lane vector.
+//! vector (four lanes each) to match, so a quad's are one 16-lane vector. AMX's tiles
+//! read the values in order ([`Layout`]).
 
 use super::Prologue;
 
 /// Elements per activation block (every supported group size is a multiple).
 pub const BLOCK: usize = 32;
+
+/// How the kernel that will read them wants a row's int8 values and scales.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Layout {
+    /// Against 4-bit weights: quads of blocks, evens then odds ([`slot`]), and `pair_scale`.
+    Nibbles,
+    /// Against 8-bit weights: in order, and `offset` and `lane_scale`.
+    Bytes,
+    /// In order and nothing more: AMX's tiles ([`super::amx`]), whatever the weights' bits.
+    Tiles,
+}
+
+impl Layout {
+    /// The layout the VNNI, AVX2 and scalar kernels read for `bits`-bit weights.
+    pub fn for_bits(bits: u32) -> Layout {
+        if bits == 4 {
+            Layout::Nibbles
+        } else {
+            Layout::Bytes
+        }
+    }
+
+    /// The [`slot`] order: 4-bit's, or in order.
+    fn slot_bits(self) -> u32 {
+        if self == Layout::Nibbles {
+            4
+        } else {
+            8
+        }
+    }
+}
 
 /// `x` (`rows × k`, float32, after the call's prologue) as the kernels read it.
 pub struct Activations {
@@ -136,11 +168,11 @@ impl Activations {
     /// # Panics
     /// If `x` does not hold `rows` rows or `k` is not a multiple of `group_size`, itself a
     /// multiple of [`BLOCK`] (the caller checks shapes first).
-    pub fn new(x: &[f32], rows: usize, k: usize, group_size: usize, bits: u32, prologue: Prologue) -> Activations {
+    pub fn new(x: &[f32], rows: usize, k: usize, group_size: usize, layout: Layout, prologue: Prologue) -> Activations {
         let columns = prologue.input_columns(k);
         assert!(x.len() == rows * columns && group_size.is_multiple_of(BLOCK) && k.is_multiple_of(group_size));
         let (blocks, groups) = (k / BLOCK, k / group_size);
-        let (four, eight) = (bits == 4, bits == 8);
+        let (four, eight) = (layout == Layout::Nibbles, layout == Layout::Bytes);
         let w = Widths {
             q: k,
             scale: blocks,
@@ -183,10 +215,12 @@ impl Activations {
             let mut transformed = vec![0f32; if matches!(prologue, Prologue::None) { 0 } else { k }];
             for i in 0..n {
                 let src = prologue.row(&x[(r0 + i) * columns..][..columns], &mut transformed);
-                quantize_row(src, bits, group_size, w, i, out);
+                quantize_row(src, layout.slot_bits(), group_size, w, i, out);
             }
         });
-        a.group_sum_t = rows_in_lanes(&a.group_sum, rows, groups);
+        if layout != Layout::Tiles {
+            a.group_sum_t = rows_in_lanes(&a.group_sum, rows, groups);
+        }
         if eight {
             a.offset_t = rows_in_lanes(&a.offset, rows, groups);
         }
@@ -203,7 +237,7 @@ impl Activations {
 }
 
 /// Row `i` of `out` from `src` (`k` values): each block's scale and int8 values (in
-/// [`slot`] order), and the group sums.
+/// [`slot`] order), the group sums, and whichever of the per-layout arrays `w` gives room.
 fn quantize_row(src: &[f32], bits: u32, group_size: usize, w: Widths, i: usize, out: &mut Rows) {
     let blocks = src.len() / BLOCK;
     let per_group = group_size / BLOCK;
@@ -223,15 +257,15 @@ fn quantize_row(src: &[f32], bits: u32, group_size: usize, w: Widths, i: usize, 
             q[if bits == 4 { [even, odd][j % 2] + j / 2 } else { even + j }] = v;
         }
         out.scale[i * w.scale + b] = scale;
-        if bits == 4 && b / 2 < blocks / 2 {
+        if w.pair_scale > 0 && b / 2 < blocks / 2 {
             let at = i * w.pair_scale + (b / 2) * 8 + (b % 2) * 4;
             out.pair_scale[at..at + 4].fill(scale);
         }
-        if bits == 8 {
+        if w.lane_scale > 0 {
             out.lane_scale[i * w.lane_scale + b * 8..][..8].fill(scale);
         }
         group_sum[b / per_group] += scale * qsum as f32;
-        if bits == 8 {
+        if w.offset > 0 {
             out.offset[i * w.offset + b / per_group] += scale * 128.0 * qsum as f32;
         }
     }
@@ -266,7 +300,7 @@ mod tests {
     fn blocks_round_trip_within_half_a_step() {
         let x: Vec<f32> = (0..128).map(|i| ((i * 37) % 23) as f32 - 11.0 + 0.25 * (i % 3) as f32).collect();
         for bits in [4, 8] {
-            let a = Activations::new(&x, 2, 64, 32, bits, Prologue::None);
+            let a = Activations::new(&x, 2, 64, 32, Layout::for_bits(bits), Prologue::None);
             for r in 0..2 {
                 for i in 0..64 {
                     let (b, j) = (i / BLOCK, i % BLOCK);
