@@ -2,8 +2,9 @@
 //! column (rows split across the pool, each row transformed by the call's prologue first):
 //! each row of `x` quantized to int8 in blocks of 32 (one scale per block, as
 //! llama.cpp's Q8 activations), the sum of each weight group's quantized values (for the
-//! groups' biases), and for 8-bit weights the offset that makes their unsigned values
-//! signed.
+//! groups' biases), and what the kernel that reads them needs besides ([`Layout`]: for
+//! 8-bit weights the offset that makes their unsigned values signed, the scales spread
+//! over lanes).
 //!
 //! The biases meet the same rounded `x` as the scaled values (as llama.cpp's Q8_1 sums
 //! do): then each output is exactly `Σ w_i x̂_i` over the dequantized weights, off by at
@@ -45,7 +46,7 @@ impl Layout {
     }
 
     /// The [`slot`] order: 4-bit's, or in order.
-    fn slot_bits(self) -> u32 {
+    pub fn slot_bits(self) -> u32 {
         if self == Layout::Nibbles {
             4
         } else {
@@ -58,26 +59,29 @@ impl Layout {
 pub struct Activations {
     pub rows: usize,
     pub k: usize,
-    /// `rows × k` int8, block by block (4-bit order: evens, then odds).
+    /// Which kernel's order and arrays these are (each kernel asserts its own).
+    pub layout: Layout,
+    /// `rows × k` int8, block by block ([`Layout::Nibbles`]: evens, then odds).
     pub q: Vec<i8>,
     /// `rows × k/BLOCK`: each block's scale (`x ≈ scale · q`).
     pub scale: Vec<f32>,
     /// `rows × k/group_size`: `Σ scale · q` over each weight group (the rounded `x`'s sum).
     pub group_sum: Vec<f32>,
-    /// 8-bit only, `rows × k/group_size`: `Σ_block scale · 128 · Σ q` over each group, what
-    /// the weights' `-128` shift takes away.
+    /// [`Layout::Bytes`] only, `rows × k/group_size`: `Σ_block scale · 128 · Σ q` over each
+    /// group, what the weights' `-128` shift takes away.
     pub offset: Vec<f32>,
-    /// 4-bit only, `rows × (k/BLOCK)/2 × 8`: per pair of blocks, the first block's scale in
-    /// four lanes, the second's in four.
+    /// [`Layout::Nibbles`] only, `rows × (k/BLOCK)/2 × 8`: per pair of blocks, the first
+    /// block's scale in four lanes, the second's in four.
     pub pair_scale: Vec<f32>,
-    /// 8-bit only, `rows × k/BLOCK × 8`: each block's scale in eight lanes (a 512-bit
-    /// kernel's two blocks are one load).
+    /// [`Layout::Bytes`] only, `rows × k/BLOCK × 8`: each block's scale in eight lanes (a
+    /// 512-bit kernel's two blocks are one load).
     pub lane_scale: Vec<f32>,
     /// `group_sum` with the rows in lanes: per block of eight rows, per group, the eight
     /// rows' sums (a tile of rows takes a group's bias terms in one multiply-add), then
-    /// eight values of padding (a tile starting mid-block reads past its block).
+    /// eight values of padding (a tile starting mid-block reads past its block). Empty for
+    /// [`Layout::Tiles`].
     pub group_sum_t: Vec<f32>,
-    /// `offset` the same way (8-bit only).
+    /// `offset` the same way ([`Layout::Bytes`] only).
     pub offset_t: Vec<f32>,
 }
 
@@ -184,6 +188,7 @@ impl Activations {
         let mut a = Activations {
             rows,
             k,
+            layout,
             q: vec![0; rows * w.q],
             scale: vec![0.0; rows * w.scale],
             group_sum: vec![0.0; rows * w.group_sum],
@@ -215,7 +220,7 @@ impl Activations {
             let mut transformed = vec![0f32; if matches!(prologue, Prologue::None) { 0 } else { k }];
             for i in 0..n {
                 let src = prologue.row(&x[(r0 + i) * columns..][..columns], &mut transformed);
-                quantize_row(src, layout.slot_bits(), group_size, w, i, out);
+                quantize_row(src, layout, group_size, w, i, out);
             }
         });
         if layout != Layout::Tiles {
@@ -238,7 +243,8 @@ impl Activations {
 
 /// Row `i` of `out` from `src` (`k` values): each block's scale and int8 values (in
 /// [`slot`] order), the group sums, and whichever of the per-layout arrays `w` gives room.
-fn quantize_row(src: &[f32], bits: u32, group_size: usize, w: Widths, i: usize, out: &mut Rows) {
+fn quantize_row(src: &[f32], layout: Layout, group_size: usize, w: Widths, i: usize, out: &mut Rows) {
+    let bits = layout.slot_bits();
     let blocks = src.len() / BLOCK;
     let per_group = group_size / BLOCK;
     let q = &mut out.q[i * w.q..][..w.q];

@@ -21,7 +21,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::activations::{Activations, BLOCK};
+use super::activations::{Activations, Layout, BLOCK};
 use super::{Out, Scale, Weights};
 
 /// Rows and columns of a tile of results.
@@ -35,7 +35,10 @@ pub fn available() -> bool {
     *AVAILABLE.get_or_init(|| {
         // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (std's detection of these
         // is not stable yet).
-        let edx = __cpuid_count(7, 0).edx;
+        // SAFETY: CPUID exists on every x86_64 CPU. (The intrinsic is a safe fn in current
+        // Rust but unsafe in 1.89, the oldest Cargo.toml allows.)
+        #[allow(unused_unsafe)]
+        let edx = unsafe { __cpuid_count(7, 0) }.edx;
         if !(edx & (1 << 24) != 0
             && edx & (1 << 25) != 0
             && std::arch::is_x86_feature_detected!("avx512f")
@@ -81,6 +84,28 @@ impl TileConfig {
     }
 }
 
+/// This thread's tiles, configured as [`TileConfig::new`] says until dropped.
+struct TileState;
+
+impl TileState {
+    /// # Safety
+    /// AMX is granted to the process ([`available`]).
+    unsafe fn configure() -> TileState {
+        let config = TileConfig::new();
+        // SAFETY: the operand is a valid palette-1 configuration, 64 bytes; AMX is granted.
+        asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
+        TileState
+    }
+}
+
+impl Drop for TileState {
+    fn drop(&mut self) {
+        // SAFETY: gives back this thread's tile state (configured in `configure`); no tile
+        // is read after it.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
 /// 16 × 16 int32, a tile's results as `tilestored` writes them.
 #[repr(C, align(64))]
 struct Results([i32; TILE * TILE]);
@@ -88,15 +113,14 @@ struct Results([i32; TILE * TILE]);
 /// Output columns `columns` of every row (at least [`super::AMX_MIN_ROWS`]) on the tiles.
 ///
 /// # Safety
-/// [`available`] returned true; `a` holds `x` in [`super::activations::Layout::Tiles`]
-/// for `w`'s `k`; only this task writes `columns` of `out`.
+/// [`available`] returned true and AVX2, FMA, F16C, AVX512F, AVX512VL and AVX512BW are
+/// available (`Kernel::Amx` is listed only beside `Kernel::Avx512Vnni`); `a` holds `x` for
+/// `w`'s `k` in [`Layout::Tiles`] (asserted); only this task writes `columns` of `out`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
 pub unsafe fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, columns: Range<usize>) {
     let (k, gs) = (w.k, w.group_size);
     let (blocks, groups) = (k / BLOCK, k / gs);
-    let config = TileConfig::new();
-    // SAFETY: the operand is a valid palette-1 configuration, 64 bytes.
-    asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly));
+    assert_eq!(a.layout, Layout::Tiles, "activations for another kernel");
     let mut results = Results([0; TILE * TILE]);
     // The last tile's rows, padded to 16 with zeros (a tile load reads 16 rows).
     let last = a.rows / TILE * TILE;
@@ -110,8 +134,9 @@ pub unsafe fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, colum
         pad_scale[..n * blocks].copy_from_slice(&a.scale[last * blocks..]);
         pad_sum[..n * groups].copy_from_slice(&a.group_sum[last * groups..]);
     }
-    // Every strip of the task's columns unpacked first (a few tens of KB, kept in L2), so
-    // that each 16-row tile of x (k bytes a row, in L1) meets all of them in turn.
+    // Every strip of the task's columns unpacked first (columns × k bytes: tens of KB for
+    // a layer's projection, a few MB for a large vocabulary's head), so that each 16-row
+    // tile of x (k bytes a row, in L1) meets all of them in turn.
     let strips = columns.len().div_ceil(TILE);
     let mut b_tiles = vec![0u8; strips * blocks * B_TILE];
     let mut w_scale = vec![0f32; strips * blocks * TILE];
@@ -128,6 +153,8 @@ pub unsafe fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, colum
             &mut w_bias[s * groups * TILE..][..groups * TILE],
         );
     }
+    // The tiles are configured for the products only, and given back however this ends.
+    let _tiles = TileState::configure();
     for m0 in (0..a.rows).step_by(TILE) {
         let (q, scale, sums) = if m0 < last {
             (&a.q[m0 * k..], &a.scale[m0 * blocks..], &a.group_sum[m0 * groups..])
@@ -140,9 +167,10 @@ pub unsafe fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, colum
             let (b_tiles, w_scale, w_bias) = (&b_tiles[s * blocks * B_TILE..], &w_scale[s * blocks * TILE..], &w_bias[s * groups * TILE..]);
             let mut acc = [_mm512_setzero_ps(); TILE];
             for b in 0..blocks {
-                // SAFETY: tile 1 reads 16 rows of 32 bytes, `k` apart, from block b of the
-                // tile's first row: inside `q` (16 rows of k); tile 2 reads block b's 256
-                // bytes of the strip's `b_tiles`; tile 0 is stored to `results` (1 KB).
+                // SAFETY: the tiles are configured (`_tiles`); tile 1 reads 16 rows of 32
+                // bytes, `k` apart, from block b of the tile's first row: inside `q` (16
+                // rows of k); tile 2 reads block b's 512 bytes (8 rows of 64) of the
+                // strip's `b_tiles`; tile 0 is stored to `results` (16 rows of 64 bytes).
                 asm!(
                     "tilezero tmm0",
                     "tileloadd tmm1, [{x} + {k}*1]",
@@ -179,22 +207,16 @@ pub unsafe fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, colum
             }
         }
     }
-    // SAFETY: gives back this thread's tile state; no tile is read after it.
-    asm!("tilerelease", options(nostack, nomem));
 }
 
-/// Columns `j0..j0 + width` of `w` in tile layout, block by block (columns past `width`
-/// zero), with each block's group scale and each group's bias per column.
+/// Columns `j0..j0 + width` of `w` in tile layout, block by block, with each block's group
+/// scale and each group's bias per column, into zeroed buffers (columns past `width` stay
+/// zero).
 #[inline(always)]
 unsafe fn unpack_strip<S: Scale>(w: &Weights<S>, j0: usize, width: usize, b_tiles: &mut [u8], w_scale: &mut [f32], w_bias: &mut [f32]) {
     let (k, gs) = (w.k, w.group_size);
     let (blocks, groups) = (k / BLOCK, k / gs);
     let group_shift = (gs / BLOCK).trailing_zeros();
-    if width < TILE {
-        b_tiles.fill(0);
-        w_scale.fill(0.0);
-        w_bias.fill(0.0);
-    }
     let bytes = w.packed.as_ptr() as *const u8;
     let low = _mm_set1_epi8(0x0F);
     for c in 0..width {

@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::super::simd::hsum;
-use super::activations::{Activations, BLOCK};
+use super::activations::{self, Activations, BLOCK};
 use super::{Out, Scale, Weights};
 
 /// Bytes ahead of the weights being read that are asked for early (the rows of the next
@@ -124,7 +124,9 @@ impl Dot for Maddubs {
 /// Output columns `columns` of every row with AVX2 + FMA.
 ///
 /// # Safety
-/// AVX2, FMA and F16C are available; `w` and `a` describe the same `k` (the caller's checks).
+/// AVX2, FMA and F16C are available; `w` and `a` describe the same `k` (the caller's checks),
+/// `a` in `Layout::for_bits(w.bits)` (asserted: the arrays this reads by pointer exist only
+/// there).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn columns_avx2<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, columns: Range<usize>) {
     columns_with::<Maddubs, S>(w, a, out, columns)
@@ -139,6 +141,7 @@ pub unsafe fn columns_avx2<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, 
 /// As [`columns_avx2`], with the instructions `D` uses.
 #[inline(always)]
 pub(super) unsafe fn columns_with<D: Dot, S: Scale>(w: &Weights<S>, a: &Activations, out: Out, columns: Range<usize>) {
+    assert_eq!(a.layout, activations::Layout::for_bits(w.bits), "activations for another kernel");
     let mut r = 0;
     while r < a.rows {
         let n = (a.rows - r).min(D::TILE);

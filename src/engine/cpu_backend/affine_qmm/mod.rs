@@ -8,7 +8,8 @@
 //! ([`activations`], as llama.cpp does for its Q4/Q8 dot products; its rows split across
 //! the cores), so a block's dot product is integer multiply-adds; every weight row is read
 //! once for all rows of `x`, and the output columns are split across the cores
-//! ([`super::pool`]). A row's result does not depend on the other rows of the call. On
+//! ([`super::pool`]). A row's result does not depend on the other rows of the call, only,
+//! where AMX runs, on whether the call has 16 rows or more ([`Kernel::rows_independent`]). On
 //! x86_64 the widest instruction set the CPU has is chosen at run time
 //! ([`Kernel::detect`]): [`amx`]'s int8 tiles for products of 16 rows or more where the
 //! CPU has AMX, [`vnni`]'s `vpdpbusd` (AVX512-VNNI or AVX-VNNI), else [`avx2`]'s
@@ -347,12 +348,13 @@ pub fn matmul<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, 
         // checked its instruction sets; the shapes were checked above.
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: AMX granted (Kernel::Amx is listed only then) and AVX-512 detected; `a`
-            // is in natural order (above); shapes checked; tasks own their columns.
+            // SAFETY: AMX granted and AVX512-VNNI's instruction sets detected (Kernel::Amx
+            // is listed only then); `a` is in Layout::Tiles (above; asserted there too);
+            // shapes checked; tasks own their columns.
             Kernel::Amx if tiles => unsafe { amx::columns(w, &a, o, columns) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX512-VNNI, AVX512VL, AVX512BW, AVX2, FMA and F16C detected (Amx is
-            // listed only with them); shapes checked.
+            // listed only with them); `a` in Layout::for_bits (above); shapes checked.
             Kernel::Amx | Kernel::Avx512Vnni => unsafe { vnni::columns_avx512_vnni(w, &a, o, columns) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX-VNNI, AVX2, FMA and F16C detected; shapes checked.
@@ -506,8 +508,8 @@ mod tests {
     use super::*;
 
     /// Each SIMD kernel this CPU runs against the scalar one on `w`, and each row of its
-    /// answer against that row's product alone, bit for bit (a batched decode step gives
-    /// each sequence what it would get alone).
+    /// answer against that row's product apart from the others ([`rows_elsewhere`]), bit
+    /// for bit (a batched decode step gives each sequence what it would get alone).
     fn kernels_agree<S: Scale>(x: &[f32], rows: usize, w: &Weights<S>, what: &str) {
         let mut plain = vec![0f32; rows * w.n];
         matmul(Kernel::Scalar, x, rows, w, Fusion::default(), &mut plain);
@@ -524,8 +526,9 @@ mod tests {
     }
 
     /// Each row of `x`'s product computed apart from the call's other rows: alone, or where
-    /// a row's result depends on the row count ([`Kernel::rows_independent`]), in a call
-    /// of as many rows rotated by five, so that each row sits in another tile and task.
+    /// a row's result depends on the row count ([`Kernel::rows_independent`]) and the call
+    /// runs on AMX's tiles, in a call of as many rows rotated by five: each row at another
+    /// place in its tile (some in another tile) and in another task of the rows' split.
     fn rows_elsewhere<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, fusion: Fusion) -> Vec<f32> {
         let (n, columns) = (w.n, fusion.prologue.input_columns(w.k));
         let mut out = vec![0f32; rows * n];
@@ -547,8 +550,8 @@ mod tests {
     }
 
     /// A fused prologue, applied by the pool's tasks to their own rows, gives each row what
-    /// that row transformed beforehand and multiplied alone gives, bit for bit, on rows enough for
-    /// several tasks: the split, not the prologue's arithmetic, is under test here (that is
+    /// that row transformed beforehand and multiplied apart from the others
+    /// ([`rows_elsewhere`]) gives, bit for bit, on rows enough for several tasks: the split, not the prologue's arithmetic, is under test here (that is
     /// held to MLX's own ops in tests/quantized_kernel.rs).
     #[test]
     fn fused_prologues_equal_their_transformed_input() {
@@ -587,7 +590,8 @@ mod tests {
     /// Every kernel this CPU runs computes what the scalar one does (same integer sums;
     /// float summation order only), and the same for a row in any tile, on every supported
     /// format, float32, float16 and bfloat16 scales, and row counts that leave the tiles of
-    /// 4, 8 and 16 every remainder.
+    /// 4 and 8 every remainder, and AMX's tiles of 16 several; with 16 rows or more, enough
+    /// columns for tasks of several 16-column strips and a part strip.
     #[test]
     fn every_kernel_equals_scalar() {
         eprintln!("kernels checked against scalar: {:?}", Kernel::available());
@@ -620,15 +624,20 @@ mod tests {
                     (11, 448),
                     (7, 256),
                     (15, 192),
-                    // AMX's tiles: one whole, one and a part, a part-strip of columns (37).
+                    // AMX's tiles: one whole, one and one row, two and a part, three and
+                    // fifteen rows; several groups of 128.
                     (16, 96),
                     (33, 576),
+                    (17, 256),
+                    (63, 384),
                 ];
                 for (rows, k) in shapes {
                     if k % gs != 0 {
                         continue;
                     }
-                    let n = 37;
+                    // With 16 rows or more, 197 columns: tasks of two strips, and a last
+                    // strip of five columns.
+                    let n = if rows >= AMX_MIN_ROWS { 197 } else { 37 };
                     let packed: Vec<u32> = (0..n * k * bits as usize / 32).map(|_| next()).collect();
                     let scales: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4).collect();
                     let biases: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4 - 0.05).collect();

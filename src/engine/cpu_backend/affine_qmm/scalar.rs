@@ -3,7 +3,7 @@
 //! reference the SIMD kernel is tested against.
 use std::ops::Range;
 
-use super::activations::{slot, Activations, BLOCK};
+use super::activations::{slot, Activations, Layout, BLOCK};
 use super::{Out, Scale, Weights};
 
 /// Value `i` of a packed weight row.
@@ -14,6 +14,7 @@ fn value(row: &[u32], i: usize, bits: u32) -> i32 {
 
 /// Output columns `columns` of every row.
 pub fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, columns: Range<usize>) {
+    assert_eq!(a.layout, Layout::for_bits(w.bits), "activations for another kernel");
     let (k, gs) = (w.k, w.group_size);
     let groups = k / gs;
     let words = k * w.bits as usize / 32;

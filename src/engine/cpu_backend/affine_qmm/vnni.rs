@@ -160,7 +160,8 @@ unsafe fn halves<const R: usize>(acc: &[__m512; R]) -> [__m256; R] {
 /// Output columns `columns` of every row with AVX-VNNI.
 ///
 /// # Safety
-/// AVX2, FMA, F16C and AVX-VNNI are available; `w` and `a` describe the same `k`.
+/// AVX2, FMA, F16C and AVX-VNNI are available; `w` and `a` describe the same `k`, `a` in
+/// `Layout::for_bits(w.bits)` (asserted).
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub unsafe fn columns_avx_vnni<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, columns: Range<usize>) {
     columns_with::<AvxVnni, S>(w, a, out, columns)
@@ -170,7 +171,7 @@ pub unsafe fn columns_avx_vnni<S: Scale>(w: &Weights<S>, a: &Activations, out: O
 ///
 /// # Safety
 /// AVX2, FMA, F16C, AVX512F, AVX512VL, AVX512BW and AVX512-VNNI are available; `w` and `a`
-/// describe the same `k`.
+/// describe the same `k`, `a` in `Layout::for_bits(w.bits)` (asserted).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub unsafe fn columns_avx512_vnni<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, columns: Range<usize>) {
     columns_with::<Avx512Vnni, S>(w, a, out, columns)
