@@ -31,7 +31,8 @@ pub enum Layout {
     Nibbles,
     /// Against 8-bit weights: in order, and `offset` and `lane_scale`.
     Bytes,
-    /// In order and nothing more: AMX's tiles ([`super::amx`]), whatever the weights' bits.
+    /// In order and nothing more, the rows padded with zeros to a whole number of AMX's
+    /// tiles ([`super::AMX_TILE`] rows): AMX's kernel, whatever the weights' bits.
     Tiles,
 }
 
@@ -46,7 +47,7 @@ impl Layout {
     }
 
     /// The [`slot`] order: 4-bit's, or in order.
-    pub fn slot_bits(self) -> u32 {
+    fn slot_bits(self) -> u32 {
         if self == Layout::Nibbles {
             4
         } else {
@@ -61,7 +62,9 @@ pub struct Activations {
     pub k: usize,
     /// Which kernel's order and arrays these are (each kernel asserts its own).
     pub layout: Layout,
-    /// `rows × k` int8, block by block ([`Layout::Nibbles`]: evens, then odds).
+    /// `rows × k` int8, block by block ([`Layout::Nibbles`]: evens, then odds; with
+    /// [`Layout::Tiles`] `q`, `scale` and `group_sum` hold zero rows past `rows` up to a
+    /// whole tile).
     pub q: Vec<i8>,
     /// `rows × k/BLOCK`: each block's scale (`x ≈ scale · q`).
     pub scale: Vec<f32>,
@@ -185,13 +188,16 @@ impl Activations {
             pair_scale: if four { blocks / 2 * 8 } else { 0 },
             lane_scale: if eight { blocks * 8 } else { 0 },
         };
+        // AMX's kernel loads 16 rows at a time; the padding rows stay zero (the split below
+        // hands tasks only the first `rows`).
+        let padded = if layout == Layout::Tiles { rows.next_multiple_of(super::AMX_TILE) } else { rows };
         let mut a = Activations {
             rows,
             k,
             layout,
-            q: vec![0; rows * w.q],
-            scale: vec![0.0; rows * w.scale],
-            group_sum: vec![0.0; rows * w.group_sum],
+            q: vec![0; padded * w.q],
+            scale: vec![0.0; padded * w.scale],
+            group_sum: vec![0.0; padded * w.group_sum],
             offset: vec![0.0; rows * w.offset],
             pair_scale: vec![0.0; rows * w.pair_scale],
             lane_scale: vec![0.0; rows * w.lane_scale],

@@ -25,11 +25,12 @@ use super::activations::{Activations, Layout, BLOCK};
 use super::{Out, Scale, Weights};
 
 /// Rows and columns of a tile of results.
-const TILE: usize = 16;
+const TILE: usize = super::AMX_TILE;
 /// Bytes of one block's weight tile: 8 rows of 16 columns × 4 values.
 const B_TILE: usize = BLOCK * TILE;
 
-/// Whether this CPU has AMX's int8 tiles and Linux granted the process their state.
+/// Whether this CPU has AMX's int8 tiles and Linux granted the process their state (the
+/// caller, `Kernel::probe`, asks only where the AVX-512 sets [`columns`] uses are present).
 pub fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVAILABLE.get_or_init(|| {
@@ -39,11 +40,7 @@ pub fn available() -> bool {
         // Rust but unsafe in 1.89, the oldest Cargo.toml allows.)
         #[allow(unused_unsafe)]
         let edx = unsafe { __cpuid_count(7, 0) }.edx;
-        if !(edx & (1 << 24) != 0
-            && edx & (1 << 25) != 0
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw"))
-        {
+        if !(edx & (1 << 24) != 0 && edx & (1 << 25) != 0) {
             return false;
         }
         #[cfg(target_os = "linux")]
@@ -122,18 +119,6 @@ pub unsafe fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, colum
     let (blocks, groups) = (k / BLOCK, k / gs);
     assert_eq!(a.layout, Layout::Tiles, "activations for another kernel");
     let mut results = Results([0; TILE * TILE]);
-    // The last tile's rows, padded to 16 with zeros (a tile load reads 16 rows).
-    let last = a.rows / TILE * TILE;
-    let pad_rows = if last < a.rows { TILE } else { 0 };
-    let mut pad_q = vec![0i8; pad_rows * k];
-    let mut pad_scale = vec![0f32; pad_rows * blocks];
-    let mut pad_sum = vec![0f32; pad_rows * groups];
-    if pad_rows > 0 {
-        let n = a.rows - last;
-        pad_q[..n * k].copy_from_slice(&a.q[last * k..]);
-        pad_scale[..n * blocks].copy_from_slice(&a.scale[last * blocks..]);
-        pad_sum[..n * groups].copy_from_slice(&a.group_sum[last * groups..]);
-    }
     // Every strip of the task's columns unpacked first (columns × k bytes: tens of KB for
     // a layer's projection, a few MB for a large vocabulary's head), so that each 16-row
     // tile of x (k bytes a row, in L1) meets all of them in turn.
@@ -156,11 +141,9 @@ pub unsafe fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, colum
     // The tiles are configured for the products only, and given back however this ends.
     let _tiles = TileState::configure();
     for m0 in (0..a.rows).step_by(TILE) {
-        let (q, scale, sums) = if m0 < last {
-            (&a.q[m0 * k..], &a.scale[m0 * blocks..], &a.group_sum[m0 * groups..])
-        } else {
-            (&pad_q[..], &pad_scale[..], &pad_sum[..])
-        };
+        // The tile's 16 rows: the last tile's past `a.rows` are zero (Layout::Tiles pads).
+        let (q, scale, sums) =
+            (&a.q[m0 * k..][..TILE * k], &a.scale[m0 * blocks..][..TILE * blocks], &a.group_sum[m0 * groups..][..TILE * groups]);
         for s in 0..strips {
             let j0 = columns.start + s * TILE;
             let width = (columns.end - j0).min(TILE);
@@ -168,8 +151,8 @@ pub unsafe fn columns<S: Scale>(w: &Weights<S>, a: &Activations, out: Out, colum
             let mut acc = [_mm512_setzero_ps(); TILE];
             for b in 0..blocks {
                 // SAFETY: the tiles are configured (`_tiles`); tile 1 reads 16 rows of 32
-                // bytes, `k` apart, from block b of the tile's first row: inside `q` (16
-                // rows of k); tile 2 reads block b's 512 bytes (8 rows of 64) of the
+                // bytes, `k` apart, from block b of the tile's first row: inside `q` (its
+                // 16 rows of k); tile 2 reads block b's 512 bytes (8 rows of 64) of the
                 // strip's `b_tiles`; tile 0 is stored to `results` (16 rows of 64 bytes).
                 asm!(
                     "tilezero tmm0",

@@ -113,10 +113,14 @@ impl Kernel {
     }
 }
 
+/// Rows and columns of one of AMX's tiles of int32 results (its kernel's tasks take whole
+/// strips of this many columns).
+pub const AMX_TILE: usize = 16;
+
 /// Rows from which [`Kernel::Amx`] runs a product on the tiles: with fewer, unpacking the
 /// weights into tile layout costs more than the rows' products save (at 16 rows a step's
 /// projections took 0.7× the VNNI kernel's time, at 8 the same).
-pub const AMX_MIN_ROWS: usize = 16;
+pub const AMX_MIN_ROWS: usize = AMX_TILE;
 
 /// Whether the kernel handles these weights.
 pub fn supports(bits: i32, group_size: i32) -> bool {
@@ -337,8 +341,8 @@ pub fn matmul<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, 
     let a = Activations::new(x, rows, k, w.group_size, layout, fusion.prologue);
     let o = Out { ptr: out.as_mut_ptr(), residual: fusion.residual.map_or(std::ptr::null(), |r| r.as_ptr()), n };
     let tasks = (super::pool::threads() * 4).min(n.div_ceil(MIN_COLUMNS_PER_TASK)).max(1);
-    // AMX's tasks take whole strips of 16 columns.
-    let per_task = if tiles { n.div_ceil(tasks).next_multiple_of(16) } else { n.div_ceil(tasks) };
+    // AMX's tasks take whole strips of columns.
+    let per_task = if tiles { n.div_ceil(tasks).next_multiple_of(AMX_TILE) } else { n.div_ceil(tasks) };
     let body = |t: usize| {
         let columns: Range<usize> = t * per_task..((t + 1) * per_task).min(n);
         if columns.is_empty() {
@@ -526,13 +530,13 @@ mod tests {
     }
 
     /// Each row of `x`'s product computed apart from the call's other rows: alone, or where
-    /// a row's result depends on the row count ([`Kernel::rows_independent`]) and the call
-    /// runs on AMX's tiles, in a call of as many rows rotated by five: each row at another
-    /// place in its tile (some in another tile) and in another task of the rows' split.
+    /// the call runs on AMX's tiles (whose rows alone would take the VNNI kernel,
+    /// [`Kernel::rows_independent`]), in a call of as many rows rotated by five: each row at
+    /// another place in its tile (some in another tile) and in another task of the rows' split.
     fn rows_elsewhere<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, fusion: Fusion) -> Vec<f32> {
         let (n, columns) = (w.n, fusion.prologue.input_columns(w.k));
         let mut out = vec![0f32; rows * n];
-        if kernel.rows_independent() || !kernel.tiles(rows) {
+        if !kernel.tiles(rows) {
             for (row, o) in x.chunks_exact(columns).zip(out.chunks_exact_mut(n)) {
                 matmul(kernel, row, 1, w, fusion, o);
             }
@@ -551,8 +555,9 @@ mod tests {
 
     /// A fused prologue, applied by the pool's tasks to their own rows, gives each row what
     /// that row transformed beforehand and multiplied apart from the others
-    /// ([`rows_elsewhere`]) gives, bit for bit, on rows enough for several tasks: the split, not the prologue's arithmetic, is under test here (that is
-    /// held to MLX's own ops in tests/quantized_kernel.rs).
+    /// ([`rows_elsewhere`]) gives, bit for bit, on rows enough for several tasks: the split,
+    /// not the prologue's arithmetic, is under test here (that is held to MLX's own ops in
+    /// tests/quantized_kernel.rs).
     #[test]
     fn fused_prologues_equal_their_transformed_input() {
         // Enough rows for several tasks, and for AMX's tiles where the CPU has them.
@@ -576,11 +581,11 @@ mod tests {
         };
         for &kernel in Kernel::available() {
             for (what, input, prologue) in cases {
-                let (mut fused, mut plain) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                let mut fused = vec![0f32; rows * n];
                 matmul(kernel, input, rows, &w, Fusion { prologue, residual: None }, &mut fused);
                 // Row by row (or rotated), so that no split of rows into tasks is shared with
                 // the fused call.
-                plain.copy_from_slice(&rows_elsewhere(kernel, &transformed(input, prologue), rows, &w, Fusion::default()));
+                let plain = rows_elsewhere(kernel, &transformed(input, prologue), rows, &w, Fusion::default());
                 let differ = fused.iter().zip(&plain).position(|(a, b)| a.to_bits() != b.to_bits());
                 assert!(differ.is_none(), "{kernel:?} {what}: differs at {differ:?}");
             }
