@@ -12,7 +12,10 @@ use jsonschema::Validator;
 use mlxbar::{Config, Server};
 use serde_json::{json, Value};
 
-const TINY: &str = "concurrency = [1, 2]\nprompt_tokens = [32]\noutput_tokens = [16]\nwarmup = 0\nrepetitions = 1\n";
+// Long enough (128 tokens a request, ~1 s with the packed default on two cores) that the
+// run spans several of the stream's 500 ms samples: with 16 tokens a whole run could start
+// and end between two of them once AMX took prefill, and the stream never showed it.
+const TINY: &str = "concurrency = [1, 2]\nprompt_tokens = [32]\noutput_tokens = [128]\nwarmup = 0\nrepetitions = 1\n";
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
