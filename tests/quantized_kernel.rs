@@ -567,5 +567,11 @@ fn doctor_names_the_kernels() {
         _ => "AVX2+FMA",
     };
     assert!(line.contains(want), "{line}");
+    // AMX's tiles where the kernel lists the CPU's AMX flags (Linux grants the tile state
+    // to any process that asks since 5.16; std cannot detect AMX on stable Rust yet).
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or_default();
+    let amx = ["amx_tile", "amx_int8"].iter().all(|f| flags.split_whitespace().any(|w| w == *f));
+    assert_eq!(line.contains("AMX int8 tiles"), amx && want == "AVX512-VNNI", "AMX flags {amx}: {line}");
     assert!(line.contains("decode attention: mlxbar's"), "{line}");
 }
