@@ -151,6 +151,9 @@ pub struct Config {
     /// Requests prepared at once (chat template, tokenizing, grammar compilation) on
     /// blocking threads; None: half the cores, 1-4.
     pub prepare_threads: Option<usize>,
+    /// This process's rank in a cluster serving the default model (`--hostfile`, `--rank`).
+    #[serde(skip)]
+    pub cluster: Option<crate::distributed::ClusterSpec>,
 }
 
 impl Default for Config {
@@ -198,6 +201,7 @@ impl Default for Config {
             load_timeout_seconds: 900.0,
             // Far above one step (a 512-token prefill chunk of a 70B model takes seconds).
             engine_stop_seconds: 30.0,
+            cluster: None,
             alerts: BTreeMap::new(),
             // With the listener, refusals in flight, model files and the rest, well under
             // macOS's default 256 descriptors.
@@ -280,6 +284,19 @@ pub struct ServeArgs {
     /// Config file [default: the user config dir's mlxbar/config.toml, if present]
     #[arg(long, env = "MLXBAR_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Serve the model with the other ranks this host file names (MLX's format:
+    /// [{"ssh": "host", "ips": ["10.0.0.1"]}, ...]) over MLX's ring backend; needs --rank
+    #[arg(long, requires = "rank")]
+    pub hostfile: Option<PathBuf>,
+    /// This process's rank in --hostfile: 0 serves HTTP, the others only compute
+    #[arg(long, requires = "hostfile")]
+    pub rank: Option<usize>,
+    /// The ring's first port, one more per rank and IP (as mlx.launch counts them)
+    #[arg(long, default_value_t = crate::distributed::hostfile::RING_PORT)]
+    pub ring_port: u16,
+    /// Seconds every rank has to start and join the ring
+    #[arg(long, default_value_t = 120)]
+    pub join_timeout: u64,
 }
 
 impl Config {
@@ -328,6 +345,10 @@ impl Config {
         }
         if let Some(v) = &args.data_dir {
             config.data_dir = Some(v.clone());
+        }
+        if let (Some(hostfile), Some(rank)) = (&args.hostfile, args.rank) {
+            let join = std::time::Duration::from_secs(args.join_timeout);
+            config.cluster = Some(crate::distributed::ClusterSpec::new(hostfile, rank, args.ring_port, join)?);
         }
         config.allowed_hosts.extend(args.allowed_hosts.iter().cloned());
         config.cors_origins.extend(args.cors_origins.iter().cloned());

@@ -4,6 +4,7 @@ pub mod alerts;
 pub mod api;
 pub mod bench;
 pub mod config;
+pub mod distributed;
 pub mod doctor;
 pub mod engine;
 pub mod inference;

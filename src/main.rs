@@ -29,6 +29,9 @@ enum Command {
     /// The alert rules in force
     #[command(subcommand)]
     Alerts(AlertsCommand),
+    /// Serve one model from several machines (MLX's ring backend, pipeline parallel)
+    #[command(subcommand)]
+    Cluster(mlxbar::distributed::launch::ClusterCommand),
 }
 
 #[derive(Subcommand)]
@@ -41,16 +44,33 @@ enum AlertsCommand {
     },
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_env("MLXBAR_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
         .init();
     #[cfg(feature = "test-hooks")]
     mlxbar::engine::faults::arm_from_env();
-    match Cli::parse().command {
-        Command::Serve(args) => match serve(Config::load(&args)?).await {
+    let command = Cli::parse().command;
+    // A rank of a cluster: MLX's ring reads its place from the environment, set here while
+    // the process has one thread; ranks past 0 serve no HTTP.
+    let mut config = None;
+    if let Command::Serve(args) = &command {
+        let c = Config::load(args)?;
+        if let Some(spec) = &c.cluster {
+            spec.export_env(&c.data_dir().join("cluster"))?;
+            if spec.rank > 0 {
+                return mlxbar::distributed::follower::run(spec, &c);
+            }
+        }
+        config = Some(c);
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(command, config))
+}
+
+async fn run(command: Command, config: Option<Config>) -> Result<()> {
+    match command {
+        Command::Serve(_) => match serve(config.expect("loaded above")).await {
             // One line, not a backtrace-style report: the user only needs to pick a port.
             Err(e) if e.downcast_ref::<mlxbar::server::PortInUse>().is_some() => {
                 eprintln!("mlxbar: {e}");
@@ -77,6 +97,9 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Models(args) => tokio::task::spawn_blocking(move || mlxbar::library::cli::run(&args)).await?,
+        Command::Cluster(mlxbar::distributed::launch::ClusterCommand::Launch(args)) => {
+            tokio::task::spawn_blocking(move || mlxbar::distributed::launch::run(args)).await?
+        }
         Command::FetchModel => {
             let path = tokio::task::spawn_blocking(model_store::ensure_default_model).await??;
             println!("{}", path.display());

@@ -46,6 +46,21 @@ pub fn run() {
             std::process::exit(2);
         }
     };
+    // Rank 0 of a cluster: MLX's ring reads its place from the environment, set while the
+    // app has one thread. The other ranks are headless (`mlxbar serve --hostfile F --rank N`).
+    if let Some(spec) = &config.cluster {
+        if spec.rank > 0 {
+            eprintln!(
+                "mlxbar-app: the menu-bar app serves rank 0 of a cluster; start rank {} with `mlxbar serve --hostfile FILE --rank {}`",
+                spec.rank, spec.rank
+            );
+            std::process::exit(2);
+        }
+        if let Err(e) = spec.export_env(&config.data_dir().join("cluster")) {
+            eprintln!("mlxbar-app: {e:#}");
+            std::process::exit(2);
+        }
+    }
     let slot = Arc::new(ServerSlot::default());
     let app = builder(tauri::Builder::default(), slot.clone())
         .setup(move |app| {

@@ -49,6 +49,11 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl I
         "model": models.engine(models.default_id()).and_then(|e| e.model()),
         "loaded": models.active_views().into_iter().filter(|v| v.state == SlotState::Loaded).map(|v| v.entry.id).collect::<Vec<_>>(),
         "device": models.device().as_str(),
+        // Ranks serving the default model together (none: this process alone).
+        "cluster": state.config.cluster.as_ref().map(|c| json!({
+            "ranks": c.size(),
+            "hosts": c.hosts.hosts.iter().map(|h| h.ssh.as_str()).collect::<Vec<_>>(),
+        })),
         "version": env!("CARGO_PKG_VERSION"),
         "queue": {"waiting": models.waiting(), "running": models.running(), "capacity": state.config.queue_capacity},
         "last_step_age_seconds": models.stall_seconds(),

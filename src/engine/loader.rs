@@ -6,7 +6,8 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use super::model::{gguf, hf, Model, WeightFormat};
+use super::model::config::ModelConfig;
+use super::model::{gguf, hf, Model, Slice, TensorMap, WeightFormat};
 use super::tokenizer::{self, TextCodec};
 use super::tools::ToolFormat;
 
@@ -27,6 +28,8 @@ pub struct ModelInfo {
     pub context_length: usize,
     pub vocab_size: i32,
     pub layers: usize,
+    /// What this process holds: every layer and both ends, or a cluster rank's part.
+    pub held: Slice,
     /// The model family's tool-call syntax, from its chat template and vocabulary.
     pub tool_format: ToolFormat,
     pub load_seconds: f64,
@@ -54,17 +57,32 @@ pub fn load_reporting(
     expert_cache: Option<u64>,
     progress: &dyn Fn(f64),
 ) -> Result<(Model, TextCodec, ModelInfo)> {
+    load_part(path, id, format, expert_cache, progress, &mut |c, _| Ok(Slice::whole(c.num_layers)))
+}
+
+/// [`load_reporting`] of the part `choose` picks once the file's config and tensors are
+/// known (a rank of a cluster: [`crate::distributed`]).
+pub fn load_part(
+    path: &Path,
+    id: &str,
+    format: WeightFormat,
+    expert_cache: Option<u64>,
+    progress: &dyn Fn(f64),
+    choose: &mut dyn FnMut(&ModelConfig, &TensorMap) -> Result<Slice>,
+) -> Result<(Model, TextCodec, ModelInfo)> {
     let started = Instant::now();
     let (model, codec, source) = if path.is_dir() {
         let (config, tensors) = hf::load(path, expert_cache)?;
         let codec = tokenizer::from_hf_dir(path)?;
         progress(0.1);
-        (Model::assemble_reporting(config, tensors, format, progress)?, codec, "mlx-folder")
+        let slice = choose(&config, &tensors)?;
+        (Model::assemble_slice(config, tensors, format, slice, progress)?, codec, "mlx-folder")
     } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         let loaded = gguf::load(path, expert_cache)?;
         let codec = tokenizer::from_gguf(&loaded.header)?;
         progress(0.1);
-        (Model::assemble_reporting(loaded.config, loaded.tensors, format, progress)?, codec, "gguf")
+        let slice = choose(&loaded.config, &loaded.tensors)?;
+        (Model::assemble_slice(loaded.config, loaded.tensors, format, slice, progress)?, codec, "gguf")
     } else if path.exists() {
         bail!("{} is neither a .gguf file nor a model folder (config.json + *.safetensors)", path.display());
     } else {
@@ -82,6 +100,7 @@ pub fn load_reporting(
         context_length: model.config.max_position_embeddings,
         vocab_size: model.config.vocab_size,
         layers: model.config.num_layers,
+        held: model.slice.clone(),
         tool_format: ToolFormat::detect(codec.template.as_ref().map(|t| t.source()), &codec.tokenizer),
         load_seconds: started.elapsed().as_secs_f64(),
     };

@@ -7,6 +7,7 @@ pub mod constraint;
 pub mod cpu_backend;
 mod device_lock;
 pub mod draft;
+pub mod executor;
 pub mod experts;
 #[cfg(feature = "test-hooks")]
 pub mod faults;
@@ -80,6 +81,16 @@ pub struct EngineOptions {
     /// How long a stop waits for the engine thread to finish its step; past it the thread
     /// is left behind (stuck) and the engine reports itself failed: restart required.
     pub stop_timeout: std::time::Duration,
+    /// Rank 0 of a cluster: the model is split over the ranks ([`crate::distributed`]).
+    pub cluster: Option<ClusterMember>,
+}
+
+/// This process in a cluster, and what it may hold.
+#[derive(Debug, Clone)]
+pub struct ClusterMember {
+    pub spec: crate::distributed::ClusterSpec,
+    /// Bytes of weights this rank may hold (its memory budget's ceiling).
+    pub budget: u64,
 }
 
 impl std::fmt::Debug for EngineOptions {
@@ -434,7 +445,6 @@ fn limits(options: &EngineOptions, model: &model::Model, info: &ModelInfo) -> wo
     worker::Limits {
         max_batch: options.max_batch.max(1),
         kv_budget_tokens,
-        prefix_cache_bytes: options.prefix_cache_bytes,
         gate: options.admission_gate.clone(),
         request_memory_bytes: options.mlx_memory_limit.saturating_sub(info.weight_bytes),
         kv_bytes_per_token: per_token,
@@ -480,11 +490,29 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         if faults::for_path(&options.model_path) == Some(faults::Fault::StallLoad) {
             faults::stall();
         }
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            loader::load_reporting(&options.model_path, &options.model_id, format, options.expert_cache_bytes, &progress)
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &options.cluster {
+            None => loader::load_reporting(&options.model_path, &options.model_id, format, options.expert_cache_bytes, &progress).map(
+                |(model, codec, info)| {
+                    let prefix = prefix_cache::PrefixCache::new(options.prefix_cache_bytes);
+                    (executor::Executor::new(model, prefix, None), codec, info)
+                },
+            ),
+            Some(member) => crate::distributed::join_and_load(
+                &member.spec,
+                &options.model_path,
+                &options.model_id,
+                format,
+                member.budget,
+                options.prefix_cache_bytes,
+                &progress,
+            )
+            .map(|j| {
+                let (exec, codec, info, _) = j.into_executor();
+                (exec, codec, info)
+            }),
         }))
     };
-    let (model, codec, info) = match loaded {
+    let (exec, codec, info) = match loaded {
         Ok(Ok(l)) => l,
         Ok(Err(e)) => {
             tracing::error!("model load failed: {e:#}");
@@ -501,7 +529,8 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         info.weight_format,
         info.dtype
     );
-    let limits = limits(&options, &model, &info);
+    let model = &exec.model;
+    let limits = limits(&options, model, &info);
     let started = Instant::now();
     let grammars = match Grammars::new(&codec, model.config.vocab_size.max(0) as usize) {
         Ok(g) => Arc::new(g),
@@ -514,14 +543,15 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     progress(1.0);
     set_state(LoadState::Ready);
     shared.stats.mark_progress();
-    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(model, codec, jobs, shared.clone(), limits)));
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(exec, codec, jobs, shared.clone(), limits)));
     if shared.stopping.load(Ordering::Relaxed) {
         return;
     }
     // The loop ended without being asked to: whatever was queued or running is gone with
     // it (their clients see the stream end), and the engine reports itself failed.
     let reason = match ran {
-        Ok(()) => "the engine thread ended unexpectedly".to_string(),
+        Ok(Some(why)) => why,
+        Ok(None) => "the engine thread ended unexpectedly".to_string(),
         Err(panic) => format!("the engine thread died: {}", worker::panic_message(panic.as_ref())),
     };
     tracing::error!("{reason}; reload the model (POST /api/engine/reload, or the menu bar's Reload model)");

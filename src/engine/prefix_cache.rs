@@ -41,6 +41,10 @@ pub struct PrefixStats {
 
 pub struct PrefixCache {
     budget: usize,
+    /// Layers held and the model's: a rank of a cluster counts each entry at what the
+    /// whole model's KV for it would take, so every rank, holding different layers, keeps
+    /// and evicts the same entries as rank 0 ([`crate::engine::executor`]).
+    share: (usize, usize),
     next_id: u64,
     tick: u64,
     entries: HashMap<u64, Entry>,
@@ -65,8 +69,15 @@ fn block_hashes(tokens: &[u32]) -> impl Iterator<Item = (usize, u64)> + '_ {
 impl PrefixCache {
     /// `budget` bytes of KV at most; 0 disables the cache.
     pub fn new(budget: usize) -> Self {
+        Self::with_share(budget, 1, 1)
+    }
+
+    /// The cache of a process holding `held` of a model's `layers` layers: `budget` and the
+    /// figures count the whole model's KV (the entries' bytes times `layers / held`).
+    pub fn with_share(budget: usize, held: usize, layers: usize) -> Self {
         PrefixCache {
             budget,
+            share: (held.max(1), layers.max(1)),
             next_id: 0,
             tick: 0,
             entries: HashMap::new(),
@@ -124,7 +135,8 @@ impl PrefixCache {
                 return;
             }
         };
-        let bytes: usize = kv.iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum();
+        // Exact: every layer's entry has the same shape, so `held` divides the sum.
+        let bytes: usize = kv.iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum::<usize>() / self.share.0 * self.share.1;
         if bytes > self.budget {
             return;
         }
@@ -221,6 +233,26 @@ mod tests {
         assert!(c.lookup(&p).is_none());
         let s = c.stats();
         assert_eq!((s.hits, s.misses, s.tokens_saved, s.entries), (3, 2, 99, 1));
+    }
+
+    #[test]
+    fn ranks_holding_different_layers_keep_and_evict_the_same_entries() {
+        // A 3-layer model split 1 + 2: each rank counts an entry at the whole model's size,
+        // so both keep and evict alike under the same budget (rank 0's). Three entries of
+        // 32, 40 and 48 tokens; the budget holds the last two (88 tokens' worth) only.
+        let layers = |n: usize, held: usize| (0..held).flat_map(|_| kv(n)).collect::<Vec<_>>();
+        let per_token = 3 * kv(1).iter().map(|(k, v)| k.nbytes() + v.nbytes()).sum::<usize>();
+        let mut ranks = [PrefixCache::with_share(90 * per_token, 1, 3), PrefixCache::with_share(90 * per_token, 2, 3)];
+        for (held, c) in [1, 2].into_iter().zip(&mut ranks) {
+            for (start, n) in [(0u32, 32usize), (1000, 40), (2000, 48)] {
+                c.insert(toks(start..start + n as u32), layers(n, held));
+            }
+        }
+        for c in &mut ranks {
+            assert_eq!((c.stats().entries, c.stats().bytes, c.stats().evictions), (2, 88 * per_token, 1));
+            assert!(c.lookup(&toks(0..33)).is_none());
+            assert_eq!(c.lookup(&toks(2000..2049)).map(|h| (h.tokens, h.kv.len())), Some((48, if c.share.0 == 1 { 1 } else { 2 })));
+        }
     }
 
     #[test]

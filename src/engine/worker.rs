@@ -19,12 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::batch_kv::BatchKv;
 use super::draft::Drafter;
-use super::kv_cache::KvCache;
+use super::executor::Executor;
 use super::logprobs;
-use super::model::Model;
-use super::prefix_cache::PrefixCache;
 use super::quiet::QuietRelease;
 use super::request::{Completion, EngineError, ErrorKind, Event, FinishReason, GenerationRequest, Timings};
 use super::sampling::Sampler;
@@ -52,7 +49,6 @@ pub struct Limits {
     /// Prompt + max_tokens of all running requests stay within this (one request alone is
     /// always admitted).
     pub kv_budget_tokens: usize,
-    pub prefix_cache_bytes: usize,
     pub gate: Option<AdmissionGate>,
     /// What MLX's memory limit leaves beside the weights (0: unknown, no check): a request
     /// whose KV and prefill scratch alone exceed it is refused instead of failing mid-way.
@@ -75,12 +71,10 @@ impl Limits {
 }
 
 struct Sequence {
-    /// Names the sequence's row in the decoding batch.
+    /// Names the sequence to the executor, which holds its keys and values.
     id: u64,
     req: GenerationRequest,
-    /// Empty while the sequence decodes: its KV is then a row of the [`BatchKv`].
-    cache: KvCache,
-    /// The tokens whose keys and values the cache holds, in order.
+    /// The tokens whose keys and values the executor holds, in order.
     tokens: Vec<u32>,
     /// Prompt tokens taken from the prefix cache at admission.
     cached: usize,
@@ -124,28 +118,23 @@ enum Outcome {
     Cancelled,
 }
 
-pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, shared: Arc<Shared>, limits: Limits) {
+/// Runs until shut down or its queue closes (None), or until the executor cannot go on (a
+/// cluster lost a rank): then every request fails and the reason is returned.
+pub fn run(mut exec: Executor, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, shared: Arc<Shared>, limits: Limits) -> Option<String> {
     let mut pending: VecDeque<GenerationRequest> = VecDeque::new();
     let mut running: Vec<Sequence> = Vec::new();
-    let mut prefix = PrefixCache::new(limits.prefix_cache_bytes);
-    let mut batch = BatchKv::default();
     let mut next_id = 0u64;
     let mut quiet = QuietRelease::new(limits.cache_idle);
     shared.stats.set_limits(limits.max_batch, limits.kv_budget_tokens);
-    shared.stats.set_prefix(&prefix.stats());
+    shared.stats.set_prefix(&exec.prefix_stats());
     loop {
         if shared.stopping.load(Ordering::Relaxed) {
             for seq in running.drain(..) {
                 retire(&shared, || drop(seq.req.events.send(Event::Error(EngineError::shutting_down()))));
             }
-            for req in pending.drain(..).chain(jobs.try_iter().filter_map(|j| match j {
-                Job::Generate(req) => Some(req),
-                Job::Shutdown => None,
-            })) {
-                shared.waiting.fetch_sub(1, Ordering::Relaxed);
-                let _ = req.events.send(Event::Error(EngineError::shutting_down()));
-            }
-            return;
+            exec.shutdown();
+            turn_away(&shared, &mut pending, &jobs, EngineError::shutting_down());
+            return None;
         }
 
         // 1. New requests. Block only when idle (waking once, at the end of a quiet spell,
@@ -164,7 +153,10 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 // Shutdown sets the stopping flag first (handled at the top); a closed
                 // channel with nothing left to do ends the thread.
                 Ok(Job::Shutdown) | Err(_) if shared.stopping.load(Ordering::Relaxed) => continue,
-                Ok(Job::Shutdown) | Err(_) => return,
+                Ok(Job::Shutdown) | Err(_) => {
+                    exec.shutdown();
+                    return None;
+                }
             }
         }
         while let Ok(job) = jobs.try_recv() {
@@ -210,7 +202,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 continue;
             }
             next_id += 1;
-            match guarded(|| admit(&model, &codec, &mut prefix, req, need, next_id)) {
+            match guarded(|| admit(&mut exec, &codec, req, need, next_id)) {
                 Ok(seq) => running.push(seq),
                 Err(e) => fail(&shared, &events, e),
             }
@@ -223,7 +215,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                     pending.push_back(req);
                 }
             }
-            publish(&shared, &running, &batch, &prefix);
+            publish(&shared, &running, &exec);
             shared.stats.mark_progress();
             continue;
         }
@@ -234,14 +226,14 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
         let mut i = 0;
         while i < running.len() {
             if !running[i].prefilled() && running[i].req.events.is_closed() {
-                drop(running.remove(i));
+                exec.retire(running.remove(i).id, None);
                 retire(&shared, || ());
             } else {
                 i += 1;
             }
         }
         if running.is_empty() {
-            publish(&shared, &running, &batch, &prefix);
+            publish(&shared, &running, &exec);
             shared.stats.mark_progress();
             continue;
         }
@@ -260,9 +252,10 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             budget -= take;
         }
         if !chunks.is_empty() {
-            if let Err(e) = guarded(|| prefill(&model, &mut running, &chunks)) {
+            if let Err(e) = guarded(|| prefill(&mut exec, &mut running, &chunks)) {
                 for &(i, _) in chunks.iter().rev() {
                     let seq = running.remove(i);
+                    exec.retire(seq.id, None);
                     fail(&shared, &seq.req.events, e.clone());
                 }
             }
@@ -306,52 +299,26 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 _ => {}
             }
         }
-        // Sequences that stopped decoding take their KV back out of the batch (for the
-        // prefix cache); newcomers move theirs in.
-        let decoding_ids: Vec<u64> = next.iter().map(|&(i, _)| running[i].id).collect();
-        for id in batch.ids().to_vec() {
-            if !decoding_ids.contains(&id) {
-                let left = guarded(|| batch.leave(id));
-                if let (Ok(cache), Some(seq)) = (left, running.iter_mut().find(|s| s.id == id)) {
-                    seq.cache = cache;
-                }
-            }
-        }
+        // One batched step for the rows; sequences that stopped decoding leave the batch
+        // (their KV kept apart, for the prefix cache or a pass of their own).
         if !next.is_empty() {
+            let rows: Vec<(u64, u32)> = next.iter().map(|&(i, t)| (running[i].id, t)).collect();
             let result = guarded(|| {
-                for &(i, _) in &next {
-                    let seq = &mut running[i];
-                    if !batch.contains(seq.id) {
-                        batch.join(seq.id, std::mem::replace(&mut seq.cache, KvCache::new(0)))?;
-                    }
-                }
-                // Tokens in the batch's row order.
-                let tokens = batch
-                    .ids()
-                    .iter()
-                    .map(|id| next.iter().find(|&&(i, _)| running[i].id == *id).map(|&(_, t)| t))
-                    .collect::<Option<Vec<u32>>>()
-                    .ok_or_else(|| anyhow::anyhow!("the batch holds a sequence that is not decoding"))?;
-                let logits = model.decode(&tokens, &mut batch)?;
-                shared.stats.record_decode_step(tokens.len());
-                Ok((tokens, logits.as_slice::<f32>().to_vec()))
+                let logits = exec.decode(&rows)?;
+                shared.stats.record_decode_step(rows.len());
+                Ok(logits)
             });
             match result {
-                Ok((tokens, all)) => {
-                    let vocab = all.len() / tokens.len();
-                    for (id, (row, token)) in batch.ids().iter().zip(all.chunks(vocab).zip(&tokens)) {
-                        if let Some(seq) = running.iter_mut().find(|s| s.id == *id) {
-                            seq.logits = row.to_vec();
-                            seq.tokens.push(*token);
-                        }
+                Ok(all) => {
+                    let vocab = all.len() / rows.len();
+                    for (&(i, token), row) in next.iter().zip(all.chunks(vocab)) {
+                        running[i].logits = row.to_vec();
+                        running[i].tokens.push(token);
                     }
                 }
-                Err(e) => {
-                    // After a failed step the batch's contents are unknown: drop it (those
-                    // sequences end with the error and leave nothing to the prefix cache).
-                    batch = BatchKv::default();
-                    done.extend(next.iter().map(|&(i, _)| (i, Err(e.clone()))));
-                }
+                // The executor dropped the batch: those sequences end with the error and
+                // leave nothing to the prefix cache.
+                Err(e) => done.extend(next.iter().map(|&(i, _)| (i, Err(e.clone())))),
             }
         }
         // Sequences with drafts: a pass each.
@@ -359,7 +326,7 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
             if seq.draft.is_empty() {
                 continue;
             }
-            match guarded(|| speculate(&model, &codec, &shared.stats, seq)) {
+            match guarded(|| speculate(&mut exec, &codec, &shared.stats, seq)) {
                 Ok(None) => {}
                 Ok(Some(outcome)) => done.push((i, Ok(outcome))),
                 Err(e) => done.push((i, Err(e))),
@@ -374,29 +341,50 @@ pub fn run(model: Model, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>, share
                 // does, so a client's next turn, sent the moment it has this one, finds it.
                 Ok(Outcome::Finished(reason)) => {
                     shared.stats.record_service(seq.admitted_at.elapsed().as_secs_f64());
-                    keep_prefix(&mut prefix, &mut seq);
-                    publish(&shared, &running, &batch, &prefix);
+                    exec.retire(seq.id, Some(std::mem::take(&mut seq.tokens)));
+                    publish(&shared, &running, &exec);
                     retire(&shared, || finish(&mut seq, reason));
                 }
                 Ok(Outcome::Cancelled) => {
-                    keep_prefix(&mut prefix, &mut seq);
+                    exec.retire(seq.id, Some(std::mem::take(&mut seq.tokens)));
                     retire(&shared, || ());
                 }
                 Ok(Outcome::Continue(_)) => unreachable!("continuing sequences are not done"),
-                Err(e) => fail(&shared, &seq.req.events, e),
+                Err(e) => {
+                    exec.retire(seq.id, None);
+                    fail(&shared, &seq.req.events, e)
+                }
             }
         }
-        publish(&shared, &running, &batch, &prefix);
+        publish(&shared, &running, &exec);
         shared.stats.mark_progress();
+        if let Some(why) = exec.broken() {
+            let e = EngineError::from_message(why.to_string());
+            for seq in running.drain(..) {
+                fail(&shared, &seq.req.events, e.clone());
+            }
+            turn_away(&shared, &mut pending, &jobs, e);
+            return Some(why.to_string());
+        }
     }
 }
 
-fn publish(shared: &Shared, running: &[Sequence], batch: &BatchKv, prefix: &PrefixCache) {
-    let tokens = running.iter().map(|s| s.cache.offset() as usize).sum::<usize>() + batch.tokens();
-    let bytes = running.iter().map(|s| s.cache.nbytes()).sum::<usize>() + batch.nbytes();
+/// Ends every request not yet admitted with `e`.
+fn turn_away(shared: &Shared, pending: &mut VecDeque<GenerationRequest>, jobs: &mpsc::Receiver<Job>, e: EngineError) {
+    for req in pending.drain(..).chain(jobs.try_iter().filter_map(|j| match j {
+        Job::Generate(req) => Some(req),
+        Job::Shutdown => None,
+    })) {
+        shared.waiting.fetch_sub(1, Ordering::Relaxed);
+        let _ = req.events.send(Event::Error(e.clone()));
+    }
+}
+
+fn publish(shared: &Shared, running: &[Sequence], exec: &Executor) {
+    let (tokens, bytes) = exec.kv_held();
     let reserved = running.iter().map(|s| s.reserved).sum();
     shared.stats.set_kv(tokens, bytes, reserved);
-    shared.stats.set_prefix(&prefix.stats());
+    shared.stats.set_prefix(&exec.prefix_stats());
 }
 
 /// Counts a sequence out *before* its last event goes out, so a client that has its
@@ -434,14 +422,7 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// A new sequence, starting from the longest cached prefix of its prompt.
-fn admit(
-    model: &Model,
-    codec: &TextCodec,
-    prefix: &mut PrefixCache,
-    mut req: GenerationRequest,
-    reserved: usize,
-    id: u64,
-) -> Result<Sequence> {
+fn admit(exec: &mut Executor, codec: &TextCodec, mut req: GenerationRequest, reserved: usize, id: u64) -> Result<Sequence> {
     #[cfg(feature = "test-hooks")]
     let fault = super::faults::for_prompt(&codec.decode(&req.prompt_ids)?);
     #[cfg(feature = "test-hooks")]
@@ -452,14 +433,12 @@ fn admit(
     #[cfg(not(feature = "test-hooks"))]
     let _ = codec;
     let admitted_at = Instant::now();
-    let (cache, tokens) = match prefix.lookup(&req.prompt_ids) {
-        Some(hit) => (KvCache::from_prefix(hit.kv, hit.tokens as i32)?, req.prompt_ids[..hit.tokens].to_vec()),
-        None => (model.new_cache(), Vec::with_capacity(req.prompt_ids.len() + req.max_tokens)),
-    };
+    let cached = exec.admit(id, &req.prompt_ids)?;
+    let mut tokens = Vec::with_capacity(req.prompt_ids.len() + req.max_tokens);
+    tokens.extend_from_slice(&req.prompt_ids[..cached]);
     Ok(Sequence {
         id,
-        cache,
-        cached: tokens.len(),
+        cached,
         tokens,
         sampler: Sampler::new(req.sampling.clone()),
         text: TextStream::new(req.stop.clone(), req.special_tokens_as_text),
@@ -485,7 +464,7 @@ fn admit(
 
 /// Runs the next `take` prompt tokens of each `(index, take)` sequence in one pass; a
 /// sequence whose prompt is through gets its first logits.
-fn prefill(model: &Model, running: &mut [Sequence], chunks: &[(usize, usize)]) -> Result<()> {
+fn prefill(exec: &mut Executor, running: &mut [Sequence], chunks: &[(usize, usize)]) -> Result<()> {
     let tokens: Vec<Vec<u32>> = chunks
         .iter()
         .map(|&(i, take)| {
@@ -493,10 +472,8 @@ fn prefill(model: &Model, running: &mut [Sequence], chunks: &[(usize, usize)]) -
             running[i].req.prompt_ids[done..done + take].to_vec()
         })
         .collect();
-    let mut caches: Vec<&mut KvCache> =
-        running.iter_mut().enumerate().filter(|(i, _)| chunks.iter().any(|(j, _)| j == i)).map(|(_, s)| &mut s.cache).collect();
-    let slices: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
-    let logits = model.prefill(&slices, &mut caches)?;
+    let parts: Vec<(u64, &[u32])> = chunks.iter().zip(&tokens).map(|(&(i, _), t)| (running[i].id, t.as_slice())).collect();
+    let logits = exec.prefill(&parts)?;
     let vocab = logits.shape()[1] as usize;
     let all = logits.as_slice::<f32>();
     for (row, (&(i, _), part)) in chunks.iter().zip(&tokens).enumerate() {
@@ -530,14 +507,14 @@ fn propose(seq: &mut Sequence, token: u32, decoding: usize) -> Vec<u32> {
 /// speculative sampling's rule for a draft that is certain: the answer's distribution is
 /// the sampler's, and a seeded answer is the same with drafts or without.
 /// Some(outcome) when the sequence ended.
-fn speculate(model: &Model, codec: &TextCodec, stats: &EngineStats, seq: &mut Sequence) -> Result<Option<Outcome>> {
+fn speculate(exec: &mut Executor, codec: &TextCodec, stats: &EngineStats, seq: &mut Sequence) -> Result<Option<Outcome>> {
     let token = seq.pending.take().expect("a speculating sequence has its next token");
     let draft = std::mem::take(&mut seq.draft);
     seq.tokens.push(token);
     let mut feed = Vec::with_capacity(draft.len() + 1);
     feed.push(token);
     feed.extend_from_slice(&draft);
-    let logits = model.verify(&feed, &mut seq.cache)?;
+    let logits = exec.verify(seq.id, &feed)?;
     let all = logits.as_slice::<f32>();
     let vocab = all.len() / feed.len();
     let mut accepted = 0;
@@ -562,7 +539,7 @@ fn speculate(model: &Model, codec: &TextCodec, stats: &EngineStats, seq: &mut Se
             }
         }
     };
-    seq.cache.truncate(seq.tokens.len() as i32);
+    exec.truncate(seq.id, seq.tokens.len() as i32)?;
     if let Some(d) = &mut seq.drafter {
         d.accepted(draft.len(), accepted);
     }
@@ -643,12 +620,4 @@ fn finish(seq: &mut Sequence, finish_reason: FinishReason) {
         stop_sequence: seq.text.matched_stop().map(str::to_string),
         timings: seq.timings.clone(),
     }));
-}
-
-/// A finished sequence's KV (prompt and answer) for later prompts that start the same way.
-fn keep_prefix(prefix: &mut PrefixCache, seq: &mut Sequence) {
-    if seq.cache.offset() as usize == seq.tokens.len() {
-        let cache = std::mem::replace(&mut seq.cache, KvCache::new(0));
-        prefix.insert(std::mem::take(&mut seq.tokens), cache.into_layers());
-    }
 }

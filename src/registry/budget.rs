@@ -553,8 +553,11 @@ mod tests {
             residents: &[],
             pressure_critical: false,
             cap,
+            ranks: 1,
         };
         let cache = |available, cap| plan(&b, &moe, &ask(available, cap)).ok().unwrap().expert_cache;
+        // A cluster's rank 0 plans about its share, experts resident (they never stream there).
+        assert_eq!(plan(&b, &moe, &Ask { ranks: 2, ..ask(10 * GB, Some(300 * MB)) }).unwrap().expert_cache, None);
         assert_eq!(cache(10 * GB, None), None, "fits: resident");
         assert_eq!(cache(10 * GB, Some(300 * MB)), Some(300 * MB), "forced");
         assert_eq!(cache(10 * GB, Some(5 * GB)), Some(1000 * MB), "at most every expert");

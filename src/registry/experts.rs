@@ -22,13 +22,21 @@ pub struct Ask<'a> {
     pub pressure_critical: bool,
     /// `expert_cache_bytes` from the config.
     pub cap: Option<u64>,
+    /// Processes the model is split over (a cluster's ranks; 1 alone).
+    pub ranks: usize,
 }
 
 /// Plans `entry`'s load resident, or streamed when `cap` says so or resident does not fit.
 /// A refusal's message says when even streaming did not fit.
 pub fn plan(budget: &Budget, entry: &ModelEntry, ask: &Ask) -> Result<ExpertPlan, (Refusal, Option<String>)> {
-    let need = budget.need(entry, ask.format, ask.on_gpu);
+    let mut need = budget.need(entry, ask.format, ask.on_gpu);
     let run = |need: &Need| budget.plan(need, ask.available, ask.residents, ask.pressure_critical);
+    if ask.ranks > 1 {
+        // This process's part of a cluster (about its share: the ranks' handshake splits the
+        // layers by every rank's budget and checks each fits); experts never stream there.
+        need.weights /= ask.ranks as u64;
+        return run(&need).map(|plan| ExpertPlan { plan, expert_cache: None }).map_err(|r| (r, None));
+    }
     let Some(experts) = &entry.experts else {
         return run(&need).map(|plan| ExpertPlan { plan, expert_cache: None }).map_err(|r| (r, None));
     };

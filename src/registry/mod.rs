@@ -27,7 +27,7 @@ use slot::{Phase, Slot};
 
 use crate::config::Config;
 use crate::engine::stats::MaskSeconds;
-use crate::engine::{AdmissionGate, DeviceKind, DeviceLock, Engine, EngineOptions, LoadState, StatsView};
+use crate::engine::{AdmissionGate, ClusterMember, DeviceKind, DeviceLock, Engine, EngineOptions, LoadState, StatsView};
 use crate::library::{Library, ModelEntry};
 use crate::metrics::Metrics;
 use crate::state_store::StateStore;
@@ -338,6 +338,7 @@ impl Models {
     /// runs; the reload itself then goes on even if the caller leaves.
     pub fn start_reload(self: &Arc<Self>, requested: &str) -> Result<tokio::task::JoinHandle<Result<(), ModelError>>, ModelError> {
         let id = self.resolve(Some(requested))?;
+        self.clustered(&id, "reloaded")?;
         let one = self.lifecycle.clone().try_lock_owned().map_err(|_| {
             ModelError::Busy(format!("Cannot reload {id} now: a model load, reload or unload is under way; retry when it ends"))
         })?;
@@ -350,6 +351,18 @@ impl Models {
             models.forget_failed(&id);
             models.load_locked(&id).await
         }))
+    }
+
+    /// Refuses to let the model a cluster serves go: the other ranks exit when it stops,
+    /// and only a restart of every rank brings them back.
+    fn clustered(&self, id: &str, what: &str) -> Result<(), ModelError> {
+        match &self.config.cluster {
+            Some(spec) if id == self.default.id => Err(ModelError::Busy(format!(
+                "{id} is served by a cluster of {} ranks and cannot be {what}: restart the cluster (every rank) to change it",
+                spec.size()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Drops `id`'s slot when it is failed, so that a load starts afresh.
@@ -431,6 +444,10 @@ impl Models {
             residents: &residents,
             pressure_critical: self.telemetry.pressure_critical(),
             cap: self.config.expert_cache_bytes,
+            ranks: match &self.config.cluster {
+                Some(spec) if id == self.default.id => spec.size(),
+                _ => 1,
+            },
         };
         let (plan, expert_cache) = match experts::plan(&self.budget, &entry, &ask) {
             Ok(p) => (p.plan, p.expert_cache),
@@ -473,6 +490,11 @@ impl Models {
             mask_seconds: self.mask_seconds.clone(),
             device_lock: self.device_lock.clone(),
             stop_timeout: Duration::from_secs_f64(self.config.engine_stop_seconds),
+            // The cluster serves the default model; others load on this process alone.
+            cluster: match &self.config.cluster {
+                Some(spec) if id == self.default.id => Some(ClusterMember { spec: spec.clone(), budget: self.budget.ceiling }),
+                _ => None,
+            },
         };
         let engine = match Engine::start(options) {
             Ok(e) => Arc::new(e),
@@ -551,6 +573,7 @@ impl Models {
     /// `shutdown_grace_seconds`), then the engine stops and MLX's cache is cleared.
     pub async fn unload(self: &Arc<Self>, requested: &str) -> Result<(), ModelError> {
         let id = self.resolve(Some(requested))?;
+        self.clustered(&id, "unloaded")?;
         let models = self.clone();
         self.detached(async move { models.unload_as(&id, UnloadReason::Request).await }).await
     }
@@ -641,6 +664,9 @@ impl Models {
     /// Pins `id` (kept loaded through idle time and LRU) or unpins it; saved.
     pub fn set_pinned(&self, requested: &str, pinned: bool) -> Result<(), ModelError> {
         let id = self.resolve(Some(requested))?;
+        if !pinned {
+            self.clustered(&id, "unpinned")?;
+        }
         {
             let mut set = lock(&self.pinned);
             if pinned {
@@ -915,6 +941,7 @@ fn restore(state: &StateStore, config: &Config, parts: &Parts) -> (BTreeSet<Stri
     let exists = |id: &str| id == parts.default.id || parts.library.get(id).is_some();
     let saved = state.get();
     let mut pinned: BTreeSet<String> = config.pinned.iter().cloned().collect();
+    let cluster_model = config.cluster.as_ref().map(|_| parts.default.id.clone());
     for (id, &pin) in &saved.pins {
         if !exists(id) {
             tracing::info!("dropping the saved pin of {id}: no such model any more");
@@ -936,6 +963,8 @@ fn restore(state: &StateStore, config: &Config, parts: &Parts) -> (BTreeSet<Stri
         p.pins.retain(|id, _| exists(id));
         p.keep_alive.retain(|id, _| exists(id));
     });
+    // A cluster's model stays loaded: see [`Models::clustered`].
+    pinned.extend(cluster_model);
     (pinned, keep_alive)
 }
 

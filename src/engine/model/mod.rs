@@ -197,15 +197,39 @@ impl Block {
     }
 }
 
+/// The part of a model one process holds: every layer and both ends on one process; a
+/// contiguous run of layers per rank when several serve it ([`crate::distributed`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct Slice {
+    /// The layers held (model-wide indices).
+    pub layers: std::ops::Range<usize>,
+    /// The embedding, final norm and head: the rank that samples holds both ends (a tied
+    /// head is then not held twice, and ranks pass hidden states, never logits).
+    pub ends: bool,
+}
+
+impl Slice {
+    pub fn whole(num_layers: usize) -> Slice {
+        Slice { layers: 0..num_layers, ends: true }
+    }
+}
+
+/// The embedding, final norm and head ([`Slice::ends`]).
+struct Ends {
+    embed: Embedding,
+    norm: Array,
+    /// None when tied to the embedding.
+    lm_head: Option<Weight>,
+}
+
 pub struct Model {
     pub config: ModelConfig,
     pub dtype: Dtype,
     pub format: WeightFormat,
-    embed: Embedding,
+    pub slice: Slice,
+    ends: Option<Ends>,
+    /// The layers of `slice`, in order.
     blocks: Vec<Block>,
-    norm: Array,
-    /// None when tied to the embedding.
-    lm_head: Option<Weight>,
     rope_periods: Option<Array>,
     /// Decode steps' norms, RoPE, cache writes and attention run mlxbar's CPU op
     /// (`cpu_backend::decode_attention`), and prefill's attention its other
@@ -225,8 +249,31 @@ impl Model {
 
     /// [`Model::assemble`], telling `progress` how many of the layers are materialized
     /// (from 0.1 to 0.95; the engine says 1 once it serves).
-    pub fn assemble_reporting(config: ModelConfig, mut t: TensorMap, format: WeightFormat, progress: &dyn Fn(f64)) -> Result<Model> {
+    pub fn assemble_reporting(config: ModelConfig, t: TensorMap, format: WeightFormat, progress: &dyn Fn(f64)) -> Result<Model> {
+        let whole = Slice::whole(config.num_layers);
+        Self::assemble_slice(config, t, format, whole, progress)
+    }
+
+    /// [`Model::assemble_reporting`] for the part `slice` names; the other layers' tensors
+    /// are dropped unread.
+    pub fn assemble_slice(
+        config: ModelConfig,
+        mut t: TensorMap,
+        format: WeightFormat,
+        slice: Slice,
+        progress: &dyn Fn(f64),
+    ) -> Result<Model> {
         config.validate()?;
+        anyhow::ensure!(
+            slice.layers.start < slice.layers.end && slice.layers.end <= config.num_layers,
+            "layers {:?} of a {}-layer model",
+            slice.layers,
+            config.num_layers
+        );
+        anyhow::ensure!(
+            slice == Slice::whole(config.num_layers) || t.streamed.is_none(),
+            "a model whose experts stream from disk is served by one process"
+        );
         let c = &config;
         // Arrays go to MLX's default device (the engine thread sets it before loading).
         let on_gpu = mlx_rs::Device::try_default().and_then(|d| d.get_type()).is_ok_and(|t| matches!(t, mlx_rs::DeviceType::Gpu));
@@ -271,11 +318,17 @@ impl Model {
             Ok(Linear { weight: w, bias })
         };
 
-        let embed = Embedding(weight(embed_w)?);
-        expect_shape("embed", &embed.0, c.vocab_size)?;
+        let embed = match slice.ends {
+            true => {
+                let e = Embedding(weight(embed_w)?);
+                expect_shape("embed", &e.0, c.vocab_size)?;
+                Some(e)
+            }
+            false => None,
+        };
         let (q_out, kv_out) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let mut blocks = Vec::with_capacity(c.num_layers);
-        for i in 0..c.num_layers {
+        let mut blocks = Vec::with_capacity(slice.layers.len());
+        for i in slice.layers.clone() {
             let p = |s: &str| format!("layers.{i}.{s}");
             let qkv = vec![linear(&mut t, &p("q"), q_out)?, linear(&mut t, &p("k"), kv_out)?, linear(&mut t, &p("v"), kv_out)?];
             let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
@@ -309,7 +362,7 @@ impl Model {
             });
         }
         let lm_head = match t.weights.remove("lm_head") {
-            Some(w) if !c.tie_word_embeddings => {
+            Some(w) if !c.tie_word_embeddings && slice.ends => {
                 let w = weight(w)?;
                 expect_shape("lm_head", &w, c.vocab_size)?;
                 Some(w)
@@ -325,7 +378,10 @@ impl Model {
             (None, None, Some(p)) => Some(Array::from_slice(p, &[p.len() as i32])),
             (None, None, None) => None,
         };
-        let norm = vector(t.take_vector("norm")?)?;
+        let ends = match embed {
+            Some(embed) => Some(Ends { embed, norm: vector(t.take_vector("norm")?)?, lm_head }),
+            None => None,
+        };
         // mlxbar's CPU attention ops see every position: not for local windows.
         let cpu_attention = !on_gpu
             && dtype == Dtype::Float32
@@ -333,7 +389,7 @@ impl Model {
             && !c.style.attention_sinks
             && super::cpu_backend::has_decode_attention();
         let cpu_rope = !on_gpu && dtype == Dtype::Float32 && super::cpu_backend::has_rope();
-        let model = Model { config, dtype, format, embed, blocks, norm, lm_head, rope_periods, cpu_attention, cpu_rope, experts: streamed };
+        let model = Model { config, dtype, format, slice, ends, blocks, rope_periods, cpu_attention, cpu_rope, experts: streamed };
         model.eval_weights(progress)?;
         Ok(model)
     }
@@ -341,10 +397,11 @@ impl Model {
     /// Materializes every weight now, so load time is paid at load and not by the first
     /// request; a layer at a time, so the load can show its progress.
     fn eval_weights(&self, progress: &dyn Fn(f64)) -> Result<()> {
-        let mut all: Vec<&Array> = self.embed.0.arrays();
-        all.push(&self.norm);
-        if let Some(h) = &self.lm_head {
-            all.extend(h.arrays());
+        let mut all: Vec<&Array> = vec![];
+        if let Some(e) = &self.ends {
+            all.extend(e.embed.0.arrays());
+            all.push(&e.norm);
+            all.extend(e.lm_head.iter().flat_map(|h| h.arrays()));
         }
         mlx_rs::transforms::eval(std::mem::take(&mut all)).context("materializing weights")?;
         let layers = self.blocks.len().max(1) as f64;
@@ -377,7 +434,8 @@ impl Model {
                 b.attn_norm.nbytes() + b.mlp_norm.nbytes() + qk_norms + b.qkv.nbytes() + b.o.weight.nbytes() + b.mlp.nbytes()
             })
             .sum();
-        blocks + self.embed.0.nbytes() + self.norm.nbytes() + self.lm_head.as_ref().map_or(0, |h| h.nbytes())
+        let ends = self.ends.as_ref().map_or(0, |e| e.embed.0.nbytes() + e.norm.nbytes() + e.lm_head.as_ref().map_or(0, |h| h.nbytes()));
+        blocks + ends
     }
 
     /// A streamed model's expert cache figures; None when every expert is resident.
@@ -385,8 +443,9 @@ impl Model {
         self.experts.as_ref().map(|s| s.stats.clone())
     }
 
+    /// A cache for the layers this model holds.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.config.num_layers)
+        KvCache::new(self.blocks.len())
     }
 
     /// Runs `tokens` through the model after what `cache` holds and returns the logits of
@@ -413,60 +472,98 @@ impl Model {
     }
 
     fn run_parts(&self, parts: &[&[u32]], caches: &mut [&mut KvCache], every_position: bool) -> Result<Array> {
-        let c = &self.config;
-        anyhow::ensure!(
-            !parts.is_empty() && parts.len() == caches.len() && parts.iter().all(|p| !p.is_empty()),
-            "one non-empty part per cache"
-        );
+        anyhow::ensure!(parts.len() == caches.len() && parts.iter().all(|p| !p.is_empty()), "one non-empty part per cache");
         let lens: Vec<i32> = parts.iter().map(|p| p.len() as i32).collect();
+        let h = self.embed_parts(parts)?;
+        let h = self.prefill_layers(h, &lens, caches)?;
+        self.head_of_parts(&h, &lens, every_position)
+    }
+
+    /// The embeddings of several sequences' new tokens, one after another: `[1, total, hidden]`.
+    pub fn embed_parts(&self, parts: &[&[u32]]) -> Result<Array> {
+        let ids: Vec<u32> = parts.concat();
+        anyhow::ensure!(!ids.is_empty(), "no tokens");
+        let h = self.embed(&Array::from_slice(&ids, &[ids.len() as i32]))?;
+        Ok(h.reshape(&[1, ids.len() as i32, self.config.hidden_size])?)
+    }
+
+    /// Runs this model's layers over `h` (`[1, total, hidden]`: parts of `lens` tokens, part
+    /// i after what `caches[i]` holds), writing their keys and values; the caches advance.
+    /// Token-wise work runs on all parts together, so the weights are read (and BLAS packs
+    /// them) once for all; attention runs per part over its own cache, causally.
+    pub fn prefill_layers(&self, mut h: Array, lens: &[i32], caches: &mut [&mut KvCache]) -> Result<Array> {
+        let c = &self.config;
+        anyhow::ensure!(!lens.is_empty() && lens.len() == caches.len() && lens.iter().all(|&l| l > 0), "one non-empty part per cache");
         let starts: Vec<i32> = lens.iter().scan(0, |acc, &l| Some(std::mem::replace(acc, *acc + l))).collect();
-        let total: i32 = lens.iter().sum();
-        let ids = Array::from_slice(&parts.concat(), &[total]);
-        let mut h = self.embed(&ids)?.reshape(&[1, total, c.hidden_size])?;
         let offsets: Vec<i32> = caches.iter().map(|k| k.offset()).collect();
         for (i, b) in self.blocks.iter().enumerate() {
             let qkv = b.qkv.forward_normed(&h, &b.attn_norm, c.rms_norm_eps)?;
-            let mut outs = Vec::with_capacity(parts.len());
+            let mut outs = Vec::with_capacity(lens.len());
             for (p, cache) in caches.iter_mut().enumerate() {
                 let (s, l) = (starts[p], lens[p]);
                 let mine: Vec<Array> =
-                    if parts.len() == 1 { qkv.clone() } else { qkv.iter().map(|a| a.index((.., s..s + l, ..))).collect() };
+                    if lens.len() == 1 { qkv.clone() } else { qkv.iter().map(|a| a.index((.., s..s + l, ..))).collect() };
                 outs.push(self.attention(&mine, cache, i, offsets[p], l)?);
             }
             let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 1)? };
             h = b.attention_out(&o, &h, c.rms_norm_eps)?;
             h = b.mlp(&h, c.rms_norm_eps)?;
         }
-        for (cache, &l) in caches.iter_mut().zip(&lens) {
+        for (cache, &l) in caches.iter_mut().zip(lens) {
             cache.advance(l);
         }
-        // Only each part's last position needs logits (unless a draft is verified).
-        let h = h.reshape(&[total, c.hidden_size])?;
-        let last = if every_position {
+        Ok(h)
+    }
+
+    /// The logits of each part's last position (`[parts, vocab]`), or of every position,
+    /// from the last layer's `h`; float32, evaluated.
+    pub fn head_of_parts(&self, h: &Array, lens: &[i32], every_position: bool) -> Result<Array> {
+        let total: i32 = lens.iter().sum();
+        let h = h.reshape(&[total, self.config.hidden_size])?;
+        let h = if every_position {
             h
         } else {
-            let last: Vec<i32> = starts.iter().zip(&lens).map(|(s, l)| s + l - 1).collect();
+            let last: Vec<i32> = lens
+                .iter()
+                .scan(0, |end, l| {
+                    *end += l;
+                    Some(*end - 1)
+                })
+                .collect();
             h.take_axis(Array::from_slice(&last, &[last.len() as i32]), 0)?
         };
-        let last = fast::rms_norm(&last, Some(&self.norm), c.rms_norm_eps)?;
-        let logits = match &self.lm_head {
-            Some(head) => head.apply(&last)?,
-            None => self.embed.0.apply(&last)?,
-        };
-        let logits = logits.as_dtype(Dtype::Float32)?;
+        let logits = self.head(&h)?;
         logits.eval()?;
         Ok(logits)
     }
 
+    /// Final norm and head over `h` `[rows, hidden]`: logits `[rows, vocab]` (float32, lazy).
+    pub fn head(&self, h: &Array) -> Result<Array> {
+        let ends = self.ends()?;
+        let h = fast::rms_norm(h, Some(&ends.norm), self.config.rms_norm_eps)?;
+        let logits = match &ends.lm_head {
+            Some(head) => head.apply(&h)?,
+            None => ends.embed.0.apply(&h)?,
+        };
+        Ok(logits.as_dtype(Dtype::Float32)?)
+    }
+
+    fn ends(&self) -> Result<&Ends> {
+        self.ends.as_ref().ok_or_else(|| anyhow!("this rank holds layers {:?}, not the embedding and head", self.slice.layers))
+    }
+
     /// One sequence's attention over `len` new positions (its slice of the q|k|v
     /// projections), written into and read from its cache; `[1, len, heads*head_dim]`.
+    /// `layer` counts this model's layers (its cache's); the model-wide index picks the
+    /// layer's rotation and window.
     fn attention(&self, qkv: &[Array], cache: &mut KvCache, layer: usize, offset: i32, len: i32) -> Result<Array> {
         let c = &self.config;
         let b = &self.blocks[layer];
-        let (q, k, v) = self.heads(b, qkv, [1, len], |a| self.rope(a, offset, layer))?;
+        let global = self.slice.layers.start + layer;
+        let (q, k, v) = self.heads(b, qkv, [1, len], |a| self.rope(a, offset, global))?;
         let (keys, values) = cache.update(layer, &k, &v)?;
         let scale = self.attn_scale();
-        let o = match self.window(layer).filter(|w| offset + len > *w) {
+        let o = match self.window(global).filter(|w| offset + len > *w) {
             // A local layer past its window: each query sees its last `w` positions only.
             Some(w) => {
                 let queries = ops::arange::<_, i32>(offset, offset + len, None)?.reshape(&[len, 1])?;
@@ -529,12 +626,18 @@ impl Model {
     /// [`Model::decode`]'s step as MLX's graph, not yet run (the batch already counts the
     /// step's token: evaluate it before the next step). `decode_profile` counts its ops.
     pub fn decode_graph(&self, tokens: &[u32], kv: &mut BatchKv) -> Result<Array> {
+        let h = self.embed_parts(&[tokens])?;
+        let h = self.decode_layers(h, kv)?;
+        self.head(&h.reshape(&[tokens.len() as i32, self.config.hidden_size])?)
+    }
+
+    /// Runs this model's layers over `h` `[1, B, hidden]`, row i the next token of the
+    /// batch's row i; the batch advances by the step. Lazy.
+    pub fn decode_layers(&self, mut h: Array, kv: &mut BatchKv) -> Result<Array> {
         let c = &self.config;
-        let n = tokens.len() as i32;
-        anyhow::ensure!(n > 0 && kv.ids().len() == tokens.len(), "one batch row per token");
+        let n = h.shape()[1];
+        anyhow::ensure!(n > 0 && kv.ids().len() == n as usize, "one batch row per token");
         let (positions, mask) = kv.prepare_step()?;
-        let ids = Array::from_slice(tokens, &[n]);
-        let mut h = self.embed(&ids)?.reshape(&[1, n, c.hidden_size])?;
         // Local layers' rows see their last `window` positions only.
         let local_mask = match &c.style.local {
             Some(local) => {
@@ -545,7 +648,7 @@ impl Model {
             None => None,
         };
         for (i, b) in self.blocks.iter().enumerate() {
-            let mask = match (&local_mask, self.window(i)) {
+            let mask = match (&local_mask, self.window(self.slice.layers.start + i)) {
                 (Some(m), Some(_)) => m,
                 _ => &mask,
             };
@@ -553,12 +656,7 @@ impl Model {
             h = b.mlp(&h, c.rms_norm_eps)?;
         }
         kv.advance();
-        let h = fast::rms_norm(&h.reshape(&[n, c.hidden_size])?, Some(&self.norm), c.rms_norm_eps)?;
-        let logits = match &self.lm_head {
-            Some(head) => head.apply(&h)?,
-            None => self.embed.0.apply(&h)?,
-        };
-        Ok(logits.as_dtype(Dtype::Float32)?)
+        Ok(h)
     }
 
     /// `h` plus the attention of `rms_norm(h)` over the batch cache.
@@ -567,8 +665,9 @@ impl Model {
         let n = positions.shape()[0];
         let qkv = b.qkv.forward_normed(h, &b.attn_norm, c.rms_norm_eps)?;
         let scale = self.attn_scale();
+        let global = self.slice.layers.start + layer;
         let o = if self.cpu_attention {
-            let r = self.layer_rope(layer);
+            let r = self.layer_rope(global);
             let (keys, values) = kv.buffers(layer);
             super::cpu_backend::decode_attention(&super::cpu_backend::DecodeAttention {
                 q: &qkv[0],
@@ -587,7 +686,7 @@ impl Model {
             })?
         } else {
             // The batch as n sequences of one token, each row rotated by its own position.
-            let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, positions, layer))?;
+            let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, positions, global))?;
             let (keys, values) = kv.update(layer, &k, &v, positions)?;
             let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, b.sinks.as_ref())?;
             o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?
@@ -634,7 +733,7 @@ impl Model {
     pub fn kv_bytes_per_token(&self) -> usize {
         let c = &self.config;
         let elem = if self.dtype == Dtype::Float32 { 4 } else { 2 };
-        2 * c.num_layers * c.num_kv_heads as usize * c.head_dim as usize * elem
+        2 * self.blocks.len() * c.num_kv_heads as usize * c.head_dim as usize * elem
     }
 
     fn rope(&self, x: &Array, offset: i32, layer: usize) -> Result<Array> {
@@ -708,7 +807,7 @@ impl Model {
 
     /// Token embeddings, scaled as the family scales them (in their own dtype).
     fn embed(&self, ids: &Array) -> Result<Array> {
-        let h = self.embed.lookup(ids)?;
+        let h = self.ends()?.embed.lookup(ids)?;
         Ok(match self.config.style.embed_scale {
             Some(s) => h.multiply(Array::from_f32(s).as_dtype(h.dtype())?)?,
             None => h,

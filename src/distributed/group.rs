@@ -1,0 +1,109 @@
+//! MLX's distributed group through mlx-c (`mlx/c/distributed.h`, in mlx-sys's bindings),
+//! wrapped so the handle is freed once and every array op returns an owned [`Array`].
+//! mlx-rs does not wrap this part of the C API yet.
+use anyhow::{bail, Result};
+use mlx_rs::{Array, Dtype, Stream};
+
+/// This process's place among the processes serving one model (MLX's ring backend:
+/// `MLX_HOSTFILE` and `MLX_RANK` in the environment say where each rank listens).
+pub struct Group(mlx_sys::mlx_distributed_group);
+
+impl Group {
+    /// Joins the ring: blocks until both neighbours are connected (MLX retries the connect
+    /// with a backoff, then fails; the accept side waits as long as it takes: the caller
+    /// bounds it).
+    pub fn join_ring() -> Result<Group> {
+        // SAFETY: `mlx_distributed_is_available` reads a NUL-terminated backend name.
+        if !unsafe { mlx_sys::mlx_distributed_is_available(c"ring".as_ptr()) } {
+            bail!("this MLX build has no ring backend");
+        }
+        // SAFETY: `group` is an out-parameter mlx-c fills with a new handle on success (freed
+        // by Drop); on failure it holds none and is freed here; the name is NUL-terminated.
+        unsafe {
+            let mut group = mlx_sys::mlx_distributed_group_new();
+            if mlx_sys::mlx_distributed_init(&mut group, true, c"ring".as_ptr()) != 0 || group.ctx.is_null() {
+                bail!("MLX's ring backend could not connect this rank to its neighbours (MLX_HOSTFILE's addresses unreachable, a port in use, or a rank that failed to start)");
+            }
+            Ok(Group(group))
+        }
+    }
+
+    /// [`Group::join_ring`] within `deadline`. MLX's accept has no timeout of its own, so
+    /// past it the joining thread is left behind (it ends if the neighbour ever connects)
+    /// and the caller gets an error saying which ranks to start.
+    pub fn join_ring_within(deadline: std::time::Duration, ranks: usize) -> Result<Group> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new().name("mlxbar-ring-join".into()).spawn(move || {
+            let _ = tx.send(Group::join_ring().map(Joining));
+        })?;
+        match rx.recv_timeout(deadline) {
+            Ok(joined) => joined.map(|j| j.0),
+            Err(_) => bail!(
+                "the other ranks did not join within {} s: start `mlxbar serve --hostfile FILE --rank N` for every rank N of the {ranks} in the host file (or `mlxbar cluster launch`), and check that each rank's IP and port are reachable from its neighbours",
+                deadline.as_secs()
+            ),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        // SAFETY: the handle is alive (owned by self).
+        unsafe { mlx_sys::mlx_distributed_group_rank(self.0) as usize }
+    }
+
+    pub fn size(&self) -> usize {
+        // SAFETY: as in `rank`.
+        unsafe { mlx_sys::mlx_distributed_group_size(self.0) as usize }
+    }
+
+    /// Sends `x` to rank `dst` (a ring neighbour) once the returned array is evaluated.
+    pub fn send(&self, x: &Array, dst: usize) -> Result<Array> {
+        // SAFETY: `x`, the group and the stream are alive for the call; mlx-c writes a new
+        // array into `res` on success, which the returned Array owns.
+        Self::new_array("send", |res, s| unsafe { mlx_sys::mlx_distributed_send(res, x.as_ptr(), dst as i32, self.0, s) })
+    }
+
+    /// An array of `shape` and `dtype` received from rank `src` (a ring neighbour) once
+    /// evaluated.
+    pub fn recv(&self, shape: &[i32], dtype: Dtype, src: usize) -> Result<Array> {
+        // SAFETY: `shape` outlives the call, which copies it; the rest as in `send`.
+        Self::new_array("recv", |res, s| unsafe {
+            mlx_sys::mlx_distributed_recv(res, shape.as_ptr(), shape.len(), dtype as mlx_sys::mlx_dtype, src as i32, self.0, s)
+        })
+    }
+
+    /// Every rank's `x` stacked along the first axis, in rank order (lazy).
+    pub fn all_gather(&self, x: &Array) -> Result<Array> {
+        // SAFETY: as in `send`.
+        Self::new_array("all_gather", |res, s| unsafe { mlx_sys::mlx_distributed_all_gather(res, x.as_ptr(), self.0, s) })
+    }
+
+    /// Runs an mlx-c op that writes a new array, on this thread's stream.
+    fn new_array(what: &str, op: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32) -> Result<Array> {
+        let stream = Stream::thread_local_or_default();
+        // SAFETY: `res` starts as an empty handle; on success it holds the op's new array,
+        // whose ownership passes to the Array; on failure it is freed here.
+        unsafe {
+            let mut res = mlx_sys::mlx_array_new();
+            if op(&mut res, stream.as_ptr()) != 0 {
+                mlx_sys::mlx_array_free(res);
+                bail!("MLX distributed {what} failed");
+            }
+            Ok(Array::from_ptr(res))
+        }
+    }
+}
+
+/// A group on its way from the thread that joined the ring.
+struct Joining(Group);
+// SAFETY: the handle is a pointer to MLX's reference-counted group, which any thread may
+// use or free; it is only moved, never shared, between threads.
+unsafe impl Send for Joining {}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from a successful init and is freed only here.
+        unsafe {
+            mlx_sys::mlx_distributed_group_free(self.0);
+        }
+    }
+}

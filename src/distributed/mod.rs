@@ -1,0 +1,169 @@
+//! One model served by several processes (several Macs, when it does not fit one) on MLX's
+//! own distributed layer, as `mlx.launch` with mlx-lm's server and exo do: the ring
+//! backend over TCP, ranks and addresses from MLX's host file ([`hostfile`]).
+//!
+//! Pipeline parallel: each rank holds a contiguous run of layers ([`plan`]: in proportion
+//! to each rank's memory budget); rank 0 also holds the embedding, final norm and head,
+//! serves HTTP and schedules. Its executor ([`crate::engine::executor`]) sends each model
+//! pass down the ring with the KV-state ops ahead of it ([`link`]); every other rank
+//! replays them on its layers ([`follow`]) and the last hands the hidden states back to
+//! rank 0. So batching, the prefix cache, constrained decoding and cancellation work as on
+//! one process: they all happen on rank 0, and the others only see ops.
+//!
+//! Starting: every rank loads its part after a handshake over the ring ([`join_and_load`]):
+//! each says what it can hold and which model it read, and all compute the same plan.
+pub mod follower;
+pub mod group;
+pub mod hostfile;
+pub mod launch;
+pub mod link;
+pub mod plan;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use mlx_rs::Array;
+
+use crate::engine::executor::Executor;
+use crate::engine::model::{config::ModelConfig, Model, Slice, TensorMap, WeightFormat};
+use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::{loader, ModelInfo, TextCodec};
+use group::Group;
+use hostfile::Hostfile;
+use link::Link;
+
+/// This process's part in a cluster (`mlxbar serve --hostfile F --rank N`).
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    pub hosts: Hostfile,
+    pub rank: usize,
+    /// The ring's first port ([`hostfile::RING_PORT`] by default).
+    pub ring_port: u16,
+    /// How long joining the ring may take (every rank started and reachable).
+    pub join_timeout: std::time::Duration,
+}
+
+impl ClusterSpec {
+    pub fn new(hostfile: &Path, rank: usize, ring_port: u16, join_timeout: std::time::Duration) -> Result<ClusterSpec> {
+        let hosts = Hostfile::read(hostfile)?;
+        if rank >= hosts.hosts.len() {
+            bail!("--rank {rank}: the host file names {} ranks (0..{})", hosts.hosts.len(), hosts.hosts.len() - 1);
+        }
+        hosts.ring(ring_port)?;
+        Ok(ClusterSpec { hosts, rank, ring_port, join_timeout })
+    }
+
+    pub fn size(&self) -> usize {
+        self.hosts.hosts.len()
+    }
+
+    /// Points MLX's ring backend at this rank: writes its host file (user-only, in `dir`)
+    /// and sets `MLX_HOSTFILE` and `MLX_RANK`. Call before the process starts threads
+    /// (the environment is process-wide).
+    pub fn export_env(&self, dir: &Path) -> Result<PathBuf> {
+        crate::private_fs::create_dir_all(dir)?;
+        let path = dir.join(format!("ring-{}-rank{}.json", self.ring_port, self.rank));
+        crate::private_fs::write_atomic(&path, self.hosts.ring(self.ring_port)?.as_bytes())?;
+        std::env::set_var("MLX_HOSTFILE", &path);
+        std::env::set_var("MLX_RANK", self.rank.to_string());
+        Ok(path)
+    }
+}
+
+/// What every rank says in the handshake: its budget, rank 0's prefix cache budget, and
+/// the model it read (from [`MODEL`] on).
+const HELLO: usize = 8;
+const MODEL: usize = 2;
+
+/// A rank's part, loaded, and its link to the others.
+pub struct Joined {
+    pub model: Model,
+    pub codec: TextCodec,
+    pub info: ModelInfo,
+    pub link: Link,
+    /// The prefix cache's budget for the whole model (rank 0's): every rank's prefix cache
+    /// decides as rank 0's does ([`crate::engine::prefix_cache::PrefixCache::with_share`]).
+    pub prefix_bytes: usize,
+}
+
+/// Joins the ring, then loads this rank's part of the model at `path`: every rank reads
+/// the file's config and tensor sizes, says what it can hold (`budget` bytes) and which
+/// model it read; all check they read the same and compute the same [`plan::split`].
+/// `prefix_bytes`: rank 0's prefix cache budget (the others' is ignored).
+pub fn join_and_load(
+    spec: &ClusterSpec,
+    path: &Path,
+    id: &str,
+    format: WeightFormat,
+    budget: u64,
+    prefix_bytes: usize,
+    progress: &dyn Fn(f64),
+) -> Result<Joined> {
+    let group = Group::join_ring_within(spec.join_timeout, spec.size())?;
+    let mut prefix = 0;
+    if (group.rank(), group.size()) != (spec.rank, spec.size()) {
+        bail!("MLX's ring says rank {} of {}, the host file rank {} of {}", group.rank(), group.size(), spec.rank, spec.size());
+    }
+    let mut handshake = |config: &ModelConfig, tensors: &TensorMap| -> Result<Slice> {
+        let (layers, ends) = layer_bytes(config, tensors);
+        let mine: [i32; HELLO] = [
+            (budget >> 20).min(i32::MAX as u64) as i32,
+            (prefix_bytes >> 10).min(i32::MAX as usize) as i32,
+            config.num_layers as i32,
+            config.hidden_size,
+            config.vocab_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.intermediate_size,
+        ];
+        let all = group.all_gather(&Array::from_slice(&mine, &[1, HELLO as i32]))?;
+        all.eval().context("the handshake with the other ranks")?;
+        let all = all.as_slice::<i32>();
+        for (rank, hello) in all.chunks(HELLO).enumerate() {
+            if hello[MODEL..] != all[MODEL..HELLO] {
+                bail!(
+                    "rank {rank} read another model (layers, hidden, vocab, heads, KV heads, MLP: {:?}; rank 0: {:?}): every rank needs the same model file",
+                    &hello[MODEL..],
+                    &all[MODEL..HELLO]
+                );
+            }
+        }
+        prefix = (all[1].max(0) as usize) << 10;
+        let budgets: Vec<u64> = all.chunks(HELLO).map(|h| (h[0].max(0) as u64) << 20).collect();
+        let plan = plan::split(&layers, ends, &budgets)?;
+        tracing::info!("cluster of {}: layers {:?} (rank 0 also the embedding and head); this is rank {}", plan.len(), plan, spec.rank);
+        Ok(Slice { layers: plan[spec.rank].clone(), ends: spec.rank == 0 })
+    };
+    let (model, codec, info) = loader::load_part(path, id, format, None, progress, &mut handshake)?;
+    let hosts = spec.hosts.hosts.iter().map(|h| h.ssh.clone()).collect();
+    Ok(Joined { model, codec, info, link: Link::new(group, hosts), prefix_bytes: prefix })
+}
+
+impl Joined {
+    /// The executor of this rank's part, with its codec and info. Rank 0's executor sends
+    /// each pass down the ring; another rank gets the link back to [`Executor::follow`] it.
+    pub fn into_executor(self) -> (Executor, TextCodec, ModelInfo, Option<Link>) {
+        let held = self.model.slice.layers.len();
+        let prefix = PrefixCache::with_share(self.prefix_bytes, held, self.model.config.num_layers);
+        let (mine, theirs) = match self.link.rank() {
+            0 => (Some(self.link), None),
+            _ => (None, Some(self.link)),
+        };
+        (Executor::new(self.model, prefix, mine), self.codec, self.info, theirs)
+    }
+}
+
+/// Each layer's weights and the rest's (embedding, norm, head), as stored.
+fn layer_bytes(config: &ModelConfig, t: &TensorMap) -> (Vec<u64>, u64) {
+    let mut layers = vec![0u64; config.num_layers];
+    let mut ends = 0u64;
+    let sizes = t.weights.iter().map(|(n, w)| (n, w.nbytes() as u64)).chain(t.vectors.iter().map(|(n, a)| (n, a.nbytes() as u64)));
+    for (name, bytes) in sizes {
+        match name.strip_prefix("layers.").and_then(|r| r.split('.').next()).and_then(|i| i.parse::<usize>().ok()) {
+            Some(i) if i < layers.len() => layers[i] += bytes,
+            _ => ends += bytes,
+        }
+    }
+    // A tied head is the embedding, held once.
+    (layers, ends)
+}

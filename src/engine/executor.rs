@@ -1,0 +1,341 @@
+//! The executor: the model and every sequence's keys and values (their caches, the
+//! decoding batch, the prefix cache), changed only through [`Op`]s. The worker schedules
+//! (admission, prefill chunks, sampling, cancellation) and names sequences by id; this
+//! runs what it decided.
+//!
+//! One process runs the ops itself. When several serve one model in a pipeline
+//! ([`crate::distributed`]), rank 0's executor also sends each op down the ring, the
+//! state-changing ones ahead of the next model pass, and every other rank's executor
+//! replays them on the layers it holds ([`Executor::follow`]): the same ops in the same
+//! order leave every rank's state the same, its prefix cache included (its budget is its
+//! share of the whole: [`PrefixCache::with_share`]).
+use std::collections::HashMap;
+
+use anyhow::{anyhow, ensure, Context, Result};
+use mlx_rs::Array;
+use serde::{Deserialize, Serialize};
+
+use super::batch_kv::BatchKv;
+use super::kv_cache::KvCache;
+use super::model::Model;
+use super::prefix_cache::{PrefixCache, PrefixStats};
+use crate::distributed::link::{Link, Message};
+
+/// One change to the KV state or pass through the model, named by sequence ids.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Op {
+    /// A new sequence; its cache starts from the longest cached prefix of `prompt`
+    /// (`cached` tokens: what rank 0 found, checked by the others).
+    Admit { id: u64, prompt: Vec<u32>, cached: usize },
+    /// The next tokens of several sequences in one pass: `(id, tokens)` in order.
+    Prefill { parts: Vec<(u64, i32)> },
+    /// One decode step for these sequences, one batch row each, in this order.
+    Decode { ids: Vec<u64> },
+    /// `len` tokens of one sequence, every position's logits (a draft's verification).
+    Verify { id: u64, len: i32 },
+    /// Forgets a sequence's positions from `tokens` on (rejected draft tokens).
+    Truncate { id: u64, tokens: i32 },
+    /// A sequence is done: its KV goes to the prefix cache as `keep` (when it holds
+    /// exactly those tokens), or away.
+    Retire { id: u64, keep: Option<Vec<u32>> },
+    /// After a failed step the batch's contents are unknown: dropped.
+    ResetBatch,
+    /// The engine stops: the other ranks exit.
+    Shutdown,
+}
+
+impl Op {
+    /// Rows of the hidden states this op's pass carries (0: no pass).
+    pub(crate) fn rows(&self) -> i32 {
+        match self {
+            Op::Prefill { parts } => parts.iter().map(|p| p.1).sum(),
+            Op::Decode { ids } => ids.len() as i32,
+            Op::Verify { len, .. } => *len,
+            _ => 0,
+        }
+    }
+}
+
+pub struct Executor {
+    pub model: Model,
+    /// Caches of sequences not in the batch (prefilling, speculating, or between steps).
+    caches: HashMap<u64, KvCache>,
+    batch: BatchKv,
+    prefix: PrefixCache,
+    /// Rank 0 of a pipeline: the ring to the ranks holding the other layers, and the ops
+    /// they have not been sent yet.
+    link: Option<(Link, Vec<Op>)>,
+    /// Set when the ring failed: why. The other ranks' state is lost with it, so every
+    /// later pass fails at once with this, and the engine ends ([`Executor::broken`]).
+    broken: Option<String>,
+}
+
+impl Executor {
+    pub fn new(model: Model, prefix: PrefixCache, link: Option<Link>) -> Executor {
+        Executor { model, caches: HashMap::new(), batch: BatchKv::default(), prefix, link: link.map(|l| (l, vec![])), broken: None }
+    }
+
+    /// Starts sequence `id`; returns the prompt tokens the prefix cache already holds.
+    pub fn admit(&mut self, id: u64, prompt: &[u32]) -> Result<usize> {
+        let cached = self.start(id, prompt, None)?;
+        self.record(Op::Admit { id, prompt: prompt.to_vec(), cached });
+        Ok(cached)
+    }
+
+    /// Runs each `(id, tokens)` after what its cache holds, in one pass; the logits of each
+    /// part's last position (`[parts, vocab]`, float32), evaluated.
+    pub fn prefill(&mut self, parts: &[(u64, &[u32])]) -> Result<Array> {
+        let lens: Vec<i32> = parts.iter().map(|p| p.1.len() as i32).collect();
+        let tokens: Vec<&[u32]> = parts.iter().map(|p| p.1).collect();
+        let h = self.model.embed_parts(&tokens)?;
+        let h = self.pass(Op::Prefill { parts: parts.iter().map(|p| p.0).zip(lens.iter().copied()).collect() }, h)?;
+        self.model.head_of_parts(&h, &lens, false)
+    }
+
+    /// One decode step: `(id, token)` rows; the logits of each row in that order,
+    /// `[rows * vocab]`. Sequences in the batch but not in `rows` leave it first.
+    pub fn decode(&mut self, rows: &[(u64, u32)]) -> Result<Vec<f32>> {
+        let ids: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        let step = self.arrange(&ids).and_then(|()| {
+            // The batch's row order (sequences that stayed, then those that joined).
+            let order: Vec<usize> = self.batch.ids().iter().map(|id| ids.iter().position(|i| i == id).unwrap()).collect();
+            let tokens: Vec<u32> = order.iter().map(|&i| rows[i].1).collect();
+            let h = self.model.embed_parts(&[&tokens])?;
+            let h = self.pass(Op::Decode { ids: self.batch.ids().to_vec() }, h)?;
+            let logits = self.model.head(&h.reshape(&[rows.len() as i32, self.model.config.hidden_size])?)?;
+            logits.eval()?;
+            Ok((order, logits))
+        });
+        let (order, logits) = match step {
+            Ok(s) => s,
+            Err(e) => {
+                self.reset_batch();
+                self.record(Op::ResetBatch);
+                return Err(e);
+            }
+        };
+        let all = logits.as_slice::<f32>();
+        let vocab = all.len() / rows.len();
+        let mut out = vec![0f32; all.len()];
+        for (row, &i) in order.iter().enumerate() {
+            out[i * vocab..(i + 1) * vocab].copy_from_slice(&all[row * vocab..(row + 1) * vocab]);
+        }
+        Ok(out)
+    }
+
+    /// Runs `tokens` after what sequence `id` holds; every position's logits
+    /// (`[tokens, vocab]`, float32), evaluated.
+    pub fn verify(&mut self, id: u64, tokens: &[u32]) -> Result<Array> {
+        let h = self.model.embed_parts(&[tokens])?;
+        let h = self.pass(Op::Verify { id, len: tokens.len() as i32 }, h)?;
+        self.model.head_of_parts(&h, &[tokens.len() as i32], true)
+    }
+
+    pub fn truncate(&mut self, id: u64, tokens: i32) -> Result<()> {
+        self.cache(id)?.truncate(tokens);
+        self.record(Op::Truncate { id, tokens });
+        Ok(())
+    }
+
+    /// Ends sequence `id`: its KV is kept for later prompts as `keep`'s tokens when given
+    /// (and it holds exactly them), else freed. Unknown ids are ignored (a sequence may
+    /// fail before the executor heard of it).
+    pub fn retire(&mut self, id: u64, keep: Option<Vec<u32>>) {
+        self.finish(id, keep.clone());
+        self.record(Op::Retire { id, keep });
+    }
+
+    /// Why the cluster can serve no more (a rank was lost), if it cannot.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// Tells the other ranks to exit (no-op on one process, or once the ring is broken).
+    pub fn shutdown(&mut self) {
+        if self.broken.is_some() {
+            return;
+        }
+        if let Some((link, pending)) = &mut self.link {
+            pending.push(Op::Shutdown);
+            if let Err(e) = link.send(&Message { ops: std::mem::take(pending), hidden: None }) {
+                tracing::warn!("telling the other ranks to stop: {e:#}");
+            }
+        }
+    }
+
+    /// Tokens and bytes of KV held by running sequences (this process's layers).
+    pub fn kv_held(&self) -> (usize, usize) {
+        let tokens = self.caches.values().map(|c| c.offset() as usize).sum::<usize>() + self.batch.tokens();
+        let bytes = self.caches.values().map(|c| c.nbytes()).sum::<usize>() + self.batch.nbytes();
+        (tokens, bytes)
+    }
+
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.prefix.stats()
+    }
+
+    /// A rank past 0: receives ops from the rank before it and runs them on its layers,
+    /// passing each pass's hidden states on, until rank 0 says stop (Ok) or the link fails.
+    pub fn follow(&mut self, link: &mut Link) -> Result<()> {
+        loop {
+            let msg = link.receive(self.model.config.hidden_size, self.model.dtype)?;
+            let mut stop = false;
+            let mut hidden = None;
+            for op in &msg.ops {
+                match op {
+                    Op::Shutdown => stop = true,
+                    op if op.rows() > 0 => {
+                        let h = msg.hidden.clone().context("a pass without hidden states")?;
+                        hidden = Some(self.layers(op, h)?);
+                    }
+                    op => self.apply(op)?,
+                }
+            }
+            link.forward(Message { ops: msg.ops, hidden })?;
+            if stop {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Runs `op`'s pass through this process's layers and, in a pipeline, the other ranks'
+    /// (with the ops they have not seen yet ahead of it): the last layer's hidden states.
+    fn pass(&mut self, op: Op, h: Array) -> Result<Array> {
+        let h = self.layers(&op, h)?;
+        let Some((link, pending)) = &mut self.link else { return Ok(h) };
+        if let Some(why) = &self.broken {
+            anyhow::bail!("{why}");
+        }
+        pending.push(op);
+        let msg = Message { ops: std::mem::take(pending), hidden: Some(h) };
+        let back = link.send(&msg).and_then(|()| link.receive_hidden(msg.hidden.as_ref().unwrap()));
+        if let Err(e) = &back {
+            let why = format!("the cluster lost a rank ({e:#}); restart every rank");
+            tracing::error!("{why}");
+            self.broken = Some(why);
+        }
+        back
+    }
+
+    /// `op`'s pass through this process's layers.
+    fn layers(&mut self, op: &Op, h: Array) -> Result<Array> {
+        match op {
+            Op::Prefill { parts } => {
+                let lens: Vec<i32> = parts.iter().map(|p| p.1).collect();
+                for &(id, _) in parts {
+                    self.cache(id)?;
+                }
+                let mut caches: Vec<KvCache> = parts.iter().map(|(id, _)| self.caches.remove(id).unwrap()).collect();
+                let out = {
+                    let mut refs: Vec<&mut KvCache> = caches.iter_mut().collect();
+                    self.model.prefill_layers(h, &lens, &mut refs)
+                };
+                for (&(id, _), cache) in parts.iter().zip(caches) {
+                    self.caches.insert(id, cache);
+                }
+                out
+            }
+            Op::Decode { ids } => {
+                // Rank 0 arranged its batch before the pass; the others do it here.
+                self.arrange(ids)?;
+                ensure!(self.batch.ids() == ids.as_slice(), "the batch's rows are not rank 0's");
+                let out = self.model.decode_layers(h, &mut self.batch)?;
+                out.eval()?;
+                Ok(out)
+            }
+            Op::Verify { id, len } => {
+                self.cache(*id)?;
+                let mut cache = self.caches.remove(id).unwrap();
+                let out = self.model.prefill_layers(h, &[*len], &mut [&mut cache]);
+                self.caches.insert(*id, cache);
+                let out = out?;
+                out.eval()?;
+                Ok(out)
+            }
+            other => Err(anyhow!("{other:?} is not a pass")),
+        }
+    }
+
+    /// A state-changing op from rank 0.
+    fn apply(&mut self, op: &Op) -> Result<()> {
+        match op {
+            Op::Admit { id, prompt, cached } => {
+                self.start(*id, prompt, Some(*cached))?;
+            }
+            Op::Truncate { id, tokens } => self.cache(*id)?.truncate(*tokens),
+            Op::Retire { id, keep } => self.finish(*id, keep.clone()),
+            Op::ResetBatch => self.reset_batch(),
+            other => return Err(anyhow!("{other:?} changes no state")),
+        }
+        Ok(())
+    }
+
+    /// A new sequence's cache, from the prefix cache when it holds part of the prompt; a
+    /// follower checks it found what rank 0 did (`expect`).
+    fn start(&mut self, id: u64, prompt: &[u32], expect: Option<usize>) -> Result<usize> {
+        let (cache, cached) = match self.prefix.lookup(prompt) {
+            Some(hit) => (KvCache::from_prefix(hit.kv, hit.tokens as i32)?, hit.tokens),
+            None => (self.model.new_cache(), 0),
+        };
+        if let Some(want) = expect {
+            ensure!(want == cached, "sequence {id}: rank 0 found {want} cached prompt tokens, this rank {cached}");
+        }
+        self.caches.insert(id, cache);
+        Ok(cached)
+    }
+
+    fn finish(&mut self, id: u64, keep: Option<Vec<u32>>) {
+        let cache = match self.batch.contains(id) {
+            true => match self.batch.leave(id) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!("sequence {id} leaving the batch: {e:#}");
+                    None
+                }
+            },
+            false => self.caches.remove(&id),
+        };
+        if let (Some(cache), Some(tokens)) = (cache, keep) {
+            if cache.offset() as usize == tokens.len() {
+                self.prefix.insert(tokens, cache.into_layers());
+            }
+        }
+    }
+
+    /// Makes the batch hold exactly `ids`: the others leave (their caches kept apart),
+    /// newcomers join at the end in `ids`' order.
+    fn arrange(&mut self, ids: &[u64]) -> Result<()> {
+        for id in self.batch.ids().to_vec() {
+            if !ids.contains(&id) {
+                let cache = self.batch.leave(id)?;
+                self.caches.insert(id, cache);
+            }
+        }
+        for &id in ids {
+            if !self.batch.contains(id) {
+                let cache = self.caches.remove(&id).ok_or_else(|| anyhow!("no cache for sequence {id}"))?;
+                self.batch.join(id, cache)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reset_batch(&mut self) {
+        self.batch = BatchKv::default();
+    }
+
+    fn cache(&mut self, id: u64) -> Result<&mut KvCache> {
+        if self.batch.contains(id) {
+            let cache = self.batch.leave(id)?;
+            self.caches.insert(id, cache);
+        }
+        self.caches.get_mut(&id).ok_or_else(|| anyhow!("no cache for sequence {id}"))
+    }
+
+    /// Rank 0: queues a state-changing op for the other ranks (sent ahead of the next pass).
+    fn record(&mut self, op: Op) {
+        if let Some((_, pending)) = &mut self.link {
+            pending.push(op);
+        }
+    }
+}

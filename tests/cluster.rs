@@ -1,0 +1,285 @@
+//! Several `mlxbar` processes serving the default model together, pipeline parallel over
+//! MLX's ring backend (ranks on 127.0.0.1, as the wheel's ring runs them here), against one
+//! process serving it alone: the same greedy answers (the hidden states cross the ring
+//! exactly, so each rank computes what the one process computes for its layers), batching,
+//! structured output and cancellation through rank 0, and the faults (a rank killed mid-
+//! stream, a rank that never joins) ending within their deadlines.
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{until, ANSWER, QUESTION};
+use serde_json::{json, Value};
+
+/// Ring ports: a block per cluster of this test binary, below Linux's ephemeral range
+/// (32768 up) so no client socket holds one.
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+fn ring_port() -> u16 {
+    20000 + (std::process::id() % 250) as u16 * 40 + NEXT_PORT.fetch_add(4, Ordering::Relaxed)
+}
+
+fn hostfile(dir: &Path, ranks: usize) -> std::path::PathBuf {
+    let path = dir.join("hosts.json");
+    let hosts: Vec<Value> = (0..ranks).map(|_| json!({"ssh": "localhost", "ips": ["127.0.0.1"]})).collect();
+    std::fs::write(&path, serde_json::to_string(&hosts).unwrap()).unwrap();
+    path
+}
+
+/// A process whose stderr lines arrive on a channel; killed when dropped.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command, data_dir: &Path) -> Proc {
+        // An empty config file: the user's own never applies.
+        let config = data_dir.join("config.toml");
+        std::fs::write(&config, "").unwrap();
+        cmd.env("MLXBAR_DATA_DIR", data_dir).env("MLXBAR_CONFIG", &config).env_remove("MLXBAR_API_KEY");
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let (tx, lines) = mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                let _ = tx.send(line);
+            }
+        });
+        Proc { child, lines }
+    }
+
+    /// The first stderr line containing `what`, within `secs`.
+    fn line(&self, what: &str, secs: u64) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(what) => return l,
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!("no line with {what:?} within {secs} s"),
+                Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the process ended before a line with {what:?}"),
+            }
+        }
+    }
+
+    /// rank 0's URL, once it serves.
+    fn url(&self) -> String {
+        let l = self.line("listening on http://", 60);
+        let addr = l.split("http://").nth(1).unwrap().split_whitespace().next().unwrap();
+        let url = format!("http://{addr}");
+        self.line("ready: model", 120);
+        url
+    }
+
+    fn exits_within(&mut self, secs: u64) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "pid {} still running after {secs} s", self.child.id());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mlxbar() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mlxbar"))
+}
+
+/// `mlxbar serve --hostfile F --rank r` for every rank, highest first.
+fn ranks_by_hand(dir: &Path, ranks: usize) -> Vec<Proc> {
+    let hosts = hostfile(dir, ranks);
+    let port = ring_port().to_string();
+    let mut procs: Vec<Proc> = (0..ranks)
+        .rev()
+        .map(|r| {
+            let mut cmd = mlxbar();
+            cmd.args(["serve", "--port", "0", "--ring-port", &port, "--rank", &r.to_string(), "--hostfile"]).arg(&hosts);
+            cmd.arg("--model").arg(common::model_path());
+            Proc::spawn(cmd, dir)
+        })
+        .collect();
+    procs.reverse();
+    procs
+}
+
+fn chat_body(content: &str, max_tokens: u32) -> Value {
+    json!({"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": max_tokens})
+}
+
+async fn answer(base: &str, body: &Value) -> Value {
+    let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(body).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{base}");
+    resp.json().await.unwrap()
+}
+
+fn text(v: &Value) -> String {
+    v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+}
+
+/// Requests whose answers the cluster must give as one process does. Each is sent once
+/// to each server, and each system message differs from its first token: no two prompts
+/// share a 16-token block, so neither server finds a cached prefix (on AMX CPUs KV reused
+/// from another prompt's prefill may differ in its last bits from KV prefilled afresh).
+fn distinct(system: &str, user: &str) -> Value {
+    json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}], "temperature": 0, "max_tokens": 24})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_launched_ranks_serve_as_one_process_does() {
+    let single = common::server();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hostfile(dir.path(), 2);
+    let mut cmd = mlxbar();
+    cmd.args(["cluster", "launch", "--ring-port", &ring_port().to_string(), "--hostfile"]).arg(&hosts);
+    cmd.args(["--", "--port", "0", "--model"]).arg(common::model_path());
+    let mut launcher = Proc::spawn(cmd, dir.path());
+    let base = launcher.url();
+
+    assert_eq!(text(&answer(&base, &chat_body(QUESTION, 24)).await), ANSWER);
+    for body in [
+        distinct("Colors are your subject.", "Name three colors."),
+        distinct("Poetry is your craft.", "Write a haiku about the sea."),
+        distinct("Explain software plainly.", "What does a compiler do?"),
+    ] {
+        assert_eq!(text(&answer(&base, &body).await), text(&answer(single, &body).await), "{body}");
+    }
+
+    // Four streams batched together, each answered whole.
+    let body = chat_body(QUESTION, 24);
+    let answers = futures::future::join_all((0..4).map(|_| answer(&base, &body))).await;
+    for a in &answers {
+        assert_eq!(text(a), ANSWER);
+    }
+
+    // Structured output: the grammar's mask applies on rank 0, which holds the head.
+    let schema =
+        json!({"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"], "additionalProperties": false});
+    let mut body = distinct("Arithmetic only.", QUESTION);
+    body["max_tokens"] = json!(40);
+    body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "sum", "schema": schema, "strict": true}});
+    let got = text(&answer(&base, &body).await);
+    assert_eq!(got, text(&answer(single, &body).await));
+    assert!(serde_json::from_str::<Value>(&got).unwrap()["answer"].is_i64(), "{got}");
+
+    // A stream cancelled mid-answer: its KV goes on every rank, and the cluster goes on.
+    let mut stream_body = chat_body("Count from one to one hundred in words.", 300);
+    stream_body["stream"] = json!(true);
+    let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&stream_body).send().await.unwrap();
+    let mut stream = common::sse(resp);
+    common::read_tokens(&mut stream, 3).await;
+    drop(stream);
+    until("the cancelled stream to leave the engine", 30, async || {
+        let h: Value = reqwest::get(format!("{base}/health")).await.ok()?.json().await.ok()?;
+        (h["queue"]["running"] == 0).then_some(())
+    })
+    .await;
+    assert_eq!(text(&answer(&base, &chat_body(QUESTION, 24)).await), ANSWER);
+
+    // SIGTERM to the launcher stops every rank.
+    // SAFETY: kill(2) on a child this test spawned and has not reaped.
+    unsafe { libc::kill(launcher.child.id() as i32, libc::SIGTERM) };
+    assert!(launcher.exits_within(60).success());
+    let left = Command::new("pgrep").args(["-f", &format!("--hostfile {}", hosts.display())]).output().unwrap();
+    assert!(left.stdout.is_empty(), "ranks left running: {}", String::from_utf8_lossy(&left.stdout));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_ranks_by_hand_then_one_lost_mid_stream() {
+    let single = common::server();
+    let dir = tempfile::tempdir().unwrap();
+    let mut ranks = ranks_by_hand(dir.path(), 3);
+    let base = ranks[0].url();
+    for rank in &ranks[1..] {
+        rank.line("following rank 0", 30);
+    }
+    let h: Value = reqwest::get(format!("{base}/health")).await.unwrap().json().await.unwrap();
+    assert_eq!(h["cluster"]["ranks"], 3, "{h}");
+    assert_eq!(h["model"]["held"], json!({"layers": {"start": 0, "end": 10}, "ends": true}), "{h}");
+    assert_eq!(text(&answer(&base, &chat_body(QUESTION, 24)).await), ANSWER);
+    let body = distinct("Geography quizzes are your job.", "Which ocean is the largest?");
+    assert_eq!(text(&answer(&base, &body).await), text(&answer(single, &body).await));
+
+    let mut stream_body = chat_body("Count from one to one hundred in words.", 400);
+    stream_body["stream"] = json!(true);
+    let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&stream_body).send().await.unwrap();
+    let mut stream = common::sse(resp);
+    common::read_tokens(&mut stream, 2).await;
+    ranks[2].child.kill().unwrap();
+    // The stream ends with an error event within the deadline, not a hang.
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        use futures::StreamExt;
+        let mut last = String::new();
+        while let Some(ev) = stream.next().await {
+            last = ev.data;
+        }
+        last
+    })
+    .await
+    .expect("the stream ended");
+    assert!(ended.contains("error") || ended == "[DONE]", "{ended}");
+    let h: Value = until("/health to say the cluster lost a rank", 30, async || {
+        let resp = reqwest::get(format!("{base}/health")).await.ok()?;
+        (resp.status() == 503).then_some(())?;
+        let h: Value = resp.json().await.ok()?;
+        h["detail"].as_str()?.contains("the cluster lost a rank").then_some(h)
+    })
+    .await;
+    let detail = h["detail"].as_str().unwrap();
+    assert!(detail.contains("rank 1 (localhost)") || detail.contains("rank 2 (localhost)"), "{detail}");
+    // New requests fail at once, saying why.
+    let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&chat_body(QUESTION, 8)).send().await.unwrap();
+    assert!(resp.status().is_server_error(), "{}", resp.status());
+    // Rank 1 lost its neighbour and exits by itself.
+    assert!(!ranks[1].exits_within(30).success());
+}
+
+#[tokio::test]
+async fn a_rank_that_never_joins_fails_within_the_join_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hostfile(dir.path(), 2);
+    let mut cmd = mlxbar();
+    cmd.args(["serve", "--port", "0", "--join-timeout", "2", "--rank", "0", "--ring-port", &ring_port().to_string(), "--hostfile"]);
+    cmd.arg(&hosts).arg("--model").arg(common::model_path());
+    let rank0 = Proc::spawn(cmd, dir.path());
+    let l = rank0.line("listening on http://", 60);
+    let base = format!("http://{}", l.split("http://").nth(1).unwrap().split_whitespace().next().unwrap());
+    let h: Value = until("/health to say the ranks did not join", 60, async || {
+        let resp = reqwest::get(format!("{base}/health")).await.ok()?;
+        let h: Value = resp.json().await.ok()?;
+        (h["state"] == "failed").then_some(h)
+    })
+    .await;
+    let detail = h["detail"].as_str().unwrap();
+    assert!(detail.contains("did not join within 2 s") && detail.contains("--rank N"), "{detail}");
+
+    // Bad host files and ranks are refused before anything starts.
+    std::fs::write(dir.path().join("one.json"), r#"[{"ssh": "localhost", "ips": ["127.0.0.1"]}]"#).unwrap();
+    for (file, rank, want) in [("one.json", "0", "at least two"), ("hosts.json", "2", "names 2 ranks")] {
+        let out = mlxbar()
+            .args(["serve", "--port", "0", "--rank", rank, "--hostfile"])
+            .arg(dir.path().join(file))
+            .env("MLXBAR_DATA_DIR", dir.path())
+            .env("MLXBAR_CONFIG", dir.path().join("config.toml"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{file} rank {rank}: {err}");
+    }
+}
