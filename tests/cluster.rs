@@ -215,24 +215,60 @@ async fn three_ranks_by_hand_then_one_lost_mid_stream() {
     let body = distinct("Geography quizzes are your job.", "Which ocean is the largest?");
     assert_eq!(text(&answer(&base, &body).await), text(&answer(single, &body).await));
 
+    // Rank 0's /metrics: every rank's part. The shares add up to the whole model as one
+    // process holds it, byte for byte (each layer on one rank, the ends on rank 0), and
+    // each rank's MLX memory is its share plus a little KV and a step's arrays.
+    let whole =
+        reqwest::get(format!("{single}/health")).await.unwrap().json::<Value>().await.unwrap()["model"]["weight_bytes"].as_u64().unwrap();
+    let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    let sample = |name: &str, rank: usize| -> f64 {
+        let series = format!("mlxbar_{name}{{rank=\"{rank}\"}} ");
+        let line = metrics.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series} in /metrics"));
+        line[series.len()..].parse().unwrap()
+    };
+    assert!(metrics.contains("mlxbar_cluster_ranks 3\n") && metrics.contains("mlxbar_cluster_ranks_healthy 3\n"), "{metrics}");
+    let weights: Vec<f64> = (0..3).map(|r| sample("cluster_rank_weight_bytes", r)).collect();
+    assert_eq!(weights.iter().sum::<f64>() as u64, whole, "{weights:?}");
+    for (r, &weight) in weights.iter().enumerate() {
+        assert_eq!(sample("cluster_rank_layers", r), 10.0);
+        assert_eq!(sample("cluster_rank_passes_total", r), sample("cluster_rank_passes_total", 0), "every pass runs on every rank");
+        assert!(sample("cluster_rank_link_sent_bytes_total", r) > 0.0);
+        let active = sample("cluster_rank_mlx_active_bytes", r);
+        assert!(active >= weight && active <= weight * 1.1 + 16e6, "rank {r}: MLX holds {active} bytes for {weight} of weights");
+    }
+    assert!(weights[0] > weights[1], "rank 0 also holds the embedding and head: {weights:?}");
+    // The Grafana dashboard's cluster row queries series this scrape has.
+    let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/dashboards/grafana/mlxbar.json")).unwrap();
+    let queried: std::collections::BTreeSet<&str> = dashboard
+        .match_indices("mlxbar_cluster_")
+        .map(|(i, _)| dashboard[i..].split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).next().unwrap())
+        .collect();
+    assert!(queried.len() >= 6, "{queried:?}");
+    for name in queried {
+        assert!(metrics.contains(&format!("# TYPE {name} ")), "the dashboard queries {name}, which rank 0 does not export");
+    }
+
     let mut stream_body = chat_body("Count from one to one hundred in words.", 400);
     stream_body["stream"] = json!(true);
     let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&stream_body).send().await.unwrap();
     let mut stream = common::sse(resp);
     common::read_tokens(&mut stream, 2).await;
     ranks[2].child.kill().unwrap();
-    // The stream ends with an error event within the deadline, not a hang.
-    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+    // The stream ends with an error object (then `[DONE]`) within the deadline, not a hang.
+    let events = tokio::time::timeout(Duration::from_secs(30), async {
         use futures::StreamExt;
-        let mut last = String::new();
+        let mut events = vec![];
         while let Some(ev) = stream.next().await {
-            last = ev.data;
+            events.push(ev.data);
         }
-        last
+        events
     })
     .await
     .expect("the stream ended");
-    assert!(ended.contains("error") || ended == "[DONE]", "{ended}");
+    let error = events.iter().rev().nth(1).unwrap_or_else(|| panic!("{events:?}"));
+    let error: Value = serde_json::from_str(error).unwrap();
+    assert!(error["error"]["message"].as_str().unwrap().contains("the cluster lost a rank"), "{error}");
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     let h: Value = until("/health to say the cluster lost a rank", 30, async || {
         let resp = reqwest::get(format!("{base}/health")).await.ok()?;
         (resp.status() == 503).then_some(())?;
@@ -240,8 +276,13 @@ async fn three_ranks_by_hand_then_one_lost_mid_stream() {
         h["detail"].as_str()?.contains("the cluster lost a rank").then_some(h)
     })
     .await;
+    // Rank 0 names the link that broke: to rank 1 if rank 1 went first (it exits once it
+    // cannot reach rank 2), else from rank 2.
     let detail = h["detail"].as_str().unwrap();
-    assert!(detail.contains("rank 1 (localhost)") || detail.contains("rank 2 (localhost)"), "{detail}");
+    assert!(detail.contains("sending to rank 1 (localhost)") || detail.contains("from rank 2 (localhost)"), "{detail}");
+    let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    // ... and the engine counts as failed, which fires the engine_error alert.
+    assert!(metrics.contains("mlxbar_cluster_ranks_healthy 0\n") && metrics.contains("mlxbar_engine_failed 1\n"), "{metrics}");
     // New requests fail at once, saying why.
     let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&chat_body(QUESTION, 8)).send().await.unwrap();
     assert!(resp.status().is_server_error(), "{}", resp.status());

@@ -42,6 +42,7 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
         }
     }
     m.observe_engine(&models.stats());
+    m.cluster.observe(models.engine(models.default_id()).and_then(|e| e.loaded()).and_then(|l| l.cluster).as_deref());
     m.observe_batch_sizes(models.decode_steps_by_batch_size());
     m.observe_system(&state.telemetry.latest());
     m.power.observe(&state.telemetry.power.latest(), &state.telemetry.power.energy());

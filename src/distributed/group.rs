@@ -17,8 +17,9 @@ impl Group {
         if !unsafe { mlx_sys::mlx_distributed_is_available(c"ring".as_ptr()) } {
             bail!("this MLX build has no ring backend");
         }
-        // SAFETY: `group` is an out-parameter mlx-c fills with a new handle on success (freed
-        // by Drop); on failure it holds none and is freed here; the name is NUL-terminated.
+        // SAFETY: `group` starts as an empty handle (a null context, nothing to free) that
+        // mlx-c fills on success, owned by the Group and freed by Drop; on failure it stays
+        // empty and is dropped as is; the backend name is NUL-terminated.
         unsafe {
             let mut group = mlx_sys::mlx_distributed_group_new();
             if mlx_sys::mlx_distributed_init(&mut group, true, c"ring".as_ptr()) != 0 || group.ctx.is_null() {
@@ -99,6 +100,8 @@ struct Joining(Group);
 // use or free; it is only moved, never shared, between threads.
 unsafe impl Send for Joining {}
 
+/// Frees this handle. MLX keeps the group it made at the process's first init (and its
+/// sockets) for later inits, so the ring stays connected until the process ends.
 impl Drop for Group {
     fn drop(&mut self) {
         // SAFETY: the handle came from a successful init and is freed only here.

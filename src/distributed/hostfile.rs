@@ -44,6 +44,10 @@ impl Hostfile {
         if let Some((rank, h)) = hosts.iter().enumerate().find(|(_, h)| h.ips.is_empty()) {
             bail!("rank {rank} ({}) has no \"ips\": the ring backend connects to IP addresses, not host names", h.ssh);
         }
+        // MLX's ring connects each rank to its neighbours once per IP, as many each way.
+        if let Some((rank, h)) = hosts.iter().enumerate().find(|(_, h)| h.ips.len() != hosts[0].ips.len()) {
+            bail!("rank {rank} ({}) has {} IPs, rank 0 {}: the ring needs as many on every rank", h.ssh, h.ips.len(), hosts[0].ips.len());
+        }
         Ok(Hostfile { hosts })
     }
 
@@ -75,11 +79,11 @@ mod tests {
     fn mlx_host_files_parse_and_give_the_ring_its_addresses() {
         // As `mlx.distributed_config --backend ring` writes it for two Macs over a
         // Thunderbolt bridge, rdma included (jaccl's field).
-        let text = r#"[{"ssh": "mac-a.local", "ips": ["10.0.0.1"], "rdma": [null, "rdma_en2"]},
+        let text = r#"[{"ssh": "mac-a.local", "ips": ["10.0.0.1", "fd00::1"], "rdma": [null, "rdma_en2"]},
                        {"ssh": "mac-b.local", "ips": ["10.0.0.2", "fd00::2"]}]"#;
         let h = Hostfile::parse(text).unwrap();
         assert_eq!(h.hosts[1].ssh, "mac-b.local");
-        assert_eq!(h.ring(RING_PORT).unwrap(), r#"[["10.0.0.1:32323"],["10.0.0.2:32324","[fd00::2]:32325"]]"#);
+        assert_eq!(h.ring(RING_PORT).unwrap(), r#"[["10.0.0.1:32323","[fd00::1]:32324"],["10.0.0.2:32325","[fd00::2]:32326"]]"#);
     }
 
     #[test]
@@ -88,6 +92,11 @@ mod tests {
         assert!(e.contains("at least two"), "{e}");
         let e = format!("{:#}", Hostfile::parse(r#"[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b"}]"#).unwrap_err());
         assert!(e.contains("rank 1 (b) has no \"ips\""), "{e}");
+        let e = format!(
+            "{:#}",
+            Hostfile::parse(r#"[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2", "10.0.1.2"]}]"#).unwrap_err()
+        );
+        assert!(e.contains("rank 1 (b) has 2 IPs, rank 0 1"), "{e}");
         let e = format!("{:#}", Hostfile::parse(r#"[{"ssh": "a", "ips": ["not-an-ip"]}, {"ssh": "b"}]"#).unwrap_err());
         assert!(e.contains("MLX's host file format"), "{e}");
         let e = format!("{:#}", Hostfile::parse(r#"{"hosts": []}"#).unwrap_err());

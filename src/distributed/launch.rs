@@ -81,8 +81,10 @@ pub fn run(args: LaunchArgs) -> Result<()> {
             c.args(&serve);
             c
         } else {
+            // -tt: the remote rank gets a terminal, so it is hung up on (and stops) when this
+            // ssh ends, as stopping it here does.
             let mut c = Command::new("ssh");
-            c.args(["-o", "BatchMode=yes", &h.ssh, &shell_words(&remote, &serve)]);
+            c.args(["-tt", "-o", "BatchMode=yes", &h.ssh, &shell_words(&remote, &serve)]);
             c
         };
         let mut child = match cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {

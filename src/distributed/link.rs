@@ -4,16 +4,28 @@
 //! the ring), which holds the final norm and head. Hidden states, not logits, cross the
 //! links: `hidden_size` floats a row instead of `vocab_size`.
 //!
-//! A message is three arrays: the ops' length (int32), the ops as JSON bytes, then the
-//! hidden states, whose shape the ops imply (`[1, rows, hidden]`).
+//! A message is three arrays: the header's length (int32), the header as JSON bytes (the
+//! ops, and the reports of the ranks passed so far), then the hidden states, whose shape
+//! the ops imply (`[1, rows, hidden]`).
 use anyhow::{Context, Result};
 use mlx_rs::{Array, Dtype};
+use serde::{Deserialize, Serialize};
 
 use super::group::Group;
+use super::report::RankReport;
 use crate::engine::executor::Op;
+
+/// What crosses a link ahead of a pass's hidden states.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    ops: Vec<Op>,
+    /// The figures of the ranks the pass went through so far.
+    reports: Vec<RankReport>,
+}
 
 pub struct Message {
     pub ops: Vec<Op>,
+    pub reports: Vec<RankReport>,
     /// After the sender's layers; None for a message without a pass (stop).
     pub hidden: Option<Array>,
 }
@@ -51,61 +63,72 @@ impl Link {
         (self.rank() + self.size() - 1) % self.size()
     }
 
-    pub fn group(&self) -> &Group {
-        &self.group
+    /// Sends `msg` to the next rank; the bytes sent.
+    pub fn send(&mut self, msg: &Message) -> Result<usize> {
+        self.send_parts(&Header { ops: msg.ops.clone(), reports: msg.reports.clone() }, msg.hidden.as_ref())
     }
 
-    /// Sends `msg` to the next rank.
-    pub fn send(&mut self, msg: &Message) -> Result<()> {
-        let bytes = serde_json::to_vec(&msg.ops)?;
+    fn send_parts(&mut self, header: &Header, hidden: Option<&Array>) -> Result<usize> {
+        let bytes = serde_json::to_vec(header)?;
         let len = Array::from_slice(&[bytes.len() as i32], &[1]);
         let body = Array::from_slice(&bytes, &[bytes.len() as i32]);
         // One at a time: MLX may run independent sends of one eval in any order.
-        for part in [Some(&len), Some(&body), msg.hidden.as_ref()].into_iter().flatten() {
+        let mut sent = 0;
+        for part in [Some(&len), Some(&body), hidden].into_iter().flatten() {
             self.group.send(part, self.next())?.eval().with_context(|| format!("sending to {}", self.name(self.next())))?;
+            sent += part.nbytes();
         }
-        Ok(())
+        Ok(sent)
+    }
+
+    /// A header from the previous rank.
+    fn receive_header(&mut self) -> Result<Header> {
+        let from = || format!("receiving from {}", self.name(self.prev()));
+        let len = self.group.recv(&[1], Dtype::Int32, self.prev())?;
+        len.eval().with_context(from)?;
+        let n = len.as_slice::<i32>()[0];
+        anyhow::ensure!(n > 0, "a message of {n} bytes from {}", self.name(self.prev()));
+        let body = self.group.recv(&[n], Dtype::Uint8, self.prev())?;
+        body.eval().with_context(from)?;
+        serde_json::from_slice(body.as_slice::<u8>()).with_context(|| format!("a message from {}", self.name(self.prev())))
+    }
+
+    /// Hidden states of `shape` and `dtype` from the previous rank.
+    fn receive_hidden(&mut self, shape: &[i32], dtype: Dtype) -> Result<Array> {
+        let h = self.group.recv(shape, dtype, self.prev())?;
+        h.eval().with_context(|| format!("receiving hidden states from {}", self.name(self.prev())))?;
+        Ok(h)
     }
 
     /// The next message from the previous rank; its hidden states are `[1, rows, hidden]`
-    /// of `dtype`, received (evaluated) with it.
+    /// of `dtype` (rows from its ops), received with it.
     pub fn receive(&mut self, hidden: i32, dtype: Dtype) -> Result<Message> {
-        let len = self.group.recv(&[1], Dtype::Int32, self.prev())?;
-        len.eval().with_context(|| format!("receiving from {}", self.name(self.prev())))?;
-        let n = len.as_slice::<i32>()[0];
-        anyhow::ensure!(n > 0, "a message of {n} bytes");
-        let body = self.group.recv(&[n], Dtype::Uint8, self.prev())?;
-        body.eval().with_context(|| format!("receiving from {}", self.name(self.prev())))?;
-        let ops: Vec<Op> =
-            serde_json::from_slice(body.as_slice::<u8>()).with_context(|| format!("a message from {}", self.name(self.prev())))?;
-        let rows: i32 = ops.iter().map(Op::rows).sum();
+        let header = self.receive_header()?;
+        let rows: i32 = header.ops.iter().map(Op::rows).sum();
         let hidden = match rows {
             0 => None,
-            rows => {
-                let h = self.group.recv(&[1, rows, hidden], dtype, self.prev())?;
-                h.eval().with_context(|| format!("receiving hidden states from {}", self.name(self.prev())))?;
-                Some(h)
-            }
+            rows => Some(self.receive_hidden(&[1, rows, hidden], dtype)?),
         };
-        Ok(Message { ops, hidden })
+        Ok(Message { ops: header.ops, reports: header.reports, hidden })
     }
 
     /// Passes a message on after this rank's layers: to the next rank, or from the last
-    /// rank only the hidden states, back to rank 0.
-    pub fn forward(&mut self, msg: Message) -> Result<()> {
+    /// rank back to rank 0, only the reports and the hidden states (nothing after a stop:
+    /// rank 0 waits for none). The bytes sent.
+    pub fn forward(&mut self, msg: Message) -> Result<usize> {
         if self.next() != 0 {
             return self.send(&msg);
         }
-        if let Some(h) = &msg.hidden {
-            self.group.send(h, 0)?.eval().with_context(|| format!("sending hidden states to {}", self.name(0)))?;
+        match &msg.hidden {
+            Some(h) => self.send_parts(&Header { ops: vec![], reports: msg.reports }, Some(h)),
+            None => Ok(0),
         }
-        Ok(())
     }
 
-    /// Rank 0: the last rank's hidden states for the pass just sent (shaped like `like`).
-    pub fn receive_hidden(&mut self, like: &Array) -> Result<Array> {
-        let h = self.group.recv(like.shape(), like.dtype(), self.prev())?;
-        h.eval().with_context(|| format!("receiving hidden states from {}", self.name(self.prev())))?;
-        Ok(h)
+    /// Rank 0: the last rank's hidden states for the pass just sent (shaped like `like`),
+    /// and every other rank's report on it.
+    pub fn receive_back(&mut self, like: &Array) -> Result<(Array, Vec<RankReport>)> {
+        let header = self.receive_header()?;
+        Ok((self.receive_hidden(like.shape(), like.dtype())?, header.reports))
     }
 }

@@ -18,6 +18,7 @@ pub mod hostfile;
 pub mod launch;
 pub mod link;
 pub mod plan;
+pub mod report;
 
 use std::path::{Path, PathBuf};
 
@@ -72,7 +73,7 @@ impl ClusterSpec {
 
 /// What every rank says in the handshake: its budget, rank 0's prefix cache budget, and
 /// the model it read (from [`MODEL`] on).
-const HELLO: usize = 8;
+const HELLO: usize = 11;
 const MODEL: usize = 2;
 
 /// A rank's part, loaded, and its link to the others.
@@ -115,6 +116,11 @@ pub fn join_and_load(
             config.num_heads,
             config.num_kv_heads,
             config.intermediate_size,
+            // The same arithmetic everywhere, or the hidden states would not be what the
+            // next rank expects: weight format asked, device, and the file's quantization.
+            format as i32,
+            crate::engine::DeviceKind::for_this_platform() as i32,
+            tensors.quantization().map_or(0, |q| q.bits * 1000 + q.group_size),
         ];
         let all = group.all_gather(&Array::from_slice(&mine, &[1, HELLO as i32]))?;
         all.eval().context("the handshake with the other ranks")?;
@@ -122,7 +128,7 @@ pub fn join_and_load(
         for (rank, hello) in all.chunks(HELLO).enumerate() {
             if hello[MODEL..] != all[MODEL..HELLO] {
                 bail!(
-                    "rank {rank} read another model (layers, hidden, vocab, heads, KV heads, MLP: {:?}; rank 0: {:?}): every rank needs the same model file",
+                    "rank {rank} runs another model or arithmetic (layers, hidden, vocab, heads, KV heads, MLP, weight format, device, quantization: {:?}; rank 0: {:?}): every rank needs the same model file, --weight-format and kind of device",
                     &hello[MODEL..],
                     &all[MODEL..HELLO]
                 );

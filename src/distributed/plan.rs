@@ -61,7 +61,6 @@ mod tests {
         // 30 layers of 4 MB, ends 28 MB (SmolLM2-135M's shape, packed), ample budgets.
         let layers = vec![4 << 20; 30];
         assert_eq!(split(&layers, 28 << 20, &[8 << 30, 8 << 30]).unwrap(), vec![0..15, 15..30]);
-        // Tight budgets: rank 0's room after the ends is smaller, so it takes fewer layers.
         // Tight budgets (88 MB each): rank 0's room after the ends is 60 MB of 148, so it
         // takes 12 layers (48 MB + 28 MB of ends), rank 1 the other 18 (72 MB).
         assert_eq!(split(&layers, 28 << 20, &[88 << 20, 88 << 20]).unwrap(), vec![0..12, 12..30]);

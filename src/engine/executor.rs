@@ -10,6 +10,8 @@
 //! order leave every rank's state the same, its prefix cache included (its budget is its
 //! share of the whole: [`PrefixCache::with_share`]).
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{anyhow, ensure, Context, Result};
 use mlx_rs::Array;
@@ -20,6 +22,7 @@ use super::kv_cache::KvCache;
 use super::model::Model;
 use super::prefix_cache::{PrefixCache, PrefixStats};
 use crate::distributed::link::{Link, Message};
+use crate::distributed::report::{ClusterStats, Meter};
 
 /// One change to the KV state or pass through the model, named by sequence ids.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,8 +41,10 @@ pub enum Op {
     /// A sequence is done: its KV goes to the prefix cache as `keep` (when it holds
     /// exactly those tokens), or away.
     Retire { id: u64, keep: Option<Vec<u32>> },
-    /// After a failed step the batch's contents are unknown: dropped.
-    ResetBatch,
+    /// After a failed decode step: the batch's other rows leave it (as the step would have
+    /// moved them), then the step's rows' KV is dropped wherever it is and the batch
+    /// emptied; every rank ends alike however far the step got on each.
+    DropStep { ids: Vec<u64> },
     /// The engine stops: the other ranks exit.
     Shutdown,
 }
@@ -68,11 +73,26 @@ pub struct Executor {
     /// Set when the ring failed: why. The other ranks' state is lost with it, so every
     /// later pass fails at once with this, and the engine ends ([`Executor::broken`]).
     broken: Option<String>,
+    /// This rank's figures, reported with every pass of a cluster.
+    meter: Meter,
+    /// Rank 0: every rank's latest figures.
+    cluster: Option<Arc<ClusterStats>>,
+    /// The rows of the decode step under way ([`Executor::drop_step`]).
+    step_ids: Vec<u64>,
 }
 
 impl Executor {
     pub fn new(model: Model, prefix: PrefixCache, link: Option<Link>) -> Executor {
-        Executor { model, caches: HashMap::new(), batch: BatchKv::default(), prefix, link: link.map(|l| (l, vec![])), broken: None }
+        let rank = link.as_ref().map_or(0, Link::rank);
+        let meter = Meter::new(rank, model.slice.layers.len(), model.nbytes() as u64);
+        let cluster = link.as_ref().map(|l| Arc::new(ClusterStats::new(l.size())));
+        let link = link.map(|l| (l, vec![]));
+        Executor { model, caches: HashMap::new(), batch: BatchKv::default(), prefix, link, broken: None, meter, cluster, step_ids: vec![] }
+    }
+
+    /// Rank 0 of a cluster: every rank's figures, as the last pass reported them.
+    pub fn cluster_stats(&self) -> Option<Arc<ClusterStats>> {
+        self.cluster.clone()
     }
 
     /// Starts sequence `id`; returns the prompt tokens the prefix cache already holds.
@@ -96,6 +116,7 @@ impl Executor {
     /// `[rows * vocab]`. Sequences in the batch but not in `rows` leave it first.
     pub fn decode(&mut self, rows: &[(u64, u32)]) -> Result<Vec<f32>> {
         let ids: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        self.step_ids = ids.clone();
         let step = self.arrange(&ids).and_then(|()| {
             // The batch's row order (sequences that stayed, then those that joined).
             let order: Vec<usize> = self.batch.ids().iter().map(|id| ids.iter().position(|i| i == id).unwrap()).collect();
@@ -106,14 +127,7 @@ impl Executor {
             logits.eval()?;
             Ok((order, logits))
         });
-        let (order, logits) = match step {
-            Ok(s) => s,
-            Err(e) => {
-                self.reset_batch();
-                self.record(Op::ResetBatch);
-                return Err(e);
-            }
-        };
+        let (order, logits) = step?;
         let all = logits.as_slice::<f32>();
         let vocab = all.len() / rows.len();
         let mut out = vec![0f32; all.len()];
@@ -129,6 +143,14 @@ impl Executor {
         let h = self.model.embed_parts(&[tokens])?;
         let h = self.pass(Op::Verify { id, len: tokens.len() as i32 }, h)?;
         self.model.head_of_parts(&h, &[tokens.len() as i32], true)
+    }
+
+    /// After a decode step failed (an error or a panic): its sequences' KV goes on every
+    /// rank alike (they fail with it), the batch is emptied.
+    pub fn drop_step(&mut self) {
+        let ids = std::mem::take(&mut self.step_ids);
+        self.drop_kv(&ids);
+        self.record(Op::DropStep { ids });
     }
 
     pub fn truncate(&mut self, id: u64, tokens: i32) -> Result<()> {
@@ -157,7 +179,7 @@ impl Executor {
         }
         if let Some((link, pending)) = &mut self.link {
             pending.push(Op::Shutdown);
-            if let Err(e) = link.send(&Message { ops: std::mem::take(pending), hidden: None }) {
+            if let Err(e) = link.send(&Message { ops: std::mem::take(pending), reports: vec![], hidden: None }) {
                 tracing::warn!("telling the other ranks to stop: {e:#}");
             }
         }
@@ -177,8 +199,11 @@ impl Executor {
     /// A rank past 0: receives ops from the rank before it and runs them on its layers,
     /// passing each pass's hidden states on, until rank 0 says stop (Ok) or the link fails.
     pub fn follow(&mut self, link: &mut Link) -> Result<()> {
+        self.meter.report.rank = link.rank();
         loop {
-            let msg = link.receive(self.model.config.hidden_size, self.model.dtype)?;
+            let waiting = Instant::now();
+            let mut msg = link.receive(self.model.config.hidden_size, self.model.dtype)?;
+            self.meter.waited(waiting.elapsed());
             let mut stop = false;
             let mut hidden = None;
             for op in &msg.ops {
@@ -186,12 +211,20 @@ impl Executor {
                     Op::Shutdown => stop = true,
                     op if op.rows() > 0 => {
                         let h = msg.hidden.clone().context("a pass without hidden states")?;
-                        hidden = Some(self.layers(op, h)?);
+                        let computing = Instant::now();
+                        let h = self.layers(op, h)?;
+                        h.eval()?;
+                        self.meter.computed(computing.elapsed());
+                        hidden = Some(h);
                     }
                     op => self.apply(op)?,
                 }
             }
-            link.forward(Message { ops: msg.ops, hidden })?;
+            if hidden.is_some() {
+                msg.reports.push(self.meter.after_pass(self.kv_held().1));
+            }
+            let sent = link.forward(Message { ops: msg.ops, reports: msg.reports, hidden })?;
+            self.meter.sent(sent);
             if stop {
                 return Ok(());
             }
@@ -201,20 +234,42 @@ impl Executor {
     /// Runs `op`'s pass through this process's layers and, in a pipeline, the other ranks'
     /// (with the ops they have not seen yet ahead of it): the last layer's hidden states.
     fn pass(&mut self, op: Op, h: Array) -> Result<Array> {
-        let h = self.layers(&op, h)?;
-        let Some((link, pending)) = &mut self.link else { return Ok(h) };
+        if self.link.is_none() {
+            return self.layers(&op, h);
+        }
         if let Some(why) = &self.broken {
             anyhow::bail!("{why}");
         }
+        let computing = Instant::now();
+        let h = self.layers(&op, h)?;
+        h.eval()?;
+        self.meter.computed(computing.elapsed());
+        let Some((link, pending)) = &mut self.link else { unreachable!() };
         pending.push(op);
-        let msg = Message { ops: std::mem::take(pending), hidden: Some(h) };
-        let back = link.send(&msg).and_then(|()| link.receive_hidden(msg.hidden.as_ref().unwrap()));
-        if let Err(e) = &back {
-            let why = format!("the cluster lost a rank ({e:#}); restart every rank");
-            tracing::error!("{why}");
-            self.broken = Some(why);
+        let msg = Message { ops: std::mem::take(pending), reports: vec![], hidden: Some(h) };
+        let waiting = Instant::now();
+        let back = link.send(&msg).and_then(|sent| Ok((sent, link.receive_back(msg.hidden.as_ref().unwrap())?)));
+        match back {
+            Ok((sent, (h, mut reports))) => {
+                self.meter.waited(waiting.elapsed());
+                self.meter.sent(sent);
+                let (_, kv) = self.kv_held();
+                reports.push(self.meter.after_pass(kv));
+                if let Some(stats) = &self.cluster {
+                    stats.set_latest(reports);
+                }
+                Ok(h)
+            }
+            Err(e) => {
+                let why = format!("the cluster lost a rank ({e:#}); restart every rank");
+                tracing::error!("{why}");
+                if let Some(stats) = &self.cluster {
+                    stats.set_broken(&why);
+                }
+                self.broken = Some(why.clone());
+                Err(anyhow!(why))
+            }
         }
-        back
     }
 
     /// `op`'s pass through this process's layers.
@@ -239,18 +294,14 @@ impl Executor {
                 // Rank 0 arranged its batch before the pass; the others do it here.
                 self.arrange(ids)?;
                 ensure!(self.batch.ids() == ids.as_slice(), "the batch's rows are not rank 0's");
-                let out = self.model.decode_layers(h, &mut self.batch)?;
-                out.eval()?;
-                Ok(out)
+                self.model.decode_layers(h, &mut self.batch)
             }
             Op::Verify { id, len } => {
                 self.cache(*id)?;
                 let mut cache = self.caches.remove(id).unwrap();
                 let out = self.model.prefill_layers(h, &[*len], &mut [&mut cache]);
                 self.caches.insert(*id, cache);
-                let out = out?;
-                out.eval()?;
-                Ok(out)
+                out
             }
             other => Err(anyhow!("{other:?} is not a pass")),
         }
@@ -264,7 +315,7 @@ impl Executor {
             }
             Op::Truncate { id, tokens } => self.cache(*id)?.truncate(*tokens),
             Op::Retire { id, keep } => self.finish(*id, keep.clone()),
-            Op::ResetBatch => self.reset_batch(),
+            Op::DropStep { ids } => self.drop_kv(ids),
             other => return Err(anyhow!("{other:?} changes no state")),
         }
         Ok(())
@@ -320,7 +371,18 @@ impl Executor {
         Ok(())
     }
 
-    fn reset_batch(&mut self) {
+    fn drop_kv(&mut self, ids: &[u64]) {
+        for id in self.batch.ids().to_vec() {
+            if !ids.contains(&id) {
+                match self.batch.leave(id) {
+                    Ok(cache) => drop(self.caches.insert(id, cache)),
+                    Err(e) => tracing::warn!("sequence {id} leaving a failed step's batch: {e:#}"),
+                }
+            }
+        }
+        for id in ids {
+            self.caches.remove(id);
+        }
         self.batch = BatchKv::default();
     }
 

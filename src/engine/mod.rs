@@ -152,6 +152,8 @@ pub struct Loaded {
     pub grammars: Arc<Grammars>,
     /// A streamed model's expert cache figures.
     pub experts: Option<Arc<experts::ExpertStats>>,
+    /// Rank 0 of a cluster: every rank's figures.
+    pub cluster: Option<Arc<crate::distributed::report::ClusterStats>>,
 }
 
 /// State shared between the engine thread and its handles.
@@ -539,7 +541,8 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     tracing::debug!("token trie for constrained decoding built in {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
     let codec = Arc::new(codec);
     let experts = model.expert_stats();
-    *shared.loaded.write().unwrap() = Some(Loaded { info, codec: codec.clone(), grammars, experts });
+    let cluster = exec.cluster_stats();
+    *shared.loaded.write().unwrap() = Some(Loaded { info, codec: codec.clone(), grammars, experts, cluster });
     progress(1.0);
     set_state(LoadState::Ready);
     shared.stats.mark_progress();

@@ -316,9 +316,12 @@ pub fn run(mut exec: Executor, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>,
                         running[i].tokens.push(token);
                     }
                 }
-                // The executor dropped the batch: those sequences end with the error and
-                // leave nothing to the prefix cache.
-                Err(e) => done.extend(next.iter().map(|&(i, _)| (i, Err(e.clone())))),
+                // The step's KV goes (on every rank): those sequences end with the error
+                // and leave nothing to the prefix cache.
+                Err(e) => {
+                    exec.drop_step();
+                    done.extend(next.iter().map(|&(i, _)| (i, Err(e.clone()))));
+                }
             }
         }
         // Sequences with drafts: a pass each.

@@ -5,6 +5,7 @@
 //! loaded model, `kind`/`endpoint`/`result`/`stream` take fixed values. The mapping from
 //! MLX-Flash and vllm-mlx names is in dashboards/README.md.
 pub mod batch_size;
+pub mod cluster;
 pub mod experts;
 pub mod http;
 pub mod inference;
@@ -104,6 +105,8 @@ pub struct Metrics {
     pub alerts_firing: IntGaugeVec,
     /// A streamed mixture-of-experts model's expert cache.
     pub experts: experts::ExpertMetrics,
+    /// The ranks of a cluster serving the default model.
+    pub cluster: cluster::ClusterMetrics,
     /// GPU, power, temperatures, thermal pressure and energy per token.
     pub power: power::PowerMetrics,
 }
@@ -236,6 +239,7 @@ impl Metrics {
             process_cpu_seconds_total: reg!(Counter::new("process_cpu_seconds_total", "CPU time used by the mlxbar process.")),
             alerts_firing: reg!(IntGaugeVec::new(Opts::new("alerts_firing", "1 while the alert (a rule id of the alert engine, see /api/alerts) is firing."), &["alert"])),
             experts: experts::ExpertMetrics::register(&r),
+            cluster: cluster::ClusterMetrics::register(&r),
             power: power::PowerMetrics::register(&r),
             registry: r,
             per_request,

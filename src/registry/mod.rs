@@ -328,6 +328,8 @@ impl Models {
             }
         };
         if failed {
+            // MLX keeps the ring of a process's first join: a cluster's model cannot load again.
+            self.clustered(&id, "loaded again")?;
             self.unload_locked(&id, UnloadReason::Request, false).await;
         }
         self.load_locked(&id).await

@@ -1,0 +1,96 @@
+//! Each rank's figures, carried to rank 0 with every pass (a few hundred bytes a rank):
+//! what it holds, MLX's active memory there, and where its time went (computing its layers
+//! or waiting on the link). Rank 0 keeps the latest set ([`ClusterStats`]) for `/metrics`.
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankReport {
+    pub rank: usize,
+    /// Layers held.
+    pub layers: usize,
+    pub weight_bytes: u64,
+    /// KV of the running sequences on this rank's layers.
+    pub kv_bytes: u64,
+    /// MLX's active memory on this rank (weights, KV, a step's arrays).
+    pub mlx_active_bytes: u64,
+    /// Passes run since start.
+    pub passes: u64,
+    /// Time spent running this rank's layers (rank 0: and the embedding).
+    pub compute_seconds: f64,
+    /// Time spent waiting to receive from the link (rank 0: for the last rank's answer).
+    pub link_wait_seconds: f64,
+    pub link_sent_bytes: u64,
+}
+
+/// One rank's running figures.
+#[derive(Debug, Default)]
+pub struct Meter {
+    pub report: RankReport,
+}
+
+impl Meter {
+    pub fn new(rank: usize, layers: usize, weight_bytes: u64) -> Meter {
+        Meter { report: RankReport { rank, layers, weight_bytes, ..Default::default() } }
+    }
+
+    pub fn computed(&mut self, took: Duration) {
+        self.report.compute_seconds += took.as_secs_f64();
+    }
+
+    pub fn waited(&mut self, took: Duration) {
+        self.report.link_wait_seconds += took.as_secs_f64();
+    }
+
+    pub fn sent(&mut self, bytes: usize) {
+        self.report.link_sent_bytes += bytes as u64;
+    }
+
+    /// The report after a pass, with the rank's KV and MLX memory now.
+    pub fn after_pass(&mut self, kv_bytes: usize) -> RankReport {
+        self.report.passes += 1;
+        self.report.kv_bytes = kv_bytes as u64;
+        self.report.mlx_active_bytes = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+        self.report.clone()
+    }
+}
+
+/// Rank 0's view of the cluster, for `/metrics` and `/health`.
+#[derive(Debug)]
+pub struct ClusterStats {
+    pub ranks: usize,
+    latest: Mutex<Vec<RankReport>>,
+    /// Why the ring broke, once it has.
+    broken: Mutex<Option<String>>,
+}
+
+impl ClusterStats {
+    pub fn new(ranks: usize) -> ClusterStats {
+        ClusterStats { ranks, latest: Mutex::new(vec![]), broken: Mutex::new(None) }
+    }
+
+    /// Every rank's report from the last pass, in rank order.
+    pub fn latest(&self) -> Vec<RankReport> {
+        self.latest.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_latest(&self, mut reports: Vec<RankReport>) {
+        reports.sort_by_key(|r| r.rank);
+        *self.latest.lock().unwrap_or_else(|e| e.into_inner()) = reports;
+    }
+
+    /// Ranks serving: all of them while the ring works; once it broke, none can (rank 0
+    /// alone cannot serve the model).
+    pub fn healthy(&self) -> usize {
+        match self.broken.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            true => 0,
+            false => self.ranks,
+        }
+    }
+
+    pub fn set_broken(&self, why: &str) {
+        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+    }
+}
