@@ -91,7 +91,15 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    /// SIGTERM first, so a launcher stops its ranks and a rank 0 tells its followers to stop
+    /// (SIGKILL would leave them running after a failed test); SIGKILL past 10 s.
     fn drop(&mut self) {
+        // SAFETY: kill(2) on a child this test spawned and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -7,8 +7,8 @@
 //! ([`crate::distributed`]), rank 0's executor also sends each op down the ring, the
 //! state-changing ones ahead of the next model pass, and every other rank's executor
 //! replays them on the layers it holds ([`Executor::follow`]): the same ops in the same
-//! order leave every rank's state the same, its prefix cache included (its budget is its
-//! share of the whole: [`PrefixCache::with_share`]).
+//! order leave every rank's state the same, its prefix cache included (every rank counts
+//! an entry at the whole model's size against rank 0's budget: [`PrefixCache::with_share`]).
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -263,6 +263,9 @@ impl Executor {
             Err(e) => {
                 let why = format!("the cluster lost a rank ({e:#}); restart every rank");
                 tracing::error!("{why}");
+                // The ranks still up may be waiting for rank 0's next pass: tell them to stop
+                // (one past a dead link hears it as that link's failure and exits too).
+                let _ = link.send(&Message { ops: vec![Op::Shutdown], reports: vec![], hidden: None });
                 if let Some(stats) = &self.cluster {
                     stats.set_broken(&why);
                 }

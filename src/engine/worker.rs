@@ -1,12 +1,13 @@
-//! The engine thread: owns the model (MLX arrays are not `Send`) and runs continuous
-//! batching. Each iteration it
+//! The engine thread's scheduler: owns the executor (the model and every sequence's KV;
+//! MLX arrays are not `Send`) and runs continuous batching, naming sequences by id. Each
+//! iteration it
 //! 1. takes new requests off the channel (blocking only when there is nothing to do),
 //! 2. admits waiting requests in arrival order while the batch has room, the KV budget
 //!    covers them and memory pressure allows (a cached prompt prefix is copied in),
 //! 3. runs one prefill chunk of the oldest newcomer (short when others are decoding, so
 //!    their inter-token latency stays steady),
 //! 4. runs one decode step for every sequence past its prefill, as one batched forward
-//!    pass over the batch's padded KV ([`BatchKv`]: a sequence's cache moves in when it
+//!    pass over the batch's padded KV (the executor moves a sequence's cache in when it
 //!    starts decoding); finished sequences move out, and their KV goes to the prefix cache.
 //!    A sequence with a draft this step (Predicted Outputs; prompt lookup while it decodes
 //!    alone) runs a pass of its own instead: its next token and the draft, verified at
