@@ -170,6 +170,5 @@ fn layer_bytes(config: &ModelConfig, t: &TensorMap) -> (Vec<u64>, u64) {
             _ => ends += bytes,
         }
     }
-    // A tied head is the embedding, held once.
     (layers, ends)
 }

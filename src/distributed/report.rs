@@ -84,10 +84,15 @@ impl ClusterStats {
     /// Ranks serving: all of them while the ring works; once it broke, none can (rank 0
     /// alone cannot serve the model).
     pub fn healthy(&self) -> usize {
-        match self.broken.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
-            true => 0,
-            false => self.ranks,
+        match self.broken() {
+            Some(_) => 0,
+            None => self.ranks,
         }
+    }
+
+    /// Why the ring broke, once it has.
+    pub fn broken(&self) -> Option<String> {
+        self.broken.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn set_broken(&self, why: &str) {

@@ -67,32 +67,35 @@ pub struct Executor {
     caches: HashMap<u64, KvCache>,
     batch: BatchKv,
     prefix: PrefixCache,
-    /// Rank 0 of a pipeline: the ring to the ranks holding the other layers, and the ops
-    /// they have not been sent yet.
-    link: Option<(Link, Vec<Op>)>,
-    /// Set when the ring failed: why. The other ranks' state is lost with it, so every
-    /// later pass fails at once with this, and the engine ends ([`Executor::broken`]).
-    broken: Option<String>,
+    /// Rank 0 of a pipeline: its end of the ring.
+    ring: Option<Ring>,
     /// This rank's figures, reported with every pass of a cluster.
     meter: Meter,
-    /// Rank 0: every rank's latest figures.
-    cluster: Option<Arc<ClusterStats>>,
     /// The rows of the decode step under way ([`Executor::drop_step`]).
     step_ids: Vec<u64>,
+}
+
+/// Rank 0's end of the ring: the link to the ranks holding the other layers, the ops they
+/// have not been sent yet, and every rank's figures (with why the ring broke, once it has:
+/// the other ranks' state is lost with it, so every later pass fails at once with that, and
+/// the engine ends: [`Executor::broken`]).
+struct Ring {
+    link: Link,
+    pending: Vec<Op>,
+    stats: Arc<ClusterStats>,
 }
 
 impl Executor {
     pub fn new(model: Model, prefix: PrefixCache, link: Option<Link>) -> Executor {
         let rank = link.as_ref().map_or(0, Link::rank);
         let meter = Meter::new(rank, model.slice.layers.len(), model.nbytes() as u64);
-        let cluster = link.as_ref().map(|l| Arc::new(ClusterStats::new(l.size())));
-        let link = link.map(|l| (l, vec![]));
-        Executor { model, caches: HashMap::new(), batch: BatchKv::default(), prefix, link, broken: None, meter, cluster, step_ids: vec![] }
+        let ring = link.map(|link| Ring { stats: Arc::new(ClusterStats::new(link.size())), link, pending: vec![] });
+        Executor { model, caches: HashMap::new(), batch: BatchKv::default(), prefix, ring, meter, step_ids: vec![] }
     }
 
     /// Rank 0 of a cluster: every rank's figures, as the last pass reported them.
     pub fn cluster_stats(&self) -> Option<Arc<ClusterStats>> {
-        self.cluster.clone()
+        self.ring.as_ref().map(|r| r.stats.clone())
     }
 
     /// Starts sequence `id`; returns the prompt tokens the prefix cache already holds.
@@ -168,20 +171,16 @@ impl Executor {
     }
 
     /// Why the cluster can serve no more (a rank was lost), if it cannot.
-    pub fn broken(&self) -> Option<&str> {
-        self.broken.as_deref()
+    pub fn broken(&self) -> Option<String> {
+        self.ring.as_ref().and_then(|r| r.stats.broken())
     }
 
     /// Tells the other ranks to exit (no-op on one process, or once the ring is broken).
     pub fn shutdown(&mut self) {
-        if self.broken.is_some() {
-            return;
-        }
-        if let Some((link, pending)) = &mut self.link {
-            pending.push(Op::Shutdown);
-            if let Err(e) = link.send(&Message { ops: std::mem::take(pending), reports: vec![], hidden: None }) {
-                tracing::warn!("telling the other ranks to stop: {e:#}");
-            }
+        let Some(ring) = self.ring.as_mut().filter(|r| r.stats.broken().is_none()) else { return };
+        ring.pending.push(Op::Shutdown);
+        if let Err(e) = ring.link.send(&Message { ops: std::mem::take(&mut ring.pending), reports: vec![], hidden: None }) {
+            tracing::warn!("telling the other ranks to stop: {e:#}");
         }
     }
 
@@ -234,30 +233,28 @@ impl Executor {
     /// Runs `op`'s pass through this process's layers and, in a pipeline, the other ranks'
     /// (with the ops they have not seen yet ahead of it): the last layer's hidden states.
     fn pass(&mut self, op: Op, h: Array) -> Result<Array> {
-        if self.link.is_none() {
+        if self.ring.is_none() {
             return self.layers(&op, h);
         }
-        if let Some(why) = &self.broken {
+        if let Some(why) = self.broken() {
             anyhow::bail!("{why}");
         }
         let computing = Instant::now();
         let h = self.layers(&op, h)?;
         h.eval()?;
         self.meter.computed(computing.elapsed());
-        let Some((link, pending)) = &mut self.link else { unreachable!() };
-        pending.push(op);
-        let msg = Message { ops: std::mem::take(pending), reports: vec![], hidden: Some(h) };
+        let (_, kv) = self.kv_held();
+        let ring = self.ring.as_mut().expect("checked above");
+        ring.pending.push(op);
+        let msg = Message { ops: std::mem::take(&mut ring.pending), reports: vec![], hidden: Some(h) };
         let waiting = Instant::now();
-        let back = link.send(&msg).and_then(|sent| Ok((sent, link.receive_back(msg.hidden.as_ref().unwrap())?)));
+        let back = ring.link.send(&msg).and_then(|sent| Ok((sent, ring.link.receive_back(msg.hidden.as_ref().unwrap())?)));
         match back {
             Ok((sent, (h, mut reports))) => {
                 self.meter.waited(waiting.elapsed());
                 self.meter.sent(sent);
-                let (_, kv) = self.kv_held();
                 reports.push(self.meter.after_pass(kv));
-                if let Some(stats) = &self.cluster {
-                    stats.set_latest(reports);
-                }
+                ring.stats.set_latest(reports);
                 Ok(h)
             }
             Err(e) => {
@@ -265,11 +262,8 @@ impl Executor {
                 tracing::error!("{why}");
                 // The ranks still up may be waiting for rank 0's next pass: tell them to stop
                 // (one past a dead link hears it as that link's failure and exits too).
-                let _ = link.send(&Message { ops: vec![Op::Shutdown], reports: vec![], hidden: None });
-                if let Some(stats) = &self.cluster {
-                    stats.set_broken(&why);
-                }
-                self.broken = Some(why.clone());
+                let _ = ring.link.send(&Message { ops: vec![Op::Shutdown], reports: vec![], hidden: None });
+                ring.stats.set_broken(&why);
                 Err(anyhow!(why))
             }
         }
@@ -399,8 +393,8 @@ impl Executor {
 
     /// Rank 0: queues a state-changing op for the other ranks (sent ahead of the next pass).
     fn record(&mut self, op: Op) {
-        if let Some((_, pending)) = &mut self.link {
-            pending.push(op);
+        if let Some(ring) = &mut self.ring {
+            ring.pending.push(op);
         }
     }
 }

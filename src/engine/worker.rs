@@ -363,12 +363,12 @@ pub fn run(mut exec: Executor, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>,
         publish(&shared, &running, &exec);
         shared.stats.mark_progress();
         if let Some(why) = exec.broken() {
-            let e = EngineError::from_message(why.to_string());
+            let e = EngineError::from_message(why.clone());
             for seq in running.drain(..) {
                 fail(&shared, &seq.req.events, e.clone());
             }
             turn_away(&shared, &mut pending, &jobs, e);
-            return Some(why.to_string());
+            return Some(why);
         }
     }
 }
