@@ -54,6 +54,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -297,6 +298,10 @@ pub struct ServeArgs {
     /// Seconds every rank has to start and join the ring
     #[arg(long, default_value_t = 120)]
     pub join_timeout: u64,
+    /// Seconds rank 0 waits for a model pass to come back round the ring before it gives
+    /// the cluster up (a rank hung with its sockets open)
+    #[arg(long, default_value_t = 60)]
+    pub pass_timeout: u64,
 }
 
 impl Config {
@@ -347,8 +352,8 @@ impl Config {
             config.data_dir = Some(v.clone());
         }
         if let (Some(hostfile), Some(rank)) = (&args.hostfile, args.rank) {
-            let join = std::time::Duration::from_secs(args.join_timeout);
-            config.cluster = Some(crate::distributed::ClusterSpec::new(hostfile, rank, args.ring_port, join)?);
+            let (join, pass) = (Duration::from_secs(args.join_timeout), Duration::from_secs(args.pass_timeout));
+            config.cluster = Some(crate::distributed::ClusterSpec::new(hostfile, rank, args.ring_port, join, pass)?);
         }
         config.allowed_hosts.extend(args.allowed_hosts.iter().cloned());
         config.cors_origins.extend(args.cors_origins.iter().cloned());

@@ -26,6 +26,12 @@ pub fn run(spec: &ClusterSpec, config: &Config) -> Result<()> {
     let joined = join_and_load(spec, &path, &id, config.weight_format, budget.ceiling, 0, &|_| {})?;
     let (mut exec, _, info, link) = joined.into_executor();
     let mut link = link.context("rank 0 serves; it does not follow")?;
+    // The next rank lost: the news went on towards rank 0; this rank cannot go on either.
+    let rank = spec.rank;
+    link.watch(move |what| {
+        tracing::error!("rank {rank}: the cluster lost {what}; exiting");
+        std::process::exit(1);
+    })?;
     tracing::info!("rank {}: layers {:?} loaded ({} MB); following rank 0", spec.rank, exec.model.slice.layers, info.weight_bytes >> 20);
     exec.follow(&mut link)?;
     tracing::info!("rank {}: rank 0 stopped; exiting", spec.rank);

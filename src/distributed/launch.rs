@@ -79,6 +79,10 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         let mut cmd = if is_local(&h.ssh) {
             let mut c = Command::new(&binary);
             c.args(&serve);
+            // Its own process group: Ctrl-C in the terminal reaches only the launcher, which
+            // stops rank 0 first (stopping every rank at once would tear the ring mid-stop).
+            #[cfg(unix)]
+            std::os::unix::process::CommandExt::process_group(&mut c, 0);
             c
         } else {
             // -tt: the remote rank gets a terminal, so it is hung up on (and stops) when this
@@ -135,19 +139,22 @@ pub fn run(args: LaunchArgs) -> Result<()> {
     }
 }
 
-/// SIGTERM to every rank still running (rank 0 first: it tells the others to stop), then
-/// SIGKILL past `grace`.
+/// SIGTERM to rank 0 (it tells the others to stop and waits until the stop went round),
+/// then to every rank still running once it is gone, then SIGKILL past `grace`.
 fn stop_all(children: &mut [(usize, Child)], grace: Duration) {
     children.sort_by_key(|(rank, _)| *rank);
-    for (_, child) in children.iter_mut() {
+    let deadline = std::time::Instant::now() + grace;
+    for (i, (_, child)) in children.iter_mut().enumerate() {
         if let Ok(None) = child.try_wait() {
             // SAFETY: kill(2) with a pid this process spawned and has not reaped.
             unsafe {
                 libc::kill(child.id() as i32, libc::SIGTERM);
             }
         }
+        while i == 0 && matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
-    let deadline = std::time::Instant::now() + grace;
     for (rank, child) in children.iter_mut() {
         while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));

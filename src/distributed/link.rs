@@ -4,13 +4,20 @@
 //! the ring), which holds the final norm and head. Hidden states, not logits, cross the
 //! links: `hidden_size` floats a row instead of `vocab_size`.
 //!
+//! A rank sleeps on its [`Doorbell`] until the rank before it is about to send (MLX's own
+//! receive would keep a core busy polling), and rank 0 waits at most the pass timeout for
+//! a pass to come back.
+//!
 //! A message is three arrays: the header's length (int32), the header as JSON bytes (the
 //! ops, and the reports of the ranks passed so far), then the hidden states, whose shape
 //! the ops imply (`[1, rows, hidden]`).
+use std::time::Duration;
+
 use anyhow::{Context, Result};
 use mlx_rs::{Array, Dtype};
 use serde::{Deserialize, Serialize};
 
+use super::doorbell::Doorbell;
 use super::group::Group;
 use super::report::RankReport;
 use crate::engine::executor::Op;
@@ -33,13 +40,35 @@ pub struct Message {
 /// One rank's ends of the ring.
 pub struct Link {
     group: Group,
+    bell: Doorbell,
     /// Each rank's host (the host file's `ssh`), for messages.
     hosts: Vec<String>,
+    /// Rank 0: how long a pass may take to come back round the ring.
+    pass_timeout: Duration,
 }
 
 impl Link {
-    pub fn new(group: Group, hosts: Vec<String>) -> Link {
-        Link { group, hosts }
+    pub fn new(group: Group, bell: Doorbell, hosts: Vec<String>, pass_timeout: Duration) -> Link {
+        Link { group, bell, hosts, pass_timeout }
+    }
+
+    /// Calls `lost` (once, on a helper thread) with what was lost when the next rank's
+    /// link closes or it sends back bad news, passing the news on to the previous rank
+    /// first; nothing once this rank is [`Link::leave`]ing.
+    pub fn watch(&self, lost: impl FnOnce(String) + Send + 'static) -> Result<()> {
+        self.bell.watch(self.name(self.next()), lost)
+    }
+
+    /// This rank stops on purpose (a stop came, or rank 0 sends it): neighbours leaving
+    /// from now on are no news.
+    pub fn leave(&self) {
+        self.bell.leave();
+    }
+
+    /// Rank 0, after sending a stop: waits (at most `timeout`) until the stop has gone
+    /// round the ring, so no rank sees rank 0 leave before it heard the stop.
+    pub fn await_stop(&mut self, timeout: Duration) -> Result<()> {
+        self.bell.wait(Some(timeout)).with_context(|| format!("waiting for the stop to reach {}", self.name(self.prev())))
     }
 
     /// "rank N (host)".
@@ -72,6 +101,7 @@ impl Link {
         let bytes = serde_json::to_vec(header)?;
         let len = Array::from_slice(&[bytes.len() as i32], &[1]);
         let body = Array::from_slice(&bytes, &[bytes.len() as i32]);
+        self.bell.ring().with_context(|| format!("sending to {}", self.name(self.next())))?;
         // One at a time: MLX may run independent sends of one eval in any order.
         let mut sent = 0;
         for part in [Some(&len), Some(&body), hidden].into_iter().flatten() {
@@ -81,9 +111,10 @@ impl Link {
         Ok(sent)
     }
 
-    /// A header from the previous rank.
-    fn receive_header(&mut self) -> Result<Header> {
+    /// A header from the previous rank, once it rang (within `timeout`, None: no limit).
+    fn receive_header(&mut self, timeout: Option<Duration>) -> Result<Header> {
         let from = || format!("receiving from {}", self.name(self.prev()));
+        self.bell.wait(timeout).with_context(from)?;
         let len = self.group.recv(&[1], Dtype::Int32, self.prev())?;
         len.eval().with_context(from)?;
         let n = len.as_slice::<i32>()[0];
@@ -103,7 +134,7 @@ impl Link {
     /// The next message from the previous rank; its hidden states are `[1, rows, hidden]`
     /// of `dtype` (rows from its ops), received with it.
     pub fn receive(&mut self, hidden: i32, dtype: Dtype) -> Result<Message> {
-        let header = self.receive_header()?;
+        let header = self.receive_header(None)?;
         let rows: i32 = header.ops.iter().map(Op::rows).sum();
         let hidden = match rows {
             0 => None,
@@ -113,14 +144,15 @@ impl Link {
     }
 
     /// Passes a message on after this rank's layers: to the next rank, or from the last
-    /// rank back to rank 0, only the reports and the hidden states (nothing after a stop:
-    /// rank 0 waits for none). The bytes sent.
+    /// rank back to rank 0, only the reports and the hidden states (after a stop, only the
+    /// doorbell: [`Link::await_stop`]). The bytes sent.
     pub fn forward(&mut self, msg: Message) -> Result<usize> {
         if self.next() != 0 {
             return self.send(&msg);
         }
         match &msg.hidden {
             Some(h) => self.send_parts(&Header { ops: vec![], reports: msg.reports }, Some(h)),
+            None if msg.ops.iter().any(|op| matches!(op, Op::Shutdown)) => self.bell.ring().map(|_| 0),
             None => Ok(0),
         }
     }
@@ -128,7 +160,7 @@ impl Link {
     /// Rank 0: the last rank's hidden states for the pass just sent (shaped like `like`),
     /// and every other rank's report on it.
     pub fn receive_back(&mut self, like: &Array) -> Result<(Array, Vec<RankReport>)> {
-        let header = self.receive_header()?;
+        let header = self.receive_header(Some(self.pass_timeout))?;
         Ok((self.receive_hidden(like.shape(), like.dtype())?, header.reports))
     }
 }

@@ -12,6 +12,7 @@
 //!
 //! Starting: every rank loads its part after a handshake over the ring ([`join_and_load`]):
 //! each says what it can hold and which model it read, and all compute the same plan.
+pub mod doorbell;
 pub mod follower;
 pub mod group;
 pub mod hostfile;
@@ -21,6 +22,7 @@ pub mod plan;
 pub mod report;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use mlx_rs::Array;
@@ -29,6 +31,7 @@ use crate::engine::executor::Executor;
 use crate::engine::model::{config::ModelConfig, Model, Slice, TensorMap, WeightFormat};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::{loader, ModelInfo, TextCodec};
+use doorbell::Doorbell;
 use group::Group;
 use hostfile::Hostfile;
 use link::Link;
@@ -42,16 +45,21 @@ pub struct ClusterSpec {
     pub ring_port: u16,
     /// How long joining the ring may take (every rank started and reachable).
     pub join_timeout: std::time::Duration,
+    /// How long rank 0 waits for a pass to come back round the ring (a rank that hangs
+    /// while its socket stays open would otherwise hold every request forever).
+    pub pass_timeout: std::time::Duration,
 }
 
 impl ClusterSpec {
-    pub fn new(hostfile: &Path, rank: usize, ring_port: u16, join_timeout: std::time::Duration) -> Result<ClusterSpec> {
+    /// This rank of the host file at `hostfile`, its ring from `ring_port`; joining within
+    /// `join_timeout`, each pass back within `pass_timeout`.
+    pub fn new(hostfile: &Path, rank: usize, ring_port: u16, join_timeout: Duration, pass_timeout: Duration) -> Result<ClusterSpec> {
         let hosts = Hostfile::read(hostfile)?;
         if rank >= hosts.hosts.len() {
             bail!("--rank {rank}: the host file names {} ranks (0..{})", hosts.hosts.len(), hosts.hosts.len() - 1);
         }
         hosts.ring(ring_port)?;
-        Ok(ClusterSpec { hosts, rank, ring_port, join_timeout })
+        Ok(ClusterSpec { hosts, rank, ring_port, join_timeout, pass_timeout })
     }
 
     pub fn size(&self) -> usize {
@@ -105,6 +113,8 @@ pub fn join_and_load(
     if (group.rank(), group.size()) != (spec.rank, spec.size()) {
         bail!("MLX's ring says rank {} of {}, the host file rank {} of {}", group.rank(), group.size(), spec.rank, spec.size());
     }
+    let ips: Vec<_> = spec.hosts.hosts.iter().map(|h| h.ips[0]).collect();
+    let bell = Doorbell::connect(&group, &ips, spec.join_timeout)?;
     let mut handshake = |config: &ModelConfig, tensors: &TensorMap| -> Result<Slice> {
         let (layers, ends) = layer_bytes(config, tensors);
         let mine: [i32; HELLO] = [
@@ -142,7 +152,7 @@ pub fn join_and_load(
     };
     let (model, codec, info) = loader::load_part(path, id, format, None, progress, &mut handshake)?;
     let hosts = spec.hosts.hosts.iter().map(|h| h.ssh.clone()).collect();
-    Ok(Joined { model, codec, info, link: Link::new(group, hosts), prefix_bytes: prefix })
+    Ok(Joined { model, codec, info, link: Link::new(group, bell, hosts, spec.pass_timeout), prefix_bytes: prefix })
 }
 
 impl Joined {

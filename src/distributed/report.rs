@@ -95,7 +95,8 @@ impl ClusterStats {
         self.broken.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Marks the ring broken; the first reason stands (what follows is its echo).
     pub fn set_broken(&self, why: &str) {
-        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+        self.broken.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| why.to_string());
     }
 }

@@ -11,7 +11,7 @@
 //! an entry at the whole model's size against rank 0's budget: [`PrefixCache::with_share`]).
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
 use mlx_rs::Array;
@@ -61,6 +61,9 @@ impl Op {
     }
 }
 
+/// How long rank 0 waits for its stop to go round the ring before it exits anyway.
+const STOP_ROUND: Duration = Duration::from_secs(5);
+
 pub struct Executor {
     pub model: Model,
     /// Caches of sequences not in the batch (prefilling, speculating, or between steps).
@@ -89,7 +92,20 @@ impl Executor {
     pub fn new(model: Model, prefix: PrefixCache, link: Option<Link>) -> Executor {
         let rank = link.as_ref().map_or(0, Link::rank);
         let meter = Meter::new(rank, model.slice.layers.len(), model.nbytes() as u64);
-        let ring = link.map(|link| Ring { stats: Arc::new(ClusterStats::new(link.size())), link, pending: vec![] });
+        let ring = link.map(|link| {
+            let stats = Arc::new(ClusterStats::new(link.size()));
+            // A rank lost while rank 0 is idle: /health and the next request hear it at once.
+            let watched = stats.clone();
+            let lost = move |what: String| {
+                let why = format!("the cluster lost {what}; restart every rank");
+                tracing::error!("{why}");
+                watched.set_broken(&why);
+            };
+            if let Err(e) = link.watch(lost) {
+                tracing::warn!("watching the ring: {e:#}");
+            }
+            Ring { stats, link, pending: vec![] }
+        });
         Executor { model, caches: HashMap::new(), batch: BatchKv::default(), prefix, ring, meter, step_ids: vec![] }
     }
 
@@ -178,8 +194,10 @@ impl Executor {
     /// Tells the other ranks to exit (no-op on one process, or once the ring is broken).
     pub fn shutdown(&mut self) {
         let Some(ring) = self.ring.as_mut().filter(|r| r.stats.broken().is_none()) else { return };
+        ring.link.leave();
         ring.pending.push(Op::Shutdown);
-        if let Err(e) = ring.link.send(&Message { ops: std::mem::take(&mut ring.pending), reports: vec![], hidden: None }) {
+        let sent = ring.link.send(&Message { ops: std::mem::take(&mut ring.pending), reports: vec![], hidden: None });
+        if let Err(e) = sent.and_then(|_| ring.link.await_stop(STOP_ROUND)) {
             tracing::warn!("telling the other ranks to stop: {e:#}");
         }
     }
@@ -207,7 +225,10 @@ impl Executor {
             let mut hidden = None;
             for op in &msg.ops {
                 match op {
-                    Op::Shutdown => stop = true,
+                    Op::Shutdown => {
+                        link.leave();
+                        stop = true
+                    }
                     op if op.rows() > 0 => {
                         let h = msg.hidden.clone().context("a pass without hidden states")?;
                         let computing = Instant::now();

@@ -38,6 +38,8 @@ pub const PREFILL_CHUNK: usize = 512;
 const PREFILL_CHUNK_SHARED: usize = 256;
 /// How often a blocked admission (memory pressure) looks again.
 const BLOCKED_RECHECK: Duration = Duration::from_millis(200);
+/// How often an idle cluster's rank 0 looks whether a rank was lost meanwhile.
+const CLUSTER_RECHECK: Duration = Duration::from_secs(1);
 
 pub enum Job {
     Generate(GenerationRequest),
@@ -141,10 +143,19 @@ pub fn run(mut exec: Executor, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>,
         // 1. New requests. Block only when idle (waking once, at the end of a quiet spell,
         // to give MLX's buffer cache back).
         if running.is_empty() && pending.is_empty() {
+            let clustered = exec.cluster_stats().is_some();
             let job = loop {
-                let Some(wait) = quiet.wait() else { break jobs.recv() };
+                // A cluster's rank 0 also wakes to notice a rank lost while idle.
+                let wait = match (quiet.wait(), clustered) {
+                    (None, false) => break jobs.recv(),
+                    (wait, _) => wait.unwrap_or(CLUSTER_RECHECK).min(if clustered { CLUSTER_RECHECK } else { Duration::MAX }),
+                };
                 match jobs.recv_timeout(wait) {
                     Ok(job) => break Ok(job),
+                    Err(mpsc::RecvTimeoutError::Timeout) if exec.broken().is_some() => {
+                        turn_away(&shared, &mut pending, &jobs, EngineError::from_message(exec.broken().unwrap_or_default()));
+                        return exec.broken();
+                    }
                     Err(mpsc::RecvTimeoutError::Timeout) => quiet.maybe_release(&limits.device_lock),
                     Err(mpsc::RecvTimeoutError::Disconnected) => break Err(mpsc::RecvError),
                 }
