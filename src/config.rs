@@ -302,6 +302,11 @@ pub struct ServeArgs {
     /// the cluster up (a rank hung with its sockets open)
     #[arg(long, default_value_t = 60)]
     pub pass_timeout: u64,
+    /// How the ranks split the model: tensor (a share of every layer's heads; llama-style
+    /// models whose heads divide by the ranks), pipeline (runs of layers; any model), or
+    /// auto (tensor where it can)
+    #[arg(long, value_enum, default_value_t = crate::distributed::Parallel::Auto)]
+    pub parallel: crate::distributed::Parallel,
 }
 
 impl Config {
@@ -353,7 +358,7 @@ impl Config {
         }
         if let (Some(hostfile), Some(rank)) = (&args.hostfile, args.rank) {
             let (join, pass) = (Duration::from_secs(args.join_timeout), Duration::from_secs(args.pass_timeout));
-            config.cluster = Some(crate::distributed::ClusterSpec::new(hostfile, rank, args.ring_port, join, pass)?);
+            config.cluster = Some(crate::distributed::ClusterSpec::new(hostfile, rank, args.ring_port, [join, pass], args.parallel)?);
         }
         config.allowed_hosts.extend(args.allowed_hosts.iter().cloned());
         config.cors_origins.extend(args.cors_origins.iter().cloned());

@@ -102,13 +102,22 @@ impl Doorbell {
             let line = line.trim();
             let what = if line.is_empty() { format!("{name_next}: its link closed") } else { line.to_string() };
             if !leaving.load(Ordering::Relaxed) {
-                // Best effort: the previous rank may be gone too.
-                let _ = prev.write_all(format!("{}\n", what.replace('\n', " ")).as_bytes());
+                tell(&mut prev, &what);
                 lost(what);
             }
         })?;
         Ok(())
     }
+
+    /// Sends bad news back to the previous rank.
+    pub fn tell_prev(&self, what: &str) {
+        tell(&mut &self.prev, what);
+    }
+}
+
+/// One line of news on `to` (best effort: the rank there may be gone too).
+fn tell(mut to: impl Write, what: &str) {
+    let _ = to.write_all(format!("{}\n", what.replace('\n', " ")).as_bytes());
 }
 
 fn token_bytes(t: &[i32]) -> [u8; 16] {

@@ -78,6 +78,12 @@ impl Group {
         Self::new_array("all_gather", |res, s| unsafe { mlx_sys::mlx_distributed_all_gather(res, x.as_ptr(), self.0, s) })
     }
 
+    /// The sum of every rank's `x` (lazy): tensor parallel's partial projections added up.
+    pub fn all_sum(&self, x: &Array) -> Result<Array> {
+        // SAFETY: as in `send`.
+        Self::new_array("all_sum", |res, s| unsafe { mlx_sys::mlx_distributed_all_sum(res, x.as_ptr(), self.0, s) })
+    }
+
     /// Runs an mlx-c op that writes a new array, on this thread's stream.
     fn new_array(what: &str, op: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32) -> Result<Array> {
         let stream = Stream::thread_local_or_default();

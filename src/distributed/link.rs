@@ -8,9 +8,13 @@
 //! receive would keep a core busy polling), and rank 0 waits at most the pass timeout for
 //! a pass to come back.
 //!
+//! Tensor parallel uses the same messages forwards only: each rank passes rank 0's message
+//! on before it runs the pass, and the ranks' reports come back with an `all_gather`.
+//!
 //! A message is three arrays: the header's length (int32), the header as JSON bytes (the
 //! ops, and the reports of the ranks passed so far), then the hidden states, whose shape
 //! the ops imply (`[1, rows, hidden]`).
+use std::rc::Rc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -39,17 +43,43 @@ pub struct Message {
 
 /// One rank's ends of the ring.
 pub struct Link {
-    group: Group,
+    group: Rc<Group>,
     bell: Doorbell,
     /// Each rank's host (the host file's `ssh`), for messages.
     hosts: Vec<String>,
     /// Rank 0: how long a pass may take to come back round the ring.
     pass_timeout: Duration,
+    /// Tensor parallel (every rank runs every pass together), else pipeline.
+    tensor: bool,
 }
 
+/// Bytes a rank's report takes in tensor parallel's `all_gather` (JSON, space-padded).
+const REPORT_BYTES: usize = 512;
+
 impl Link {
-    pub fn new(group: Group, bell: Doorbell, hosts: Vec<String>, pass_timeout: Duration) -> Link {
-        Link { group, bell, hosts, pass_timeout }
+    pub fn new(group: Rc<Group>, bell: Doorbell, hosts: Vec<String>, pass_timeout: Duration, tensor: bool) -> Link {
+        Link { group, bell, hosts, pass_timeout, tensor }
+    }
+
+    /// Tensor parallel, else pipeline.
+    pub fn tensor(&self) -> bool {
+        self.tensor
+    }
+
+    /// Whether the next rank is rank 0.
+    pub fn is_last(&self) -> bool {
+        self.next() == 0
+    }
+
+    /// Tensor parallel: every rank's report on the pass just run, in rank order (every rank
+    /// calls it after each pass).
+    pub fn gather_reports(&self, mine: &RankReport) -> Result<Vec<RankReport>> {
+        let mut bytes = serde_json::to_vec(mine)?;
+        anyhow::ensure!(bytes.len() <= REPORT_BYTES, "a rank's report of {} bytes", bytes.len());
+        bytes.resize(REPORT_BYTES, b' ');
+        let all = self.group.all_gather(&Array::from_slice(&bytes, &[1, REPORT_BYTES as i32]))?;
+        all.eval().context("gathering the ranks' figures")?;
+        all.as_slice::<u8>().chunks(REPORT_BYTES).map(|r| Ok(serde_json::from_slice(r)?)).collect()
     }
 
     /// Calls `lost` (once, on a helper thread) with what was lost when the next rank's
@@ -57,6 +87,12 @@ impl Link {
     /// first; nothing once this rank is [`Link::leave`]ing.
     pub fn watch(&self, lost: impl FnOnce(String) + Send + 'static) -> Result<()> {
         self.bell.watch(self.name(self.next()), lost)
+    }
+
+    /// Rank 0 gave the cluster up: tells the ranks still up (through the last rank's
+    /// doorbell, passed on back round the ring), which exit.
+    pub fn tell_lost(&self, why: &str) {
+        self.bell.tell_prev(why);
     }
 
     /// This rank stops on purpose (a stop came, or rank 0 sends it): neighbours leaving

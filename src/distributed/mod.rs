@@ -2,6 +2,11 @@
 //! own distributed layer, as `mlx.launch` with mlx-lm's server and exo do: the ring
 //! backend over TCP, ranks and addresses from MLX's host file ([`hostfile`]).
 //!
+//! Two ways to split it ([`Parallel`]). Tensor parallel (llama-style layers): every rank
+//! holds a share of every layer's heads and MLP units ([`crate::engine::model::shard`]);
+//! rank 0 hands each pass's embedded input round the ring and all ranks run the pass
+//! together, adding up their partial outputs with `all_sum` twice a layer.
+//!
 //! Pipeline parallel: each rank holds a contiguous run of layers ([`plan`]: in proportion
 //! to each rank's memory budget); rank 0 also holds the embedding, final norm and head,
 //! serves HTTP and schedules. Its executor ([`crate::engine::executor`]) sends each model
@@ -22,12 +27,14 @@ pub mod plan;
 pub mod report;
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use mlx_rs::Array;
 
 use crate::engine::executor::Executor;
+use crate::engine::model::shard::Shard;
 use crate::engine::model::{config::ModelConfig, Model, Slice, TensorMap, WeightFormat};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::{loader, ModelInfo, TextCodec};
@@ -48,18 +55,39 @@ pub struct ClusterSpec {
     /// How long rank 0 waits for a pass to come back round the ring (a rank that hangs
     /// while its socket stays open would otherwise hold every request forever).
     pub pass_timeout: std::time::Duration,
+    pub parallel: Parallel,
+}
+
+/// How the ranks split the model (`--parallel`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Parallel {
+    /// Tensor where the model's layers allow it (llama-style, heads divisible by the
+    /// ranks), else pipeline; as mlx-lm's server chooses.
+    #[default]
+    Auto,
+    /// Each rank a contiguous run of layers: any architecture, hidden states cross each
+    /// link once a pass.
+    Pipeline,
+    /// Each rank a share of every layer's heads and MLP units: two all_sums a layer.
+    Tensor,
 }
 
 impl ClusterSpec {
     /// This rank of the host file at `hostfile`, its ring from `ring_port`; joining within
     /// `join_timeout`, each pass back within `pass_timeout`.
-    pub fn new(hostfile: &Path, rank: usize, ring_port: u16, join_timeout: Duration, pass_timeout: Duration) -> Result<ClusterSpec> {
+    pub fn new(
+        hostfile: &Path,
+        rank: usize,
+        ring_port: u16,
+        [join_timeout, pass_timeout]: [Duration; 2],
+        parallel: Parallel,
+    ) -> Result<ClusterSpec> {
         let hosts = Hostfile::read(hostfile)?;
         if rank >= hosts.hosts.len() {
             bail!("--rank {rank}: the host file names {} ranks (0..{})", hosts.hosts.len(), hosts.hosts.len() - 1);
         }
         hosts.ring(ring_port)?;
-        Ok(ClusterSpec { hosts, rank, ring_port, join_timeout, pass_timeout })
+        Ok(ClusterSpec { hosts, rank, ring_port, join_timeout, pass_timeout, parallel })
     }
 
     pub fn size(&self) -> usize {
@@ -80,8 +108,8 @@ impl ClusterSpec {
 }
 
 /// What every rank says in the handshake: its budget, rank 0's prefix cache budget, and
-/// the model it read (from [`MODEL`] on).
-const HELLO: usize = 11;
+/// the model it read and how to split it (from [`MODEL`] on).
+const HELLO: usize = 12;
 const MODEL: usize = 2;
 
 /// A rank's part, loaded, and its link to the others.
@@ -110,6 +138,7 @@ pub fn join_and_load(
 ) -> Result<Joined> {
     let group = Group::join_ring_within(spec.join_timeout, spec.size())?;
     let mut prefix = 0;
+    let mut tensor = false;
     if (group.rank(), group.size()) != (spec.rank, spec.size()) {
         bail!("MLX's ring says rank {} of {}, the host file rank {} of {}", group.rank(), group.size(), spec.rank, spec.size());
     }
@@ -131,6 +160,7 @@ pub fn join_and_load(
             format as i32,
             crate::engine::DeviceKind::for_this_platform() as i32,
             tensors.quantization().map_or(0, |q| q.bits * 1000 + q.group_size),
+            spec.parallel as i32,
         ];
         let all = group.all_gather(&Array::from_slice(&mine, &[1, HELLO as i32]))?;
         all.eval().context("the handshake with the other ranks")?;
@@ -138,7 +168,7 @@ pub fn join_and_load(
         for (rank, hello) in all.chunks(HELLO).enumerate() {
             if hello[MODEL..] != all[MODEL..HELLO] {
                 bail!(
-                    "rank {rank} runs another model or arithmetic (layers, hidden, vocab, heads, KV heads, MLP, weight format, device, quantization: {:?}; rank 0: {:?}): every rank needs the same model file, --weight-format and kind of device",
+                    "rank {rank} runs another model or arithmetic (layers, hidden, vocab, heads, KV heads, MLP, weight format, device, quantization, --parallel: {:?}; rank 0: {:?}): every rank needs the same model file, --weight-format, --parallel and kind of device",
                     &hello[MODEL..],
                     &all[MODEL..HELLO]
                 );
@@ -146,13 +176,31 @@ pub fn join_and_load(
         }
         prefix = (all[1].max(0) as usize) << 10;
         let budgets: Vec<u64> = all.chunks(HELLO).map(|h| (h[0].max(0) as u64) << 20).collect();
+        if tensor_parallel(spec.parallel, config, spec.size())? {
+            plan::check_shares(&layers, ends, &budgets)?;
+            tracing::info!("cluster of {}, tensor parallel: 1/{} of every layer's heads and MLP units a rank (rank 0 also the embedding and head); this is rank {}", spec.size(), spec.size(), spec.rank);
+            tensor = true;
+            let shard = Shard { rank: spec.rank, of: spec.size() };
+            return Ok(Slice { layers: 0..config.num_layers, ends: spec.rank == 0, shard: Some(shard) });
+        }
         let plan = plan::split(&layers, ends, &budgets)?;
-        tracing::info!("cluster of {}: layers {:?} (rank 0 also the embedding and head); this is rank {}", plan.len(), plan, spec.rank);
-        Ok(Slice { layers: plan[spec.rank].clone(), ends: spec.rank == 0 })
+        tracing::info!(
+            "cluster of {}, pipeline parallel: layers {:?} (rank 0 also the embedding and head); this is rank {}",
+            plan.len(),
+            plan,
+            spec.rank
+        );
+        Ok(Slice { layers: plan[spec.rank].clone(), ends: spec.rank == 0, shard: None })
     };
-    let (model, codec, info) = loader::load_part(path, id, format, None, progress, &mut handshake)?;
+    let (mut model, codec, info) = loader::load_part(path, id, format, None, progress, &mut handshake)?;
+    let group = Rc::new(group);
+    if tensor {
+        let sum = group.clone();
+        model.set_reduce(Rc::new(move |x: &Array| sum.all_sum(x)));
+    }
     let hosts = spec.hosts.hosts.iter().map(|h| h.ssh.clone()).collect();
-    Ok(Joined { model, codec, info, link: Link::new(group, bell, hosts, spec.pass_timeout), prefix_bytes: prefix })
+    let link = Link::new(group, bell, hosts, spec.pass_timeout, tensor);
+    Ok(Joined { model, codec, info, link, prefix_bytes: prefix })
 }
 
 impl Joined {
@@ -166,6 +214,21 @@ impl Joined {
             _ => (None, Some(self.link)),
         };
         (Executor::new(self.model, prefix, mine), self.codec, self.info, theirs)
+    }
+}
+
+/// Whether to split `config` by heads over `ranks`: `--parallel tensor` where it cannot is
+/// refused, saying why; auto falls back to pipeline, saying why.
+fn tensor_parallel(parallel: Parallel, config: &ModelConfig, ranks: usize) -> Result<bool> {
+    let refusal = Shard::refusal(config, ranks);
+    match (parallel, refusal) {
+        (Parallel::Pipeline, _) => Ok(false),
+        (Parallel::Tensor, Some(why)) => bail!("--parallel tensor: {why}; use --parallel pipeline, or a number of ranks that divides them"),
+        (Parallel::Auto, Some(why)) => {
+            tracing::info!("pipeline parallel: {why} (tensor parallel needs that)");
+            Ok(false)
+        }
+        (_, None) => Ok(true),
     }
 }
 

@@ -52,9 +52,37 @@ pub fn split(layer_bytes: &[u64], ends_bytes: u64, budgets: &[u64]) -> Result<Ve
     Ok(plan)
 }
 
+/// Tensor parallel: every rank holds an equal share of every layer (rank 0 also the ends);
+/// an error names the first rank whose share exceeds its budget.
+pub fn check_shares(layer_bytes: &[u64], ends_bytes: u64, budgets: &[u64]) -> Result<()> {
+    let share = layer_bytes.iter().sum::<u64>() / budgets.len().max(1) as u64;
+    for (r, &budget) in budgets.iter().enumerate() {
+        let held = share + if r == 0 { ends_bytes } else { 0 };
+        if held > budget {
+            bail!(
+                "rank {r} would hold {} (1/{} of every layer{}), over its budget of {}",
+                human(held),
+                budgets.len(),
+                if r == 0 { " and the ends" } else { "" },
+                human(budget)
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tensor_shares_are_checked_against_each_budget() {
+        assert!(check_shares(&[300; 3], 100, &[400, 300, 300]).is_ok());
+        let e = check_shares(&[300; 3], 100, &[399, 300, 300]).unwrap_err().to_string();
+        assert!(e.contains("rank 0 would hold") && e.contains("and the ends"), "{e}");
+        let e = check_shares(&[300; 3], 0, &[900, 900, 299]).unwrap_err().to_string();
+        assert!(e.contains("rank 2 would hold"), "{e}");
+    }
 
     #[test]
     fn equal_budgets_split_evenly_with_rank_0_paying_for_the_ends() {

@@ -1,7 +1,7 @@
 //! Each rank's figures, carried to rank 0 with every pass (a few hundred bytes a rank):
 //! what it holds, MLX's active memory there, and where its time went (computing its layers
 //! or waiting on the link). Rank 0 keeps the latest set ([`ClusterStats`]) for `/metrics`.
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -57,18 +57,23 @@ impl Meter {
     }
 }
 
+/// What to do once the ring breaks, given why.
+pub type OnBroken = Box<dyn Fn(&str) + Send>;
+
 /// Rank 0's view of the cluster, for `/metrics` and `/health`.
-#[derive(Debug)]
 pub struct ClusterStats {
     pub ranks: usize,
     latest: Mutex<Vec<RankReport>>,
     /// Why the ring broke, once it has.
     broken: Mutex<Option<String>>,
+    news: Condvar,
+    /// Called once, when the ring breaks.
+    on_broken: Mutex<Option<OnBroken>>,
 }
 
 impl ClusterStats {
     pub fn new(ranks: usize) -> ClusterStats {
-        ClusterStats { ranks, latest: Mutex::new(vec![]), broken: Mutex::new(None) }
+        ClusterStats { ranks, latest: Mutex::new(vec![]), broken: Mutex::new(None), news: Condvar::new(), on_broken: Mutex::new(None) }
     }
 
     /// Every rank's report from the last pass, in rank order.
@@ -97,6 +102,31 @@ impl ClusterStats {
 
     /// Marks the ring broken; the first reason stands (what follows is its echo).
     pub fn set_broken(&self, why: &str) {
-        self.broken.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| why.to_string());
+        let mut broken = self.broken.lock().unwrap_or_else(|e| e.into_inner());
+        if broken.is_some() {
+            return;
+        }
+        *broken = Some(why.to_string());
+        drop(broken);
+        self.news.notify_all();
+        if let Some(f) = self.on_broken.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            f(why);
+        }
+    }
+
+    /// Calls `f` with why once the ring breaks (at once if it has).
+    pub fn on_broken(&self, f: OnBroken) {
+        let mut slot = self.on_broken.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = self.broken() {
+            f(&why);
+        }
+        *slot = Some(f);
+    }
+
+    /// Why the ring broke, waiting up to `wait` to hear it.
+    pub fn await_broken(&self, wait: Duration) -> Option<String> {
+        let guard = self.broken.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = self.news.wait_timeout_while(guard, wait, |b| b.is_none()).unwrap_or_else(|e| e.into_inner());
+        guard.clone()
     }
 }

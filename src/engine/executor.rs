@@ -63,6 +63,8 @@ impl Op {
 
 /// How long rank 0 waits for its stop to go round the ring before it exits anyway.
 const STOP_ROUND: Duration = Duration::from_secs(5);
+/// How long rank 0, its link failed, waits to hear which rank was lost.
+const NEWS_WAIT: Duration = Duration::from_secs(2);
 
 pub struct Executor {
     pub model: Model,
@@ -213,22 +215,30 @@ impl Executor {
         self.prefix.stats()
     }
 
-    /// A rank past 0: receives ops from the rank before it and runs them on its layers,
-    /// passing each pass's hidden states on, until rank 0 says stop (Ok) or the link fails.
+    /// A rank past 0: receives ops from the rank before it and runs them on its layers
+    /// until rank 0 says stop (Ok) or the link fails. Pipeline: passes each pass's hidden
+    /// states on after its layers. Tensor parallel: passes rank 0's message on first, then
+    /// runs the pass with the others (their all_sums meet) and gathers the figures.
     pub fn follow(&mut self, link: &mut Link) -> Result<()> {
         self.meter.report.rank = link.rank();
+        let tensor = link.tensor();
         loop {
             let waiting = Instant::now();
             let mut msg = link.receive(self.model.config.hidden_size, self.model.dtype)?;
             self.meter.waited(waiting.elapsed());
-            let mut stop = false;
+            let stop = msg.ops.iter().any(|op| matches!(op, Op::Shutdown));
+            if stop {
+                link.leave();
+            }
+            if tensor {
+                let on = Message { ops: msg.ops.clone(), reports: vec![], hidden: msg.hidden.clone().filter(|_| !link.is_last()) };
+                let sent = link.forward(on)?;
+                self.meter.sent(sent);
+            }
             let mut hidden = None;
             for op in &msg.ops {
                 match op {
-                    Op::Shutdown => {
-                        link.leave();
-                        stop = true
-                    }
+                    Op::Shutdown => {}
                     op if op.rows() > 0 => {
                         let h = msg.hidden.clone().context("a pass without hidden states")?;
                         let computing = Instant::now();
@@ -241,53 +251,84 @@ impl Executor {
                 }
             }
             if hidden.is_some() {
-                msg.reports.push(self.meter.after_pass(self.kv_held().1));
+                let report = self.meter.after_pass(self.kv_held().1);
+                match tensor {
+                    true => drop(link.gather_reports(&report)?),
+                    false => msg.reports.push(report),
+                }
             }
-            let sent = link.forward(Message { ops: msg.ops, reports: msg.reports, hidden })?;
-            self.meter.sent(sent);
+            if !tensor {
+                let sent = link.forward(Message { ops: msg.ops, reports: msg.reports, hidden })?;
+                self.meter.sent(sent);
+            }
             if stop {
                 return Ok(());
             }
         }
     }
 
-    /// Runs `op`'s pass through this process's layers and, in a pipeline, the other ranks'
+    /// Runs `op`'s pass through this process's layers and, in a cluster, the other ranks'
     /// (with the ops they have not seen yet ahead of it): the last layer's hidden states.
     fn pass(&mut self, op: Op, h: Array) -> Result<Array> {
-        if self.ring.is_none() {
-            return self.layers(&op, h);
-        }
+        let Some(ring) = &self.ring else { return self.layers(&op, h) };
         if let Some(why) = self.broken() {
             anyhow::bail!("{why}");
         }
+        match ring.link.tensor() {
+            true => self.tensor_pass(op, h),
+            false => self.pipeline_pass(op, h),
+        }
+    }
+
+    /// Pipeline: this rank's layers, then the pass round the ring and back.
+    fn pipeline_pass(&mut self, op: Op, h: Array) -> Result<Array> {
         let computing = Instant::now();
         let h = self.layers(&op, h)?;
         h.eval()?;
         self.meter.computed(computing.elapsed());
         let (_, kv) = self.kv_held();
-        let ring = self.ring.as_mut().expect("checked above");
+        let ring = self.ring.as_mut().expect("a cluster's rank 0");
         ring.pending.push(op);
         let msg = Message { ops: std::mem::take(&mut ring.pending), reports: vec![], hidden: Some(h) };
         let waiting = Instant::now();
         let back = ring.link.send(&msg).and_then(|sent| Ok((sent, ring.link.receive_back(msg.hidden.as_ref().unwrap())?)));
-        match back {
-            Ok((sent, (h, mut reports))) => {
-                self.meter.waited(waiting.elapsed());
-                self.meter.sent(sent);
-                reports.push(self.meter.after_pass(kv));
-                ring.stats.set_latest(reports);
-                Ok(h)
-            }
-            Err(e) => {
-                let why = format!("the cluster lost a rank ({e:#}); restart every rank");
-                tracing::error!("{why}");
-                // The ranks still up may be waiting for rank 0's next pass: tell them to stop
-                // (one past a dead link hears it as that link's failure and exits too).
-                let _ = ring.link.send(&Message { ops: vec![Op::Shutdown], reports: vec![], hidden: None });
-                ring.stats.set_broken(&why);
-                Err(anyhow!(why))
-            }
-        }
+        let (sent, (h, mut reports)) = back.map_err(|e| self.lose(e))?;
+        self.meter.waited(waiting.elapsed());
+        self.meter.sent(sent);
+        reports.push(self.meter.after_pass(kv));
+        self.ring.as_ref().expect("a cluster's rank 0").stats.set_latest(reports);
+        Ok(h)
+    }
+
+    /// Tensor parallel: the embedded input round the ring, then the pass on every rank at
+    /// once. Every rank meets at each layer's all_sums, so any failure leaves the others'
+    /// state behind: it ends the cluster.
+    fn tensor_pass(&mut self, op: Op, h: Array) -> Result<Array> {
+        let ring = self.ring.as_mut().expect("a cluster's rank 0");
+        ring.pending.push(op.clone());
+        let msg = Message { ops: std::mem::take(&mut ring.pending), reports: vec![], hidden: Some(h.clone()) };
+        let sent = ring.link.send(&msg).map_err(|e| self.lose(e))?;
+        self.meter.sent(sent);
+        let computing = Instant::now();
+        let out = self.layers(&op, h).and_then(|h| Ok(h.eval().map(|_| h)?)).map_err(|e| self.lose(e))?;
+        self.meter.computed(computing.elapsed());
+        let report = self.meter.after_pass(self.kv_held().1);
+        let reports = self.ring.as_ref().expect("a cluster's rank 0").link.gather_reports(&report).map_err(|e| self.lose(e))?;
+        self.ring.as_ref().expect("a cluster's rank 0").stats.set_latest(reports);
+        Ok(out)
+    }
+
+    /// The ring failed with `e`: marks the cluster broken, naming the rank lost when its
+    /// neighbour's news arrives (it comes a moment after the link fails here), and sends
+    /// the news on to the ranks still up, which exit. The error for the requests.
+    fn lose(&mut self, e: anyhow::Error) -> anyhow::Error {
+        let ring = self.ring.as_mut().expect("a cluster's rank 0");
+        let why = ring.stats.await_broken(NEWS_WAIT).unwrap_or_else(|| format!("the cluster lost a rank ({e:#}); restart every rank"));
+        ring.stats.set_broken(&why);
+        tracing::error!("{why}");
+        ring.link.leave();
+        ring.link.tell_lost(&why);
+        anyhow!(why)
     }
 
     /// `op`'s pass through this process's layers.

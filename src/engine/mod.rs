@@ -173,6 +173,20 @@ pub struct Shared {
     ready: tokio::sync::Notify,
     /// How far the load has got, in thousandths.
     load_progress: std::sync::atomic::AtomicU32,
+    /// Set when the thread is left stuck (a stop found it in a step, or a cluster's rank
+    /// was lost while it waited in a collective): why a restart is required. A watch, so
+    /// the requests it was running end when it is set: [`request::Events`].
+    stuck: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl Shared {
+    /// The engine thread is left behind: ends its requests with `reason` and turns the
+    /// engine failed.
+    fn give_up(&self, reason: &str) {
+        self.stuck.send_replace(Some(reason.to_string()));
+        *self.state.write().unwrap() = LoadState::Failed(reason.to_string());
+        self.ready.notify_waiters();
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -194,9 +208,6 @@ pub struct Engine {
     thread: Mutex<Option<EngineThread>>,
     /// Serializes shutdowns.
     lifecycle: Mutex<()>,
-    /// Set when a stop found the thread stuck in a step: why a restart is required.
-    /// (A watch, so the requests it was running end when it is set: [`request::Events`].)
-    stuck: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl Engine {
@@ -212,18 +223,11 @@ impl Engine {
             stopping: Default::default(),
             ready: tokio::sync::Notify::new(),
             load_progress: Default::default(),
+            stuck: tokio::sync::watch::Sender::new(None),
         });
         let device = DeviceKind::for_this_platform();
         let (tx, thread) = spawn_thread(&options, device, &shared)?;
-        Ok(Engine {
-            jobs: Mutex::new(tx),
-            shared,
-            options,
-            device,
-            thread: Mutex::new(Some(thread)),
-            lifecycle: Mutex::new(()),
-            stuck: tokio::sync::watch::Sender::new(None),
-        })
+        Ok(Engine { jobs: Mutex::new(tx), shared, options, device, thread: Mutex::new(Some(thread)), lifecycle: Mutex::new(()) })
     }
 
     /// Asks the engine thread to stop within one step and waits for it, at most
@@ -243,9 +247,7 @@ impl Engine {
                     self.options.stop_timeout.as_secs_f64()
                 );
                 tracing::error!("{reason}");
-                self.stuck.send_replace(Some(reason.clone()));
-                *self.shared.state.write().unwrap() = LoadState::Failed(reason.clone());
-                self.shared.ready.notify_waiters();
+                self.shared.give_up(&reason);
                 Err(reason)
             }
             // Exited (the sender went with the thread): the join returns at once.
@@ -390,7 +392,7 @@ impl Engine {
     /// Why a restart is required, when a stop found the engine thread stuck (it still
     /// holds what it had).
     pub fn stuck(&self) -> Option<String> {
-        self.stuck.borrow().clone()
+        self.shared.stuck.borrow().clone()
     }
 
     pub fn new_request(
@@ -413,7 +415,7 @@ impl Engine {
             events: tx,
             enqueued_at: Instant::now(),
         };
-        (req, Events::new(rx, self.stuck.subscribe()))
+        (req, Events::new(rx, self.shared.stuck.subscribe()))
     }
 }
 
@@ -542,6 +544,13 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     let codec = Arc::new(codec);
     let experts = model.expert_stats();
     let cluster = exec.cluster_stats();
+    if let Some(c) = &cluster {
+        // A lost rank can leave this thread waiting in a collective for ever (MLX's ring
+        // notices a dead peer in send and recv, not in every all_sum): its requests end
+        // and the engine turns failed at once, whether or not the thread comes back.
+        let shared = shared.clone();
+        c.on_broken(Box::new(move |why| shared.give_up(why)));
+    }
     *shared.loaded.write().unwrap() = Some(Loaded { info, codec: codec.clone(), grammars, experts, cluster });
     progress(1.0);
     set_state(LoadState::Ready);

@@ -21,6 +21,7 @@ pub mod phi3;
 pub mod quantized;
 pub mod qwen3_moe;
 pub mod rope;
+pub mod shard;
 pub mod switch;
 pub mod validate;
 
@@ -38,6 +39,7 @@ use super::kv_cache::KvCache;
 use config::{LocalAttention, ModelConfig};
 use linear::{expect_shape, Embedding, Linear, Weight};
 use mlp::Mlp;
+use shard::{Reduce, Shard};
 
 /// How weights are held in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum, schemars::JsonSchema)]
@@ -180,19 +182,23 @@ struct Block {
 }
 
 impl Block {
-    /// `h + mlp(rms_norm(h))`, the MLP's output normed too when sandwiched.
-    fn mlp(&self, h: &Array, eps: f32) -> Result<Array> {
-        match &self.post_norms {
-            None => self.mlp.forward_add(h, &self.mlp_norm, eps),
-            Some([_, post]) => Ok(h.add(fast::rms_norm(&self.mlp.forward_normed(h, &self.mlp_norm, eps)?, Some(post), eps)?)?),
+    /// `h + mlp(rms_norm(h))`, the MLP's output normed too when sandwiched; a tensor-parallel
+    /// share's partial output summed over the ranks first.
+    fn mlp(&self, h: &Array, eps: f32, reduce: Option<&Reduce>) -> Result<Array> {
+        match (&self.post_norms, reduce) {
+            (None, None) => self.mlp.forward_add(h, &self.mlp_norm, eps),
+            (None, Some(sum)) => Ok(h.add(sum(&self.mlp.forward_normed(h, &self.mlp_norm, eps)?)?)?),
+            (Some([_, post]), _) => Ok(h.add(fast::rms_norm(&self.mlp.forward_normed(h, &self.mlp_norm, eps)?, Some(post), eps)?)?),
         }
     }
 
-    /// `h + o(attention)`, the output normed too when sandwiched.
-    fn attention_out(&self, o: &Array, h: &Array, eps: f32) -> Result<Array> {
-        match &self.post_norms {
-            None => self.o.forward_add(o, h),
-            Some([post, _]) => Ok(h.add(fast::rms_norm(&self.o.forward(o)?, Some(post), eps)?)?),
+    /// `h + o(attention)`, the output normed too when sandwiched; summed over the ranks
+    /// first as in [`Block::mlp`].
+    fn attention_out(&self, o: &Array, h: &Array, eps: f32, reduce: Option<&Reduce>) -> Result<Array> {
+        match (&self.post_norms, reduce) {
+            (None, None) => self.o.forward_add(o, h),
+            (None, Some(sum)) => Ok(h.add(sum(&self.o.forward(o)?)?)?),
+            (Some([post, _]), _) => Ok(h.add(fast::rms_norm(&self.o.forward(o)?, Some(post), eps)?)?),
         }
     }
 }
@@ -206,11 +212,14 @@ pub struct Slice {
     /// The embedding, final norm and head: the rank that samples holds both ends (a tied
     /// head is then not held twice, and ranks pass hidden states, never logits).
     pub ends: bool,
+    /// Tensor parallel: this rank's share of every layer's heads and MLP units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
 }
 
 impl Slice {
     pub fn whole(num_layers: usize) -> Slice {
-        Slice { layers: 0..num_layers, ends: true }
+        Slice { layers: 0..num_layers, ends: true, shard: None }
     }
 }
 
@@ -239,6 +248,8 @@ pub struct Model {
     cpu_rope: bool,
     /// A streamed model's experts (their cache and its figures).
     experts: Option<Rc<ExpertStore>>,
+    /// Tensor parallel: adds up o's and down's partial outputs over the ranks.
+    reduce: Option<Reduce>,
 }
 
 impl Model {
@@ -264,6 +275,16 @@ impl Model {
         progress: &dyn Fn(f64),
     ) -> Result<Model> {
         config.validate()?;
+        // A tensor-parallel share runs as a model of its own heads and MLP units.
+        let config = match slice.shard {
+            Some(shard) => {
+                if let Some(why) = Shard::refusal(&config, shard.of) {
+                    anyhow::bail!("{why}");
+                }
+                shard.local(&config)
+            }
+            None => config,
+        };
         anyhow::ensure!(
             slice.layers.start < slice.layers.end && slice.layers.end <= config.num_layers,
             "layers {:?} of a {}-layer model",
@@ -317,6 +338,27 @@ impl Model {
             let bias = t.vectors.remove(&format!("{name}.bias")).map(vector).transpose()?;
             Ok(Linear { weight: w, bias })
         };
+        // A share's projections: its rows of those that fan out (q, k, v, gate, up), its
+        // columns of those that gather (o, down; their bias is added once, on rank 0).
+        let shard = slice.shard;
+        let cut_rows = |t: &mut TensorMap, name: &str| -> Result<()> {
+            let Some(shard) = shard else { return Ok(()) };
+            let w = shard.rows(t.take_weight(name)?)?;
+            t.weights.insert(name.to_string(), w);
+            if let Some(b) = t.vectors.remove(&format!("{name}.bias")) {
+                t.vectors.insert(format!("{name}.bias"), shard.vector_rows(b)?);
+            }
+            Ok(())
+        };
+        let cut_columns = |t: &mut TensorMap, name: &str, local_inputs: i32| -> Result<()> {
+            let Some(shard) = shard else { return Ok(()) };
+            let w = shard.columns(t.take_weight(name)?, local_inputs * shard.of as i32)?;
+            t.weights.insert(name.to_string(), w);
+            if shard.rank > 0 {
+                t.vectors.remove(&format!("{name}.bias"));
+            }
+            Ok(())
+        };
 
         let embed = match slice.ends {
             true => {
@@ -330,6 +372,11 @@ impl Model {
         let mut blocks = Vec::with_capacity(slice.layers.len());
         for i in slice.layers.clone() {
             let p = |s: &str| format!("layers.{i}.{s}");
+            for name in ["q", "k", "v", "gate", "up"] {
+                cut_rows(&mut t, &p(name))?;
+            }
+            cut_columns(&mut t, &p("o"), q_out)?;
+            cut_columns(&mut t, &p("down"), c.intermediate_size)?;
             let qkv = vec![linear(&mut t, &p("q"), q_out)?, linear(&mut t, &p("k"), kv_out)?, linear(&mut t, &p("v"), kv_out)?];
             let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
                 Some(moe) => Mlp::sparse(&mut t, i, moe, c.hidden_size, &weight, &router, streamed.as_ref())?,
@@ -389,7 +436,8 @@ impl Model {
             && !c.style.attention_sinks
             && super::cpu_backend::has_decode_attention();
         let cpu_rope = !on_gpu && dtype == Dtype::Float32 && super::cpu_backend::has_rope();
-        let model = Model { config, dtype, format, slice, ends, blocks, rope_periods, cpu_attention, cpu_rope, experts: streamed };
+        let model =
+            Model { config, dtype, format, slice, ends, blocks, rope_periods, cpu_attention, cpu_rope, experts: streamed, reduce: None };
         model.eval_weights(progress)?;
         Ok(model)
     }
@@ -439,6 +487,12 @@ impl Model {
     }
 
     /// A streamed model's expert cache figures; None when every expert is resident.
+    /// Tensor parallel: sums o's and down's partial outputs over the ranks with `reduce`
+    /// (a model assembled from a [`Shard`]).
+    pub fn set_reduce(&mut self, reduce: Reduce) {
+        self.reduce = Some(reduce);
+    }
+
     pub fn expert_stats(&self) -> Option<Arc<ExpertStats>> {
         self.experts.as_ref().map(|s| s.stats.clone())
     }
@@ -506,8 +560,8 @@ impl Model {
                 outs.push(self.attention(&mine, cache, i, offsets[p], l)?);
             }
             let o = if outs.len() == 1 { outs.pop().unwrap() } else { ops::concatenate(&outs, 1)? };
-            h = b.attention_out(&o, &h, c.rms_norm_eps)?;
-            h = b.mlp(&h, c.rms_norm_eps)?;
+            h = b.attention_out(&o, &h, c.rms_norm_eps, self.reduce.as_ref())?;
+            h = b.mlp(&h, c.rms_norm_eps, self.reduce.as_ref())?;
         }
         for (cache, &l) in caches.iter_mut().zip(lens) {
             cache.advance(l);
@@ -653,7 +707,7 @@ impl Model {
                 _ => &mask,
             };
             h = self.batched_attention(b, &h, kv, i, &positions, mask)?;
-            h = b.mlp(&h, c.rms_norm_eps)?;
+            h = b.mlp(&h, c.rms_norm_eps, self.reduce.as_ref())?;
         }
         kv.advance();
         Ok(h)
@@ -691,7 +745,7 @@ impl Model {
             let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, b.sinks.as_ref())?;
             o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, n, c.num_heads * c.head_dim])?
         };
-        b.attention_out(&o, h, c.rms_norm_eps)
+        b.attention_out(&o, h, c.rms_norm_eps, self.reduce.as_ref())
     }
 
     /// RoPE for `x` `[B, heads, 1, head_dim]` with row i at position `offsets[i]`
