@@ -426,6 +426,9 @@ async fn idle_ranks_sleep_and_a_rank_lost_while_idle_is_named() {
     })
     .await;
     assert_eq!(h["state"], "failed", "{h}");
+    // The cluster_rank_lost alert fires, its notice naming the rank.
+    let notice = ranks[0].line("A rank of the cluster was lost", 15);
+    assert!(notice.contains("The cluster lost rank 1 (localhost)"), "{notice}");
     let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&chat_body(QUESTION, 8)).send().await.unwrap();
     assert!(resp.status().is_server_error(), "{}", resp.status());
 }

@@ -18,6 +18,8 @@ const fmtSecs = (s, count) => {
   return s < 1 ? `${Math.round(s * 1000)} ms` : `${s.toFixed(2)} s`;
 };
 const fmtInt = (n) => Number(n || 0).toLocaleString("en-US");
+// milliseconds: one decimal below 10 ms
+const fmtMs = (ms) => `${ms < 10 ? ms.toFixed(1) : Math.round(ms)} ms`;
 const text = (id, v) => { const el = $(id); if (el.textContent !== String(v)) el.textContent = v; };
 
 // ---- the throughput sparkline (uPlot) ----
@@ -408,6 +410,44 @@ function modelItem(m) {
   }
   return li;
 }
+// A model served by several ranks: the mode and the ranks serving, then a row a rank (its
+// host, what it holds, MLX's memory there, and a pass's time computing vs waiting on the
+// ring); once a rank is lost, which one, in the server's words.
+function cluster(c) {
+  $("cluster").hidden = !c;
+  if (!c) return;
+  const link = c.link_ms_per_pass == null ? "" : ` · links ${fmtMs(c.link_ms_per_pass)} a pass`;
+  text("cluster-summary", `${c.parallel} parallel · ${c.healthy} of ${c.ranks} ranks serving${link}`);
+  const lost = $("cluster-lost");
+  lost.hidden = !c.broken;
+  lost.textContent = c.broken ? `${c.broken[0].toUpperCase()}${c.broken.slice(1)}` : "";
+  const rows = c.hosts.map((host, rank) => {
+    const li = document.createElement("li");
+    li.className = c.broken ? "failed" : "";
+    li.dataset.testid = "cluster-rank";
+    const t = document.createElement("div");
+    t.className = "text";
+    const name = document.createElement("div");
+    name.className = "name";
+    name.textContent = `rank ${rank} · ${host}`;
+    const sub = document.createElement("div");
+    sub.className = "sub";
+    const m = c.members.find((r) => r.rank === rank);
+    if (m) {
+      const per = (secs) => fmtMs(m.passes ? (1000 * secs) / m.passes : 0);
+      const held = c.parallel === "tensor" ? `1/${c.ranks} of ${m.layers} layers` : `${m.layers} layers`;
+      sub.textContent = `${held} · ${fmtBytes(m.weight_bytes)} weights · KV ${fmtBytes(m.kv_bytes)} · MLX ${fmtBytes(m.mlx_active_bytes)} · ${per(m.compute_seconds)} computing, ${per(m.link_wait_seconds)} waiting a pass`;
+      sub.title = `${fmtInt(m.passes)} passes; ${fmtBytes(m.link_sent_bytes)} sent on the ring`;
+    } else {
+      sub.textContent = "no pass yet";
+    }
+    t.append(name, sub);
+    li.append(t);
+    return li;
+  });
+  $("cluster-ranks").replaceChildren(...rows);
+}
+
 // A streamed model's experts: how many are in memory, how often the router found its
 // choice there, and how fast the rest come from disk (the server's rate over 10 s).
 function expertLine(x) {
@@ -567,6 +607,7 @@ function render(s) {
   text("status", { serving: "Serving", paused: "Paused", loading: "Loading", error: st === "failed" ? "Model failed" : "Stopped" }[mode]);
   text("device", `${s.device.toUpperCase()}${model ? ` · ${model.weight_format} · ${fmtBytes(model.weight_bytes)} weights` : ""}`);
   if (s.scheduler.restart_required) showBanner(`Restart required: ${s.scheduler.restart_required}`);
+  else if (s.cluster?.broken) showBanner(`The cluster stopped serving: ${s.cluster.broken}`);
   else if (st === "failed") showBanner(`The model failed to load: ${s.state.detail}`);
   else if (st === "loading") showBanner("Loading the model… requests wait until it is ready.", "info");
   else if (s.paused) showBanner("Serving is paused: new requests get 503 until you resume from the menu.", "info");
@@ -596,6 +637,7 @@ function render(s) {
   text("tokens-unit", s.totals.completion_tokens === 1 ? "token" : "tokens");
   recentRequests(s.requests.recent);
   power(s.power);
+  cluster(s.cluster);
   alerts(s.alerts);
   // the library changed (a download finished, a folder appeared): refetch the picker's list
   if (s.library_generation !== libraryGeneration) {

@@ -129,6 +129,14 @@ impl Alerts {
                             n.body += &throughput_change(then, now_tps);
                         }
                     }
+                    // Which rank: what the user must go and look at.
+                    if let (Signal::ClusterRanksLost, NoticeKind::Firing, Some(why)) = (rule.signal, kind, &reading.cluster_lost) {
+                        let mut why = why.trim_end_matches('.').to_string();
+                        if let Some(first) = why.get(..1).map(str::to_uppercase) {
+                            why.replace_range(..1, &first);
+                        }
+                        n.body = format!("{} {why}.", n.body);
+                    }
                     out.push(n);
                 }
             }

@@ -25,6 +25,7 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
     let ttft = metrics.live.ttft_seconds();
     let stats = models.stats();
     let power = telemetry.power.latest();
+    let cluster = models.engine(models.default_id()).and_then(|e| e.loaded()).and_then(|l| l.cluster);
     Reading {
         pressure: mem.and_then(|m| m.pressure.as_number()).map(f64::from),
         swap_used_bytes: mem.map(|m| m.swap_used as f64),
@@ -42,6 +43,8 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
         gpu_busy_ratio: power.gpu_busy_ratio,
         thermal_pressure: power.thermal_pressure.map(|t| f64::from(t.as_number())),
         tokens_per_second: metrics.live.tokens_per_second_now(),
+        cluster_ranks_lost: cluster.as_ref().map(|c| (c.ranks - c.healthy()) as f64),
+        cluster_lost: cluster.and_then(|c| c.broken()),
     }
 }
 

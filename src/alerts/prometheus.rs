@@ -35,6 +35,8 @@ const HEADER: &str = "\
 #   than the window; the app counts exactly.
 # - The app's thermal_throttling notice also says how far tokens/s fell since the
 #   pressure rose; the rule here shows the level alone.
+# - The app's cluster_rank_lost notice also names the rank lost; the rule here shows
+#   how many ranks are not serving.
 groups:
   - name: mlxbar
     rules:
@@ -97,6 +99,8 @@ pub fn value(r: &Rule) -> String {
         // no sample where the GPU cannot be read (Linux): never fires there, as in the app
         Signal::GpuIdleWhileGenerating => "(1 - mlxbar_gpu_busy_ratio) * (mlxbar_scheduler_running_requests > bool 0)".into(),
         Signal::ThermalPressure => "mlxbar_thermal_pressure".into(),
+        // no sample without a cluster, as in the app
+        Signal::ClusterRanksLost => "mlxbar_cluster_ranks - mlxbar_cluster_ranks_healthy".into(),
     }
 }
 
@@ -126,6 +130,7 @@ fn unit(signal: Signal) -> (&'static str, &'static str, &'static str) {
         Signal::QueueBacklog => ("", "humanize", " waiting"),
         Signal::ExpertMissRatio => ("", "humanizePercentage", ""),
         Signal::GpuIdleWhileGenerating => ("", "humanizePercentage", " idle"),
+        Signal::ClusterRanksLost => ("", "humanize", " not serving"),
         Signal::MemoryPressure | Signal::EngineErrors | Signal::AdmissionHeld | Signal::RestartRequired | Signal::ThermalPressure => {
             ("", "humanize", "")
         }

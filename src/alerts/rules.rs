@@ -41,6 +41,9 @@ pub enum Signal {
     GpuIdleWhileGenerating,
     /// macOS thermal pressure: 0 nominal, 1 fair, 2 serious, 3 critical.
     ThermalPressure,
+    /// Ranks of the cluster rank 0 serves with that are lost (0 while all serve); no value
+    /// without a cluster.
+    ClusterRanksLost,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -128,6 +131,7 @@ pub fn summary(signal: Signal, threshold: f64, window_seconds: f64) -> String {
             format!("Generating with the GPU {t} or more: the model may be running on the CPU")
         }
         Signal::ThermalPressure => format!("Thermal pressure is {t} or above: the Mac is throttling"),
+        Signal::ClusterRanksLost => "A rank of the cluster was lost: restart every rank".into(),
     }
 }
 
@@ -157,6 +161,7 @@ pub fn defaults() -> Vec<Rule> {
         // macOS only: GPU busy under 5 % for 30 s while requests generate
         rule("gpu_idle_while_generating", GpuIdleWhileGenerating, Warning, 0.95, 0.95, 30.0, 0.0),
         rule("thermal_throttling", ThermalPressure, Warning, 2.0, 2.0, 60.0, 0.0),
+        rule("cluster_rank_lost", ClusterRanksLost, Critical, 1.0, 1.0, 0.0, 0.0),
     ]
 }
 

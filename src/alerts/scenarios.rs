@@ -79,6 +79,8 @@ impl Scenario {
             gpu_busy_ratio: self.at("mlxbar_gpu_busy_ratio", t),
             thermal_pressure: self.at("mlxbar_thermal_pressure", t),
             tokens_per_second: 0.0,
+            cluster_ranks_lost: self.at("mlxbar_cluster_ranks", t).zip(self.at("mlxbar_cluster_ranks_healthy", t)).map(|(n, ok)| n - ok),
+            cluster_lost: None,
         }
     }
 
@@ -247,6 +249,16 @@ pub fn all() -> Vec<Scenario> {
             200,
             vec![series("mlxbar_thermal_pressure", "", steps(200, &[(0, 0.0), (10, 1.0), (20, 2.0), (50, 1.0), (55, 3.0), (150, 1.0)]))],
             &[(115, 180)],
+        ),
+        scenario(
+            "cluster_rank_lost",
+            "a rank of 3 lost at 20 s fires at once (rank 0 then counts none serving); the cluster restarted at 40 s resolves 30 s later",
+            100,
+            vec![
+                series("mlxbar_cluster_ranks", "", steps(100, &[(0, 3.0)])),
+                series("mlxbar_cluster_ranks_healthy", "", steps(100, &[(0, 3.0), (20, 0.0), (40, 3.0)])),
+            ],
+            &[(20, 70)],
         ),
     ];
     // A request a second with a 10 s TTFT from 10 s to 100 s. Both see a p90 over 5 s while

@@ -41,6 +41,11 @@ pub struct Reading {
     pub thermal_pressure: Option<f64>,
     /// Tokens per second over the last seconds (what a thermal notice compares).
     pub tokens_per_second: f64,
+    /// A cluster's ranks not serving (all of them once one is lost: rank 0 cannot serve
+    /// alone); None without a cluster.
+    pub cluster_ranks_lost: Option<f64>,
+    /// Which rank was lost and why, once one was (for the notice).
+    pub cluster_lost: Option<String>,
 }
 
 /// Fewer lookups than this in the window say nothing about the cache (a cold start, a
@@ -126,6 +131,7 @@ impl History {
             }
             Signal::GpuIdleWhileGenerating => r.gpu_busy_ratio.map(|busy| if r.running_requests > 0.0 { 1.0 - busy } else { 0.0 }),
             Signal::ThermalPressure => r.thermal_pressure,
+            Signal::ClusterRanksLost => r.cluster_ranks_lost,
         }
     }
 }
@@ -159,6 +165,7 @@ pub fn describe(signal: Signal, v: f64) -> String {
             2 => "serious".into(),
             _ => "critical".into(),
         },
+        Signal::ClusterRanksLost => format!("{v:.0} not serving"),
     }
 }
 

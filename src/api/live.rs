@@ -71,6 +71,7 @@ pub fn snapshot(state: &AppState) -> Snapshot {
         links: Links { metrics: "/metrics", grafana: state.config.grafana_url.clone() },
         timings: m.live.distributions(),
         throughput: m.live.throughput(),
+        cluster: e.engine(e.default_id()).and_then(|x| x.loaded()).and_then(|l| l.cluster).map(|c| c.view()),
     }
 }
 

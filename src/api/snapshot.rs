@@ -60,6 +60,8 @@ pub struct Snapshot {
     pub links: Links,
     pub timings: Distributions,
     pub throughput: Throughput,
+    /// The ranks serving the default model with this one (rank 0), when it is a cluster's.
+    pub cluster: Option<crate::distributed::report::ClusterView>,
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]

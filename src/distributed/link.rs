@@ -51,6 +51,9 @@ pub struct Link {
     pass_timeout: Duration,
     /// Tensor parallel (every rank runs every pass together), else pipeline.
     tensor: bool,
+    /// How long the last receive slept on the doorbell before the message came (idle, or
+    /// the ranks before computing): not time on the link.
+    slept: Duration,
 }
 
 /// Bytes a rank's report takes in tensor parallel's `all_gather` (JSON, space-padded).
@@ -58,7 +61,17 @@ const REPORT_BYTES: usize = 512;
 
 impl Link {
     pub fn new(group: Rc<Group>, bell: Doorbell, hosts: Vec<String>, pass_timeout: Duration, tensor: bool) -> Link {
-        Link { group, bell, hosts, pass_timeout, tensor }
+        Link { group, bell, hosts, pass_timeout, tensor, slept: Duration::ZERO }
+    }
+
+    /// How long the last receive slept before its message came (see `slept`).
+    pub fn slept(&self) -> Duration {
+        self.slept
+    }
+
+    /// Each rank's host (the host file's `ssh`).
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
     }
 
     /// Tensor parallel, else pipeline.
@@ -150,14 +163,18 @@ impl Link {
     /// A header from the previous rank, once it rang (within `timeout`, None: no limit).
     fn receive_header(&mut self, timeout: Option<Duration>) -> Result<Header> {
         let from = || format!("receiving from {}", self.name(self.prev()));
+        let sleeping = std::time::Instant::now();
         self.bell.wait(timeout).with_context(from)?;
+        let slept = sleeping.elapsed();
         let len = self.group.recv(&[1], Dtype::Int32, self.prev())?;
         len.eval().with_context(from)?;
         let n = len.as_slice::<i32>()[0];
         anyhow::ensure!(n > 0, "a message of {n} bytes from {}", self.name(self.prev()));
         let body = self.group.recv(&[n], Dtype::Uint8, self.prev())?;
         body.eval().with_context(from)?;
-        serde_json::from_slice(body.as_slice::<u8>()).with_context(|| format!("a message from {}", self.name(self.prev())))
+        let header = serde_json::from_slice(body.as_slice::<u8>()).with_context(|| format!("a message from {}", self.name(self.prev())))?;
+        self.slept = slept;
+        Ok(header)
     }
 
     /// Hidden states of `shape` and `dtype` from the previous rank.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RankReport {
     pub rank: usize,
     /// Layers held.
@@ -20,7 +20,8 @@ pub struct RankReport {
     pub passes: u64,
     /// Time spent running this rank's layers (rank 0: and the embedding).
     pub compute_seconds: f64,
-    /// Time spent waiting to receive from the link (rank 0: for the last rank's answer).
+    /// Time spent receiving from the link once the rank before rang (rank 0: from sending a
+    /// pass to the last rank's answer, the other ranks' compute included).
     pub link_wait_seconds: f64,
     pub link_sent_bytes: u64,
 }
@@ -57,12 +58,34 @@ impl Meter {
     }
 }
 
+/// The cluster rank 0 serves with, as the snapshot shows it.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct ClusterView {
+    /// "tensor" or "pipeline".
+    pub parallel: &'static str,
+    pub ranks: usize,
+    /// Ranks serving: all, or none once one was lost (rank 0 cannot serve alone).
+    pub healthy: usize,
+    /// Why the cluster stopped serving, naming the rank lost.
+    pub broken: Option<String>,
+    /// Each rank's host, by rank.
+    pub hosts: Vec<String>,
+    /// Each rank's figures as of the last pass (none before the first).
+    pub members: Vec<RankReport>,
+    /// Pipeline: milliseconds a pass spends crossing the links (every hop, there and back),
+    /// on average; null for tensor parallel or before the first pass.
+    pub link_ms_per_pass: Option<f64>,
+}
+
 /// What to do once the ring breaks, given why.
 pub type OnBroken = Box<dyn Fn(&str) + Send>;
 
 /// Rank 0's view of the cluster, for `/metrics` and `/health`.
 pub struct ClusterStats {
     pub ranks: usize,
+    /// Each rank's host (the host file's `ssh`).
+    hosts: Vec<String>,
+    tensor: bool,
     latest: Mutex<Vec<RankReport>>,
     /// Why the ring broke, once it has.
     broken: Mutex<Option<String>>,
@@ -72,8 +95,40 @@ pub struct ClusterStats {
 }
 
 impl ClusterStats {
-    pub fn new(ranks: usize) -> ClusterStats {
-        ClusterStats { ranks, latest: Mutex::new(vec![]), broken: Mutex::new(None), news: Condvar::new(), on_broken: Mutex::new(None) }
+    pub fn new(hosts: Vec<String>, tensor: bool) -> ClusterStats {
+        ClusterStats {
+            ranks: hosts.len(),
+            hosts,
+            tensor,
+            latest: Mutex::new(vec![]),
+            broken: Mutex::new(None),
+            news: Condvar::new(),
+            on_broken: Mutex::new(None),
+        }
+    }
+
+    /// The cluster for the snapshot and the popover.
+    pub fn view(&self) -> ClusterView {
+        let members = self.latest();
+        // Pipeline: a pass is rank 0's layers, then its wait for the others; what of that
+        // wait the others did not spend computing went on the links (every hop, there and
+        // back). Tensor parallel waits inside its all_sums, where it cannot be told apart.
+        let link_ms_per_pass = match (self.tensor, members.iter().find(|m| m.rank == 0)) {
+            (false, Some(zero)) if zero.passes > 0 => {
+                let others: f64 = members.iter().filter(|m| m.rank > 0).map(|m| m.compute_seconds).sum();
+                Some(((zero.link_wait_seconds - others) / zero.passes as f64 * 1e3).max(0.0))
+            }
+            _ => None,
+        };
+        ClusterView {
+            parallel: if self.tensor { "tensor" } else { "pipeline" },
+            ranks: self.ranks,
+            healthy: self.healthy(),
+            broken: self.broken(),
+            hosts: self.hosts.clone(),
+            members,
+            link_ms_per_pass,
+        }
     }
 
     /// Every rank's report from the last pass, in rank order.

@@ -95,7 +95,7 @@ impl Executor {
         let rank = link.as_ref().map_or(0, Link::rank);
         let meter = Meter::new(rank, model.slice.layers.len(), model.nbytes() as u64);
         let ring = link.map(|link| {
-            let stats = Arc::new(ClusterStats::new(link.size()));
+            let stats = Arc::new(ClusterStats::new(link.hosts().to_vec(), link.tensor()));
             // A rank lost while rank 0 is idle: /health and the next request hear it at once.
             let watched = stats.clone();
             let lost = move |what: String| {
@@ -225,7 +225,8 @@ impl Executor {
         loop {
             let waiting = Instant::now();
             let mut msg = link.receive(self.model.config.hidden_size, self.model.dtype)?;
-            self.meter.waited(waiting.elapsed());
+            // Time on the link only: not the sleep until rank 0 had work.
+            self.meter.waited(waiting.elapsed().saturating_sub(link.slept()));
             let stop = msg.ops.iter().any(|op| matches!(op, Op::Shutdown));
             if stop {
                 link.leave();
