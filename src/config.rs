@@ -296,11 +296,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = crate::distributed::hostfile::RING_PORT)]
     pub ring_port: u16,
     /// Seconds every rank has to start and join the ring
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     pub join_timeout: u64,
     /// Seconds rank 0 waits for a model pass to come back round the ring before it gives
     /// the cluster up (a rank hung with its sockets open)
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub pass_timeout: u64,
     /// How the ranks split the model: tensor (a share of every layer's heads; llama-style
     /// models whose heads divide by the ranks), pipeline (runs of layers; any model), or

@@ -1,11 +1,11 @@
 //! Several `mlxbar` processes serving the default model together over MLX's ring backend
 //! (ranks on 127.0.0.1, as the wheel's ring runs them here), against one process serving it
 //! alone. Pipeline parallel: the same greedy answers (the hidden states cross the ring
-//! exactly, so each rank computes what the one process computes for its layers), batching,
-//! structured output and cancellation through rank 0. Tensor parallel: the same greedy
-//! answer within a measured logprob tolerance, batching, the shares. Both: the faults (a
-//! rank killed mid-stream, a rank lost while idle, a rank that never joins) ending within
-//! their deadlines, and idle ranks asleep rather than polling.
+//! exactly, so each rank computes what the one process computes for its layers). Tensor
+//! parallel: the same greedy answer within a measured logprob tolerance, and the shares.
+//! Both: batching, structured output and cancellation through rank 0; the faults (a rank
+//! killed or hung mid-stream, a rank lost while idle, a rank that never joins) ending
+//! within their deadlines; idle ranks asleep rather than polling.
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -111,7 +111,8 @@ fn mlxbar() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mlxbar"))
 }
 
-/// `mlxbar serve --hostfile F --rank r --parallel P` for every rank, highest first.
+/// `mlxbar serve --hostfile F --rank r --parallel P` for every rank, highest first
+/// (`parallel` may carry more flags after the mode).
 fn ranks_by_hand(dir: &Path, ranks: usize, parallel: &str) -> Vec<Proc> {
     let hosts = hostfile(dir, ranks);
     let port = ring_port().to_string();
@@ -119,8 +120,8 @@ fn ranks_by_hand(dir: &Path, ranks: usize, parallel: &str) -> Vec<Proc> {
         .rev()
         .map(|r| {
             let mut cmd = mlxbar();
-            cmd.args(["serve", "--port", "0", "--ring-port", &port, "--parallel", parallel, "--rank", &r.to_string(), "--hostfile"])
-                .arg(&hosts);
+            cmd.args(["serve", "--port", "0", "--ring-port", &port, "--rank", &r.to_string(), "--parallel"]);
+            cmd.args(parallel.split_whitespace()).arg("--hostfile").arg(&hosts);
             cmd.arg("--model").arg(common::model_path());
             Proc::spawn(cmd, dir)
         })
@@ -178,29 +179,7 @@ async fn two_launched_ranks_serve_as_one_process_does() {
         assert_eq!(text(a), ANSWER);
     }
 
-    // Structured output: the grammar's mask applies on rank 0, which holds the head.
-    let schema =
-        json!({"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"], "additionalProperties": false});
-    let mut body = distinct("Arithmetic only.", QUESTION);
-    body["max_tokens"] = json!(40);
-    body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "sum", "schema": schema, "strict": true}});
-    let got = text(&answer(&base, &body).await);
-    assert_eq!(got, text(&answer(single, &body).await));
-    assert!(serde_json::from_str::<Value>(&got).unwrap()["answer"].is_i64(), "{got}");
-
-    // A stream cancelled mid-answer: its KV goes on every rank, and the cluster goes on.
-    let mut stream_body = chat_body("Count from one to one hundred in words.", 300);
-    stream_body["stream"] = json!(true);
-    let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&stream_body).send().await.unwrap();
-    let mut stream = common::sse(resp);
-    common::read_tokens(&mut stream, 3).await;
-    drop(stream);
-    until("the cancelled stream to leave the engine", 30, async || {
-        let h: Value = reqwest::get(format!("{base}/health")).await.ok()?.json().await.ok()?;
-        (h["queue"]["running"] == 0).then_some(())
-    })
-    .await;
-    assert_eq!(text(&answer(&base, &chat_body(QUESTION, 24)).await), ANSWER);
+    structured_then_cancelled(&base, Some(single)).await;
 
     // SIGTERM to the launcher stops every rank.
     // SAFETY: kill(2) on a child this test spawned and has not reaped.
@@ -259,7 +238,7 @@ async fn three_ranks_by_hand_then_one_lost_mid_stream() {
         assert!(metrics.contains(&format!("# TYPE {name} ")), "the dashboard queries {name}, which rank 0 does not export");
     }
 
-    kill_mid_stream(&base, &mut ranks[2]).await;
+    fault_mid_stream(&base, &ranks[2], libc::SIGKILL, "the cluster lost rank 2 (localhost)").await;
     let h: Value = until("/health to say the cluster lost a rank", 30, async || {
         let resp = reqwest::get(format!("{base}/health")).await.ok()?;
         (resp.status() == 503).then_some(())?;
@@ -290,15 +269,46 @@ fn cpu_seconds(pid: u32) -> f64 {
     (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / ticks
 }
 
-/// Kills `rank` (rank 2 of a cluster) while rank 0 at `base` streams an answer: the stream
-/// ends with an error object naming it, then `[DONE]`, within the deadline, not a hang.
-async fn kill_mid_stream(base: &str, rank: &mut Proc) {
+/// A structured-output request (the grammar's mask applies on rank 0, which holds the
+/// head; its answer equal to `single`'s when given), then a stream cancelled mid-answer:
+/// its KV goes on every rank, and the cluster goes on answering.
+async fn structured_then_cancelled(base: &str, single: Option<&str>) {
+    let schema =
+        json!({"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"], "additionalProperties": false});
+    let mut body = distinct("Arithmetic only.", QUESTION);
+    body["max_tokens"] = json!(40);
+    body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "sum", "schema": schema, "strict": true}});
+    let got = text(&answer(base, &body).await);
+    if let Some(single) = single {
+        assert_eq!(got, text(&answer(single, &body).await));
+    }
+    assert!(serde_json::from_str::<Value>(&got).unwrap()["answer"].is_i64(), "{got}");
+
+    let mut stream_body = chat_body("Count from one to one hundred in words.", 300);
+    stream_body["stream"] = json!(true);
+    let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&stream_body).send().await.unwrap();
+    let mut stream = common::sse(resp);
+    common::read_tokens(&mut stream, 3).await;
+    drop(stream);
+    until("the cancelled stream to leave the engine", 30, async || {
+        let h: Value = reqwest::get(format!("{base}/health")).await.ok()?.json().await.ok()?;
+        (h["queue"]["running"] == 0).then_some(())
+    })
+    .await;
+    assert_eq!(text(&answer(base, &chat_body(QUESTION, 24)).await), ANSWER);
+}
+
+/// Sends `signal` to `rank` (rank 2 of a cluster) while rank 0 at `base` streams an
+/// answer: the stream ends with an error object saying `why`, then `[DONE]`, within the
+/// deadline, not a hang.
+async fn fault_mid_stream(base: &str, rank: &Proc, signal: i32, why: &str) {
     let mut stream_body = chat_body("Count from one to one hundred in words.", 400);
     stream_body["stream"] = json!(true);
     let resp = reqwest::Client::new().post(format!("{base}/v1/chat/completions")).json(&stream_body).send().await.unwrap();
     let mut stream = common::sse(resp);
     common::read_tokens(&mut stream, 2).await;
-    rank.child.kill().unwrap();
+    // SAFETY: kill(2) on a child this test spawned and has not reaped.
+    unsafe { libc::kill(rank.child.id() as i32, signal) };
     let events = tokio::time::timeout(Duration::from_secs(30), async {
         use futures::StreamExt;
         let mut events = vec![];
@@ -311,8 +321,7 @@ async fn kill_mid_stream(base: &str, rank: &mut Proc) {
     .expect("the stream ended");
     let error = events.iter().rev().nth(1).unwrap_or_else(|| panic!("{events:?}"));
     let error: Value = serde_json::from_str(error).unwrap();
-    let message = error["error"]["message"].as_str().unwrap();
-    assert!(message.contains("the cluster lost") && message.contains("rank 2 (localhost)"), "{error}");
+    assert!(error["error"]["message"].as_str().unwrap().contains(why), "{error}");
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
 }
 
@@ -333,10 +342,10 @@ async fn steps(base: &str, content: &str, n: u32) -> Vec<(String, f64)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_ranks_tensor_parallel_then_one_lost_mid_stream() {
+async fn three_ranks_tensor_parallel_then_one_hung_mid_stream() {
     let single = common::server();
     let dir = tempfile::tempdir().unwrap();
-    let mut ranks = ranks_by_hand(dir.path(), 3, "tensor");
+    let mut ranks = ranks_by_hand(dir.path(), 3, "tensor --pass-timeout 3");
     let base = ranks[0].url();
     let h: Value = reqwest::get(format!("{base}/health")).await.unwrap().json().await.unwrap();
     assert_eq!(h["model"]["held"], json!({"layers": {"start": 0, "end": 30}, "ends": true, "shard": {"rank": 0, "of": 3}}), "{h}");
@@ -358,6 +367,9 @@ async fn three_ranks_tensor_parallel_then_one_lost_mid_stream() {
     for a in &answers {
         assert_eq!(a["choices"][0]["finish_reason"], "stop", "{a}");
     }
+    // The second ask of QUESTION above reused its prompt's KV (a third of it on each rank);
+    // structured output and a cancelled stream, as on one process.
+    structured_then_cancelled(&base, None).await;
 
     // Every rank holds a third of every layer: equal shares past rank 0, whose share
     // also has the embedding and head; the shares add up to one process's model plus the
@@ -389,8 +401,13 @@ async fn three_ranks_tensor_parallel_then_one_lost_mid_stream() {
         }
     }
 
-    // A rank killed mid-stream (in an all_sum's wait, most likely): the same ending.
-    kill_mid_stream(&base, &mut ranks[2]).await;
+    // A rank that hangs mid-stream, its sockets open (stopped): the pass waits inside MLX's
+    // all_sums, which have no timeout; --pass-timeout (3 s here) gives the cluster up and
+    // ends the stream. Once the hung rank dies, rank 1 (waiting with it) exits.
+    fault_mid_stream(&base, &ranks[2], libc::SIGSTOP, "the cluster gave a pass up after 3 s").await;
+    let h: Value = reqwest::get(format!("{base}/health")).await.unwrap().json().await.unwrap();
+    assert_eq!(h["state"], "failed", "{h}");
+    ranks[2].child.kill().unwrap();
     assert!(!ranks[1].exits_within(30).success());
 }
 

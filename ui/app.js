@@ -606,8 +606,8 @@ function render(s) {
   $("model").title = model ? model.path : "";
   text("status", { serving: "Serving", paused: "Paused", loading: "Loading", error: st === "failed" ? "Model failed" : "Stopped" }[mode]);
   text("device", `${s.device.toUpperCase()}${model ? ` · ${model.weight_format} · ${fmtBytes(model.weight_bytes)} weights` : ""}`);
-  if (s.scheduler.restart_required) showBanner(`Restart required: ${s.scheduler.restart_required}`);
-  else if (s.cluster?.broken) showBanner(`The cluster stopped serving: ${s.cluster.broken}`);
+  if (s.cluster?.broken) showBanner(`The cluster stopped serving: ${s.cluster.broken}`);
+  else if (s.scheduler.restart_required) showBanner(`Restart required: ${s.scheduler.restart_required}`);
   else if (st === "failed") showBanner(`The model failed to load: ${s.state.detail}`);
   else if (st === "loading") showBanner("Loading the model… requests wait until it is ready.", "info");
   else if (s.paused) showBanner("Serving is paused: new requests get 503 until you resume from the menu.", "info");

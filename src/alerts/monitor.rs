@@ -37,7 +37,8 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
         admission_blocked: stats.admission_blocked,
         refused_total: metrics.admission_refused_total.with_label_values(&["memory_pressure"]).get(),
         engine_stall_seconds: models.stall_seconds(),
-        restart_required: models.restart_required().is_some(),
+        // A lost cluster's engine is given up too, but cluster_rank_lost says that (and why).
+        restart_required: models.restart_required().is_some() && cluster.as_ref().is_none_or(|c| c.broken().is_none()),
         expert_lookups: expert_lookups(models),
         running_requests: models.running() as f64,
         gpu_busy_ratio: power.gpu_busy_ratio,

@@ -83,6 +83,12 @@ impl Doorbell {
         }
     }
 
+    /// Shuts both sockets (every clone too): the neighbours read their end closing.
+    pub fn close(&self) {
+        let _ = self.next.shutdown(std::net::Shutdown::Both);
+        let _ = self.prev.shutdown(std::net::Shutdown::Both);
+    }
+
     /// This rank stops on purpose: neighbours leaving from now on is no news.
     pub fn leave(&self) {
         self.leaving.store(true, Ordering::Relaxed);

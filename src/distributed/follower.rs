@@ -33,7 +33,11 @@ pub fn run(spec: &ClusterSpec, config: &Config) -> Result<()> {
         std::process::exit(1);
     })?;
     tracing::info!("rank {}: layers {:?} loaded ({} MB); following rank 0", spec.rank, exec.model.slice.layers, info.weight_bytes >> 20);
-    exec.follow(&mut link)?;
+    // This rank's own failure (a step, a mismatch with rank 0): rank 0 hears why.
+    if let Err(e) = exec.follow(&mut link) {
+        link.tell_lost(&format!("rank {rank} ({}): {e:#}", link.hosts()[rank]));
+        return Err(e);
+    }
     tracing::info!("rank {}: rank 0 stopped; exiting", spec.rank);
     Ok(())
 }

@@ -108,6 +108,17 @@ impl Link {
         self.bell.tell_prev(why);
     }
 
+    /// Closes this rank's doorbells: the neighbours still waiting on them hear the link
+    /// close (and exit).
+    pub fn close(&self) {
+        self.bell.close();
+    }
+
+    /// How long rank 0 gives a pass (`--pass-timeout`).
+    pub fn pass_timeout(&self) -> Duration {
+        self.pass_timeout
+    }
+
     /// This rank stops on purpose (a stop came, or rank 0 sends it): neighbours leaving
     /// from now on are no news.
     pub fn leave(&self) {

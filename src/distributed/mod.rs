@@ -34,6 +34,7 @@ use anyhow::{bail, Context, Result};
 use mlx_rs::Array;
 
 use crate::engine::executor::Executor;
+use crate::engine::model::quantized::QuantSpec;
 use crate::engine::model::shard::Shard;
 use crate::engine::model::{config::ModelConfig, Model, Slice, TensorMap, WeightFormat};
 use crate::engine::prefix_cache::PrefixCache;
@@ -176,7 +177,7 @@ pub fn join_and_load(
         }
         prefix = (all[1].max(0) as usize) << 10;
         let budgets: Vec<u64> = all.chunks(HELLO).map(|h| (h[0].max(0) as u64) << 20).collect();
-        if tensor_parallel(spec.parallel, config, spec.size())? {
+        if tensor_parallel(spec.parallel, config, spec.size(), tensors.quantization())? {
             plan::check_shares(&layers, ends, &budgets)?;
             tracing::info!("cluster of {}, tensor parallel: 1/{} of every layer's heads and MLP units a rank (rank 0 also the embedding and head); this is rank {}", spec.size(), spec.size(), spec.rank);
             tensor = true;
@@ -219,8 +220,8 @@ impl Joined {
 
 /// Whether to split `config` by heads over `ranks`: `--parallel tensor` where it cannot is
 /// refused, saying why; auto falls back to pipeline, saying why.
-fn tensor_parallel(parallel: Parallel, config: &ModelConfig, ranks: usize) -> Result<bool> {
-    let refusal = Shard::refusal(config, ranks);
+fn tensor_parallel(parallel: Parallel, config: &ModelConfig, ranks: usize, quantization: Option<QuantSpec>) -> Result<bool> {
+    let refusal = Shard::refusal(config, ranks, quantization);
     match (parallel, refusal) {
         (Parallel::Pipeline, _) => Ok(false),
         (Parallel::Tensor, Some(why)) => bail!("--parallel tensor: {why}; use --parallel pipeline, or a number of ranks that divides them"),

@@ -1,8 +1,8 @@
 //! Each rank's figures, carried to rank 0 with every pass (a few hundred bytes a rank):
 //! what it holds, MLX's active memory there, and where its time went (computing its layers
 //! or waiting on the link). Rank 0 keeps the latest set ([`ClusterStats`]) for `/metrics`.
-use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -80,7 +80,7 @@ pub struct ClusterView {
 /// What to do once the ring breaks, given why.
 pub type OnBroken = Box<dyn Fn(&str) + Send>;
 
-/// Rank 0's view of the cluster, for `/metrics` and `/health`.
+/// Rank 0's view of the cluster, for `/metrics`, the snapshot and the alerts.
 pub struct ClusterStats {
     pub ranks: usize,
     /// Each rank's host (the host file's `ssh`).
@@ -92,6 +92,9 @@ pub struct ClusterStats {
     news: Condvar,
     /// Called once, when the ring breaks.
     on_broken: Mutex<Option<OnBroken>>,
+    /// Tensor parallel: when the pass under way must have come back by, and its timeout.
+    deadline: Mutex<Option<(Instant, Duration)>>,
+    armed: Condvar,
 }
 
 impl ClusterStats {
@@ -104,6 +107,8 @@ impl ClusterStats {
             broken: Mutex::new(None),
             news: Condvar::new(),
             on_broken: Mutex::new(None),
+            deadline: Mutex::new(None),
+            armed: Condvar::new(),
         }
     }
 
@@ -164,18 +169,68 @@ impl ClusterStats {
         *broken = Some(why.to_string());
         drop(broken);
         self.news.notify_all();
-        if let Some(f) = self.on_broken.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        // Taken out first: it runs once, and outside the lock.
+        let f = self.on_broken.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(f) = f {
             f(why);
         }
     }
 
-    /// Calls `f` with why once the ring breaks (at once if it has).
+    /// Calls `f` with why once the ring breaks (at once if it has), once.
     pub fn on_broken(&self, f: OnBroken) {
         let mut slot = self.on_broken.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = self.broken() {
-            f(&why);
+        // Checked under the slot's lock: set_broken takes the slot after it set why.
+        match self.broken() {
+            Some(why) => {
+                drop(slot);
+                f(&why);
+            }
+            None => *slot = Some(f),
         }
-        *slot = Some(f);
+    }
+
+    /// Tensor parallel: the pass about to start must be back within `timeout`.
+    pub fn arm(&self, timeout: Duration) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now() + timeout, timeout));
+        self.armed.notify_all();
+    }
+
+    /// The pass came back (or failed otherwise).
+    pub fn disarm(&self) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.armed.notify_all();
+    }
+
+    /// Tensor parallel's passes wait inside MLX's collectives, which have no timeout: a
+    /// thread gives the cluster up when an armed pass is not back by its deadline (its
+    /// requests then end: [`ClusterStats::on_broken`]). Ends with the ring or the stats.
+    pub fn watch_deadlines(self: &Arc<Self>, timeout: Duration) {
+        let stats = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new().name("mlxbar-pass-deadline".into()).spawn(move || loop {
+            let Some(stats) = stats.upgrade() else { return };
+            if stats.broken().is_some() {
+                return;
+            }
+            let guard = stats.deadline.lock().unwrap_or_else(|e| e.into_inner());
+            let wait = match *guard {
+                Some((at, _)) => at.saturating_duration_since(Instant::now()),
+                None => timeout,
+            };
+            let (guard, _) = stats.armed.wait_timeout(guard, wait).unwrap_or_else(|e| e.into_inner());
+            if let Some((at, took)) = *guard {
+                if Instant::now() >= at {
+                    drop(guard);
+                    stats.set_broken(&format!(
+                        "the cluster gave a pass up after {} s without an answer (a rank hung: --pass-timeout); restart every rank",
+                        took.as_secs()
+                    ));
+                    return;
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            self.set_broken(&format!("the cluster cannot time its passes ({e}); restart every rank"));
+        }
     }
 
     /// Why the ring broke, waiting up to `wait` to hear it.

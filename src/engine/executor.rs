@@ -3,10 +3,11 @@
 //! (admission, prefill chunks, sampling, cancellation) and names sequences by id; this
 //! runs what it decided.
 //!
-//! One process runs the ops itself. When several serve one model in a pipeline
-//! ([`crate::distributed`]), rank 0's executor also sends each op down the ring, the
-//! state-changing ones ahead of the next model pass, and every other rank's executor
-//! replays them on the layers it holds ([`Executor::follow`]): the same ops in the same
+//! One process runs the ops itself. When several serve one model ([`crate::distributed`]),
+//! rank 0's executor also sends each op round the ring, the state-changing ones ahead of
+//! the next model pass, and every other rank's executor replays them on what it holds
+//! ([`Executor::follow`]): its run of layers (pipeline, whose pass goes rank to rank) or its
+//! share of every layer (tensor parallel, whose pass all ranks run at once): the same ops in the same
 //! order leave every rank's state the same, its prefix cache included (every rank counts
 //! an entry at the whole model's size against rank 0's budget: [`PrefixCache::with_share`]).
 use std::collections::HashMap;
@@ -72,7 +73,7 @@ pub struct Executor {
     caches: HashMap<u64, KvCache>,
     batch: BatchKv,
     prefix: PrefixCache,
-    /// Rank 0 of a pipeline: its end of the ring.
+    /// Rank 0 of a cluster: its end of the ring.
     ring: Option<Ring>,
     /// This rank's figures, reported with every pass of a cluster.
     meter: Meter,
@@ -103,8 +104,12 @@ impl Executor {
                 tracing::error!("{why}");
                 watched.set_broken(&why);
             };
+            // Without the watch a lost rank could hold rank 0 for ever: no cluster then.
             if let Err(e) = link.watch(lost) {
-                tracing::warn!("watching the ring: {e:#}");
+                stats.set_broken(&format!("the cluster cannot watch its ring ({e:#}); restart every rank"));
+            }
+            if link.tensor() {
+                stats.watch_deadlines(link.pass_timeout());
             }
             Ring { stats, link, pending: vec![] }
         });
@@ -275,9 +280,19 @@ impl Executor {
         if let Some(why) = self.broken() {
             anyhow::bail!("{why}");
         }
-        match ring.link.tensor() {
+        let tensor = ring.link.tensor();
+        // A panic midway leaves the other ranks mid-pass (tensor parallel: inside an
+        // all_sum, where the next message would be read as its data): the cluster is lost.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match tensor {
             true => self.tensor_pass(op, h),
             false => self.pipeline_pass(op, h),
+        }));
+        match ran {
+            Ok(result) => result,
+            Err(panic) => {
+                let e = anyhow!("a pass panicked: {}", super::worker::panic_message(panic.as_ref()));
+                Err(self.lose(e))
+            }
         }
     }
 
@@ -308,6 +323,10 @@ impl Executor {
         let ring = self.ring.as_mut().expect("a cluster's rank 0");
         ring.pending.push(op.clone());
         let msg = Message { ops: std::mem::take(&mut ring.pending), reports: vec![], hidden: Some(h.clone()) };
+        // A rank that hangs with its sockets open would hold this pass for ever inside MLX:
+        // the deadline gives the cluster up meanwhile (ClusterStats::watch_deadlines).
+        let stats = ring.stats.clone();
+        stats.arm(ring.link.pass_timeout());
         let sent = ring.link.send(&msg).map_err(|e| self.lose(e))?;
         self.meter.sent(sent);
         let computing = Instant::now();
@@ -315,20 +334,24 @@ impl Executor {
         self.meter.computed(computing.elapsed());
         let report = self.meter.after_pass(self.kv_held().1);
         let reports = self.ring.as_ref().expect("a cluster's rank 0").link.gather_reports(&report).map_err(|e| self.lose(e))?;
-        self.ring.as_ref().expect("a cluster's rank 0").stats.set_latest(reports);
+        stats.disarm();
+        stats.set_latest(reports);
         Ok(out)
     }
 
     /// The ring failed with `e`: marks the cluster broken, naming the rank lost when its
     /// neighbour's news arrives (it comes a moment after the link fails here), and sends
-    /// the news on to the ranks still up, which exit. The error for the requests.
+    /// the news on to the ranks still up, which exit (those before a hung rank when this
+    /// rank's doorbells close). The error for the requests.
     fn lose(&mut self, e: anyhow::Error) -> anyhow::Error {
         let ring = self.ring.as_mut().expect("a cluster's rank 0");
         let why = ring.stats.await_broken(NEWS_WAIT).unwrap_or_else(|| format!("the cluster lost a rank ({e:#}); restart every rank"));
         ring.stats.set_broken(&why);
         tracing::error!("{why}");
+        ring.stats.disarm();
         ring.link.leave();
         ring.link.tell_lost(&why);
+        ring.link.close();
         anyhow!(why)
     }
 

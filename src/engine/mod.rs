@@ -544,16 +544,17 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
     let codec = Arc::new(codec);
     let experts = model.expert_stats();
     let cluster = exec.cluster_stats();
+    *shared.loaded.write().unwrap() = Some(Loaded { info, codec: codec.clone(), grammars, experts, cluster: cluster.clone() });
+    progress(1.0);
+    set_state(LoadState::Ready);
     if let Some(c) = &cluster {
         // A lost rank can leave this thread waiting in a collective for ever (MLX's ring
         // notices a dead peer in send and recv, not in every all_sum): its requests end
         // and the engine turns failed at once, whether or not the thread comes back.
+        // After Ready, so a rank lost during the load's last steps is not overwritten.
         let shared = shared.clone();
         c.on_broken(Box::new(move |why| shared.give_up(why)));
     }
-    *shared.loaded.write().unwrap() = Some(Loaded { info, codec: codec.clone(), grammars, experts, cluster });
-    progress(1.0);
-    set_state(LoadState::Ready);
     shared.stats.mark_progress();
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(exec, codec, jobs, shared.clone(), limits)));
     if shared.stopping.load(Ordering::Relaxed) {

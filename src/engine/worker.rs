@@ -156,7 +156,11 @@ pub fn run(mut exec: Executor, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>,
                         turn_away(&shared, &mut pending, &jobs, EngineError::from_message(exec.broken().unwrap_or_default()));
                         return exec.broken();
                     }
-                    Err(mpsc::RecvTimeoutError::Timeout) => quiet.maybe_release(&limits.device_lock),
+                    // The quiet spell's own end (not a cluster's recheck): give the cache back.
+                    Err(mpsc::RecvTimeoutError::Timeout) if quiet.wait().is_some_and(|w| w.is_zero()) => {
+                        quiet.maybe_release(&limits.device_lock)
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
                     Err(mpsc::RecvTimeoutError::Disconnected) => break Err(mpsc::RecvError),
                 }
             };

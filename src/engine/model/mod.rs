@@ -188,7 +188,10 @@ impl Block {
         match (&self.post_norms, reduce) {
             (None, None) => self.mlp.forward_add(h, &self.mlp_norm, eps),
             (None, Some(sum)) => Ok(h.add(sum(&self.mlp.forward_normed(h, &self.mlp_norm, eps)?)?)?),
-            (Some([_, post]), _) => Ok(h.add(fast::rms_norm(&self.mlp.forward_normed(h, &self.mlp_norm, eps)?, Some(post), eps)?)?),
+            (Some([_, post]), reduce) => {
+                let out = summed(self.mlp.forward_normed(h, &self.mlp_norm, eps)?, reduce)?;
+                Ok(h.add(fast::rms_norm(&out, Some(post), eps)?)?)
+            }
         }
     }
 
@@ -198,8 +201,16 @@ impl Block {
         match (&self.post_norms, reduce) {
             (None, None) => self.o.forward_add(o, h),
             (None, Some(sum)) => Ok(h.add(sum(&self.o.forward(o)?)?)?),
-            (Some([post, _]), _) => Ok(h.add(fast::rms_norm(&self.o.forward(o)?, Some(post), eps)?)?),
+            (Some([post, _]), reduce) => Ok(h.add(fast::rms_norm(&summed(self.o.forward(o)?, reduce)?, Some(post), eps)?)?),
         }
+    }
+}
+
+/// `x` summed over the ranks when it is a tensor-parallel share's partial output.
+fn summed(x: Array, reduce: Option<&Reduce>) -> Result<Array> {
+    match reduce {
+        Some(sum) => sum(&x),
+        None => Ok(x),
     }
 }
 
@@ -278,7 +289,7 @@ impl Model {
         // A tensor-parallel share runs as a model of its own heads and MLP units.
         let config = match slice.shard {
             Some(shard) => {
-                if let Some(why) = Shard::refusal(&config, shard.of) {
+                if let Some(why) = Shard::refusal(&config, shard.of, t.quantization()) {
                     anyhow::bail!("{why}");
                 }
                 shard.local(&config)
@@ -486,13 +497,13 @@ impl Model {
         blocks + ends
     }
 
-    /// A streamed model's expert cache figures; None when every expert is resident.
     /// Tensor parallel: sums o's and down's partial outputs over the ranks with `reduce`
     /// (a model assembled from a [`Shard`]).
     pub fn set_reduce(&mut self, reduce: Reduce) {
         self.reduce = Some(reduce);
     }
 
+    /// A streamed model's expert cache figures; None when every expert is resident.
     pub fn expert_stats(&self) -> Option<Arc<ExpertStats>> {
         self.experts.as_ref().map(|s| s.stats.clone())
     }

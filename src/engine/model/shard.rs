@@ -10,9 +10,9 @@ use std::rc::Rc;
 use anyhow::{bail, ensure, Result};
 use mlx_rs::Array;
 
-use super::config::{LayerStyle, ModelConfig};
+use super::config::{Arch, LayerStyle, ModelConfig};
 use super::linear::{Quantized, Weight};
-use super::quantized::QuantMode;
+use super::quantized::{QuantMode, QuantSpec};
 
 /// Adds up a partial output over the ranks (MLX's `all_sum`), lazily.
 pub type Reduce = Rc<dyn Fn(&Array) -> Result<Array>>;
@@ -25,13 +25,15 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// Why `config` cannot be split over `ranks` by heads, if it cannot: only llama-style
-    /// dense layers (llama, mistral, qwen2, qwen3), and heads, KV heads and the MLP's
-    /// hidden units divisible by the ranks.
-    pub fn refusal(config: &ModelConfig, ranks: usize) -> Option<String> {
+    /// Why `config` (its projections quantized as `quantization`, None when float) cannot
+    /// be split over `ranks` by heads, if it cannot: llama, mistral, qwen2 and qwen3 only;
+    /// heads, KV heads and the MLP's hidden units divisible by the ranks; and each rank's
+    /// columns of o and down on whole quantization groups.
+    pub fn refusal(config: &ModelConfig, ranks: usize, quantization: Option<QuantSpec>) -> Option<String> {
         let n = ranks as i32;
-        if config.moe.is_some() || config.style != LayerStyle::llama() {
-            return Some(format!("tensor parallel splits llama-style dense layers only, not {:?}'s", config.arch));
+        let llama_style = matches!(config.arch, Arch::Llama | Arch::Mistral | Arch::Qwen2 | Arch::Qwen3);
+        if !llama_style || config.moe.is_some() || config.style != LayerStyle::llama() {
+            return Some(format!("tensor parallel splits llama, mistral, qwen2 and qwen3 layers only, not {:?}'s", config.arch));
         }
         let uneven: Vec<String> =
             [("attention heads", config.num_heads), ("KV heads", config.num_kv_heads), ("MLP units", config.intermediate_size)]
@@ -39,10 +41,19 @@ impl Shard {
                 .filter(|(_, v)| v % n != 0)
                 .map(|(what, v)| format!("{v} {what}"))
                 .collect();
-        match uneven.is_empty() {
-            true => None,
-            false => Some(format!("{} do not split evenly over {ranks} ranks", uneven.join(" and "))),
+        if !uneven.is_empty() {
+            return Some(format!("{} do not split evenly over {ranks} ranks", uneven.join(" and ")));
         }
+        let q = quantization?;
+        let columns = [config.num_heads * config.head_dim / n, config.intermediate_size / n];
+        let unit = match q.mode {
+            QuantMode::Affine => q.group_size.max(32 / q.bits),
+            QuantMode::Mxfp4 => return Some("tensor parallel splits affine-quantized or float weights only".into()),
+        };
+        columns
+            .iter()
+            .find(|c| *c % unit != 0)
+            .map(|c| format!("{c} columns a rank do not fall on {}-column quantization groups", q.group_size))
     }
 
     /// The config of one rank's share: its heads and MLP units.
@@ -168,8 +179,14 @@ mod tests {
             "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152, "rms_norm_eps": 1e-5, "rope_theta": 100000,
             "tie_word_embeddings": true, "max_position_embeddings": 8192}"#;
         let (c, _) = crate::engine::model::config::from_hf_config(json).unwrap();
-        assert_eq!(Shard::refusal(&c, 3), None);
-        assert_eq!(Shard::refusal(&c, 2).unwrap(), "9 attention heads and 3 KV heads do not split evenly over 2 ranks");
+        let q4 = |group| Some(QuantSpec::affine(group, 4));
+        assert_eq!(Shard::refusal(&c, 3, q4(32)), None);
+        assert_eq!(Shard::refusal(&c, 2, q4(32)).unwrap(), "9 attention heads and 3 KV heads do not split evenly over 2 ranks");
+        // 192 columns of o a rank: whole groups of 32 or 64, not of 128.
+        assert_eq!(Shard::refusal(&c, 3, q4(64)), None);
+        assert_eq!(Shard::refusal(&c, 3, q4(128)).unwrap(), "192 columns a rank do not fall on 128-column quantization groups");
+        let phi3 = ModelConfig { arch: Arch::Phi3, ..c.clone() };
+        assert!(Shard::refusal(&phi3, 3, None).unwrap().contains("not Phi3's"));
         let local = Shard { rank: 2, of: 3 }.local(&c);
         assert_eq!((local.num_heads, local.num_kv_heads, local.intermediate_size, local.hidden_size), (3, 1, 512, 576));
     }
