@@ -108,10 +108,11 @@ impl ClusterSpec {
     }
 }
 
-/// What every rank says in the handshake: its budget, rank 0's prefix cache budget, and
-/// the model it read and how to split it (from [`MODEL`] on).
-const HELLO: usize = 12;
-const MODEL: usize = 2;
+/// What every rank says in the handshake: its budget, rank 0's prefix cache budget, its
+/// host's cores, and the model it read and how to split it (from [`MODEL`] on).
+const HELLO: usize = 13;
+const CORES: usize = 2;
+const MODEL: usize = 3;
 
 /// A rank's part, loaded, and its link to the others.
 pub struct Joined {
@@ -150,6 +151,7 @@ pub fn join_and_load(
         let mine: [i32; HELLO] = [
             (budget >> 20).min(i32::MAX as u64) as i32,
             (prefix_bytes >> 10).min(i32::MAX as usize) as i32,
+            std::thread::available_parallelism().map_or(1, |n| n.get()) as i32,
             config.num_layers as i32,
             config.hidden_size,
             config.vocab_size,
@@ -177,7 +179,9 @@ pub fn join_and_load(
         }
         prefix = (all[1].max(0) as usize) << 10;
         let budgets: Vec<u64> = all.chunks(HELLO).map(|h| (h[0].max(0) as u64) << 20).collect();
-        if tensor_parallel(spec.parallel, config, spec.size(), tensors.quantization())? {
+        let cores: Vec<i32> = all.chunks(HELLO).map(|h| h[CORES]).collect();
+        let crowded = crowded_host(&spec.hosts, &cores);
+        if tensor_parallel(spec.parallel, config, spec.size(), tensors.quantization(), crowded)? {
             plan::check_shares(&layers, ends, &budgets)?;
             tracing::info!("cluster of {}, tensor parallel: 1/{} of every layer's heads and MLP units a rank (rank 0 also the embedding and head); this is rank {}", spec.size(), spec.size(), spec.rank);
             tensor = true;
@@ -218,10 +222,36 @@ impl Joined {
     }
 }
 
+/// A host that more ranks share than it has cores, said as why auto avoids tensor parallel
+/// there: every token meets two all_sums a layer, and MLX's ring waits in them by spinning,
+/// so ranks crowding the cores wait for peers the scheduler has set aside (measured: 3 ranks
+/// on 2 cores ran at 1 % of one process's speed).
+fn crowded_host(hosts: &Hostfile, cores: &[i32]) -> Option<String> {
+    let mut by_ip: std::collections::BTreeMap<_, Vec<usize>> = Default::default();
+    for (rank, h) in hosts.hosts.iter().enumerate() {
+        by_ip.entry(h.ips[0]).or_default().push(rank);
+    }
+    by_ip.into_iter().find_map(|(ip, ranks)| {
+        let least = ranks.iter().map(|&r| cores.get(r).copied().unwrap_or(1)).min().unwrap_or(1);
+        (ranks.len() as i32 > least).then(|| format!("{} ranks share {ip}'s {least} cores", ranks.len()))
+    })
+}
+
 /// Whether to split `config` by heads over `ranks`: `--parallel tensor` where it cannot is
-/// refused, saying why; auto falls back to pipeline, saying why.
-fn tensor_parallel(parallel: Parallel, config: &ModelConfig, ranks: usize, quantization: Option<QuantSpec>) -> Result<bool> {
+/// refused, saying why; auto falls back to pipeline, saying why (also where ranks crowd a
+/// host's cores: `crowded`).
+fn tensor_parallel(
+    parallel: Parallel,
+    config: &ModelConfig,
+    ranks: usize,
+    quantization: Option<QuantSpec>,
+    crowded: Option<String>,
+) -> Result<bool> {
     let refusal = Shard::refusal(config, ranks, quantization);
+    if let (Parallel::Auto, None, Some(why)) = (parallel, &refusal, crowded) {
+        tracing::info!("pipeline parallel: {why}, and tensor parallel's all_sums spin (--parallel tensor to insist)");
+        return Ok(false);
+    }
     match (parallel, refusal) {
         (Parallel::Pipeline, _) => Ok(false),
         (Parallel::Tensor, Some(why)) => bail!("--parallel tensor: {why}; use --parallel pipeline, or a number of ranks that divides them"),
@@ -245,4 +275,21 @@ fn layer_bytes(config: &ModelConfig, t: &TensorMap) -> (Vec<u64>, u64) {
         }
     }
     (layers, ends)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_crowding_a_hosts_cores_are_named() {
+        let local = |n: usize| {
+            Hostfile::parse(&serde_json::to_string(&vec![serde_json::json!({"ssh": "localhost", "ips": ["127.0.0.1"]}); n]).unwrap())
+                .unwrap()
+        };
+        assert_eq!(crowded_host(&local(3), &[2, 2, 2]).unwrap(), "3 ranks share 127.0.0.1's 2 cores");
+        assert_eq!(crowded_host(&local(3), &[8, 8, 8]), None);
+        let two_macs = Hostfile::parse(r#"[{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]"#).unwrap();
+        assert_eq!(crowded_host(&two_macs, &[1, 1]), None);
+    }
 }
