@@ -211,11 +211,7 @@ async fn three_ranks_by_hand_then_one_lost_mid_stream() {
     let whole =
         reqwest::get(format!("{single}/health")).await.unwrap().json::<Value>().await.unwrap()["model"]["weight_bytes"].as_u64().unwrap();
     let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
-    let sample = |name: &str, rank: usize| -> f64 {
-        let series = format!("mlxbar_{name}{{rank=\"{rank}\"}} ");
-        let line = metrics.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series} in /metrics"));
-        line[series.len()..].parse().unwrap()
-    };
+    let sample = |name: &str, rank: usize| rank_sample(&metrics, name, rank);
     assert!(metrics.contains("mlxbar_cluster_ranks 3\n") && metrics.contains("mlxbar_cluster_ranks_healthy 3\n"), "{metrics}");
     let weights: Vec<f64> = (0..3).map(|r| sample("cluster_rank_weight_bytes", r)).collect();
     assert_eq!(weights.iter().sum::<f64>() as u64, whole, "{weights:?}");
@@ -239,13 +235,7 @@ async fn three_ranks_by_hand_then_one_lost_mid_stream() {
     }
 
     fault_mid_stream(&base, &ranks[2], libc::SIGKILL, "the cluster lost rank 2 (localhost)").await;
-    let h: Value = until("/health to say the cluster lost a rank", 30, async || {
-        let resp = reqwest::get(format!("{base}/health")).await.ok()?;
-        (resp.status() == 503).then_some(())?;
-        let h: Value = resp.json().await.ok()?;
-        h["detail"].as_str()?.contains("the cluster lost").then_some(h)
-    })
-    .await;
+    let h = health_says(&base, "the cluster lost", 30).await;
     // Rank 0 names the rank lost (rank 1 passes the news back before it exits).
     let detail = h["detail"].as_str().unwrap();
     assert!(detail.contains("rank 2 (localhost)"), "{detail}");
@@ -267,6 +257,24 @@ fn cpu_seconds(pid: u32) -> f64 {
     // SAFETY: sysconf only reads a constant.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / ticks
+}
+
+/// Rank `rank`'s sample of `mlxbar_{name}` in a `/metrics` scrape.
+fn rank_sample(metrics: &str, name: &str, rank: usize) -> f64 {
+    let series = format!("mlxbar_{name}{{rank=\"{rank}\"}} ");
+    let line = metrics.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series} in /metrics"));
+    line[series.len()..].parse().unwrap()
+}
+
+/// `/health` once it answers 503 with a detail containing `what`, within `secs`.
+async fn health_says(base: &str, what: &str, secs: u64) -> Value {
+    until(&format!("/health to say {what:?}"), secs, async || {
+        let resp = reqwest::get(format!("{base}/health")).await.ok()?;
+        (resp.status() == 503).then_some(())?;
+        let h: Value = resp.json().await.ok()?;
+        h["detail"].as_str()?.contains(what).then_some(h)
+    })
+    .await
 }
 
 /// A structured-output request (the grammar's mask applies on rank 0, which holds the
@@ -375,11 +383,7 @@ async fn three_ranks_tensor_parallel_then_one_hung_mid_stream() {
     // also has the embedding and head; the shares add up to one process's model plus the
     // norms each rank holds whole.
     let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
-    let sample = |name: &str, rank: usize| -> f64 {
-        let series = format!("mlxbar_{name}{{rank=\"{rank}\"}} ");
-        let line = metrics.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("no {series} in /metrics"));
-        line[series.len()..].parse().unwrap()
-    };
+    let sample = |name: &str, rank: usize| rank_sample(&metrics, name, rank);
     let total =
         reqwest::get(format!("{single}/health")).await.unwrap().json::<Value>().await.unwrap()["model"]["weight_bytes"].as_f64().unwrap();
     let weights: Vec<f64> = (0..3).map(|r| sample("cluster_rank_weight_bytes", r)).collect();
@@ -436,13 +440,7 @@ async fn idle_ranks_sleep_and_a_rank_lost_while_idle_is_named() {
     // A rank lost while nobody asks anything: rank 0 says which at once, not at the next
     // request.
     ranks[1].child.kill().unwrap();
-    let h: Value = until("/health to name the rank lost while idle", 15, async || {
-        let resp = reqwest::get(format!("{base}/health")).await.ok()?;
-        (resp.status() == 503).then_some(())?;
-        let h: Value = resp.json().await.ok()?;
-        h["detail"].as_str()?.contains("the cluster lost rank 1 (localhost)").then_some(h)
-    })
-    .await;
+    let h = health_says(&base, "the cluster lost rank 1 (localhost)", 15).await;
     assert_eq!(h["state"], "failed", "{h}");
     // The cluster_rank_lost alert fires, its notice naming the rank.
     let notice = ranks[0].line("A rank of the cluster was lost", 15);

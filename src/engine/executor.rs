@@ -81,7 +81,7 @@ pub struct Executor {
     step_ids: Vec<u64>,
 }
 
-/// Rank 0's end of the ring: the link to the ranks holding the other layers, the ops they
+/// Rank 0's end of the ring: the link to the ranks holding the rest of the model, the ops they
 /// have not been sent yet, and every rank's figures (with why the ring broke, once it has:
 /// the other ranks' state is lost with it, so every later pass fails at once with that, and
 /// the engine ends: [`Executor::broken`]).
