@@ -285,14 +285,16 @@ pub struct ServeArgs {
     /// Config file [default: the user config dir's mlxbar/config.toml, if present]
     #[arg(long, env = "MLXBAR_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Serve the model with the other ranks this host file names (MLX's format:
-    /// [{"ssh": "host", "ips": ["10.0.0.1"]}, ...]) over MLX's ring backend; needs --rank
+    /// Serve the model with the other ranks this host file names (MLX's format, as
+    /// mlx.distributed_config writes it: {"backend": "ring", "hosts": [{"ssh": "host",
+    /// "ips": ["10.0.0.1"]}, ...]}) over the MLX backend it names (ring or jaccl); needs --rank
     #[arg(long, requires = "rank")]
     pub hostfile: Option<PathBuf>,
     /// This process's rank in --hostfile: 0 serves HTTP, the others only compute
     #[arg(long, requires = "hostfile")]
     pub rank: Option<usize>,
-    /// The ring's first port, one more per rank and IP (as mlx.launch counts them)
+    /// The ring's first port, one more per rank and IP (as mlx.launch counts them); jaccl's
+    /// coordinator port on rank 0
     #[arg(long, default_value_t = crate::distributed::hostfile::RING_PORT)]
     pub ring_port: u16,
     /// Seconds every rank has to start and join the ring
@@ -307,6 +309,11 @@ pub struct ServeArgs {
     /// auto (tensor where it can)
     #[arg(long, value_enum, default_value_t = crate::distributed::Parallel::Auto)]
     pub parallel: crate::distributed::Parallel,
+    /// Once the cluster is lost (a rank died or hung, rank 0 stopped, the join timed out):
+    /// exit, or restart this rank and wait for every rank to join again (rejoin; rank 0
+    /// restarts its server too, answering 503 meanwhile)
+    #[arg(long, value_enum, default_value_t = crate::distributed::rejoin::OnRankLost::Exit)]
+    pub on_rank_lost: crate::distributed::rejoin::OnRankLost,
 }
 
 impl Config {
@@ -358,7 +365,8 @@ impl Config {
         }
         if let (Some(hostfile), Some(rank)) = (&args.hostfile, args.rank) {
             let (join, pass) = (Duration::from_secs(args.join_timeout), Duration::from_secs(args.pass_timeout));
-            config.cluster = Some(crate::distributed::ClusterSpec::new(hostfile, rank, args.ring_port, [join, pass], args.parallel)?);
+            config.cluster =
+                Some(crate::distributed::ClusterSpec::new(hostfile, rank, args.ring_port, [join, pass], args.parallel, args.on_rank_lost)?);
         }
         config.allowed_hosts.extend(args.allowed_hosts.iter().cloned());
         config.cors_origins.extend(args.cors_origins.iter().cloned());

@@ -5,7 +5,9 @@
 //! parallel: the same greedy answer within a measured logprob tolerance, and the shares.
 //! Both: batching, structured output and cancellation through rank 0; the faults (a rank
 //! killed or hung mid-stream, a rank lost while idle, a rank that never joins) ending
-//! within their deadlines; idle ranks asleep rather than polling.
+//! within their deadlines; with `--on-rank-lost rejoin`, a lost rank waited for and the
+//! cluster serving again once it is back; idle ranks asleep rather than polling; each
+//! rank's memory its share of the 1B scale fixture.
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -71,13 +73,34 @@ impl Proc {
         }
     }
 
+    /// The first stderr line containing each of `whats`, in whatever order they come,
+    /// within `secs`.
+    fn lines(&self, whats: &[&str], secs: u64) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        let mut found: Vec<Option<String>> = vec![None; whats.len()];
+        while found.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self.lines.recv_timeout(left).unwrap_or_else(|e| panic!("no lines with all of {whats:?} within {secs} s: {e}"));
+            for (slot, what) in found.iter_mut().zip(whats) {
+                if slot.is_none() && line.contains(what) {
+                    *slot = Some(line.clone());
+                }
+            }
+        }
+        found.into_iter().flatten().collect()
+    }
+
     /// rank 0's URL, once it serves.
     fn url(&self) -> String {
-        let l = self.line("listening on http://", 60);
-        let addr = l.split("http://").nth(1).unwrap().split_whitespace().next().unwrap();
-        let url = format!("http://{addr}");
+        let url = self.listening();
         self.line("ready: model", 120);
         url
+    }
+
+    /// rank 0's URL, once it listens (before the model is ready).
+    fn listening(&self) -> String {
+        let l = self.line("listening on http://", 60);
+        format!("http://{}", l.split("http://").nth(1).unwrap().split_whitespace().next().unwrap())
     }
 
     fn exits_within(&mut self, secs: u64) -> std::process::ExitStatus {
@@ -114,20 +137,20 @@ fn mlxbar() -> Command {
 /// `mlxbar serve --hostfile F --rank r --parallel P` for every rank, highest first
 /// (`parallel` may carry more flags after the mode).
 fn ranks_by_hand(dir: &Path, ranks: usize, parallel: &str) -> Vec<Proc> {
-    let hosts = hostfile(dir, ranks);
-    let port = ring_port().to_string();
-    let mut procs: Vec<Proc> = (0..ranks)
-        .rev()
-        .map(|r| {
-            let mut cmd = mlxbar();
-            cmd.args(["serve", "--port", "0", "--ring-port", &port, "--rank", &r.to_string(), "--parallel"]);
-            cmd.args(parallel.split_whitespace()).arg("--hostfile").arg(&hosts);
-            cmd.arg("--model").arg(common::model_path());
-            Proc::spawn(cmd, dir)
-        })
-        .collect();
+    hostfile(dir, ranks);
+    let port = ring_port();
+    let mut procs: Vec<Proc> = (0..ranks).rev().map(|r| rank_by_hand(dir, port, r, parallel, &common::model_path())).collect();
     procs.reverse();
     procs
+}
+
+/// Rank `r` of the cluster in `dir`'s host file serving `model`, its ring from `port`.
+fn rank_by_hand(dir: &Path, port: u16, r: usize, parallel: &str, model: &Path) -> Proc {
+    let mut cmd = mlxbar();
+    cmd.args(["serve", "--port", "0", "--ring-port", &port.to_string(), "--rank", &r.to_string(), "--parallel"]);
+    cmd.args(parallel.split_whitespace()).arg("--hostfile").arg(dir.join("hosts.json"));
+    cmd.arg("--model").arg(model);
+    Proc::spawn(cmd, dir)
 }
 
 fn chat_body(content: &str, max_tokens: u32) -> Value {
@@ -158,8 +181,9 @@ async fn two_launched_ranks_serve_as_one_process_does() {
     let dir = tempfile::tempdir().unwrap();
     let hosts = hostfile(dir.path(), 2);
     let mut cmd = mlxbar();
-    cmd.args(["cluster", "launch", "--ring-port", &ring_port().to_string(), "--hostfile"]).arg(&hosts);
-    cmd.args(["--", "--port", "0", "--model"]).arg(common::model_path());
+    let port = ring_port().to_string();
+    cmd.args(["cluster", "launch", "--ring-port", &port, "--hostfile"]).arg(&hosts);
+    cmd.args(["--", "--port", "0", "--on-rank-lost", "rejoin", "--model"]).arg(common::model_path());
     let mut launcher = Proc::spawn(cmd, dir.path());
     let base = launcher.url();
 
@@ -180,6 +204,20 @@ async fn two_launched_ranks_serve_as_one_process_does() {
     }
 
     structured_then_cancelled(&base, Some(single)).await;
+
+    // --on-rank-lost rejoin: rank 1 killed, the launcher starts it again, rank 0 restarts
+    // itself in place (MLX keeps a process's first ring: only a new process joins another),
+    // and the cluster serves again.
+    let found = Command::new("pgrep").args(["-f", "--", &format!("--rank 1 --ring-port {port}")]).output().unwrap();
+    let pid: i32 = String::from_utf8_lossy(&found.stdout).trim().parse().expect("rank 1's pid");
+    // SAFETY: kill(2) on rank 1, a process of this test's launcher.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let [_, why] = &launcher.lines(&["[launch] rank 1 exited", "restarting this rank in"], 30)[..] else { unreachable!() };
+    assert!(why.starts_with("[rank 0]") && why.contains("the cluster lost rank 1 (localhost)"), "{why}");
+    let base = launcher.url();
+    assert_eq!(text(&answer(&base, &chat_body(QUESTION, 24)).await), ANSWER);
+    let h: Value = reqwest::get(format!("{base}/health")).await.unwrap().json().await.unwrap();
+    assert!(h["cluster"]["rejoining_after"].as_str().unwrap().contains("the cluster lost rank 1"), "{h}");
 
     // SIGTERM to the launcher stops every rank.
     // SAFETY: kill(2) on a child this test spawned and has not reaped.
@@ -223,6 +261,24 @@ async fn three_ranks_by_hand_then_one_lost_mid_stream() {
         assert!(active >= weight && active <= weight * 1.1 + 16e6, "rank {r}: MLX holds {active} bytes for {weight} of weights");
     }
     assert!(weights[0] > weights[1], "rank 0 also holds the embedding and head: {weights:?}");
+    // Every hop carried every pass (into rank 0 too: the last rank hands the hidden states
+    // back), each in well under the pass timeout; every rank read its host's memory (one
+    // machine here, so the same total).
+    let snapshot: Value = reqwest::get(format!("{base}/api/metrics/snapshot")).await.unwrap().json().await.unwrap();
+    let total = snapshot["memory"]["system"]["total"].as_f64().unwrap();
+    for r in 0..3 {
+        let (messages, secs) = (sample("cluster_rank_link_in_messages_total", r), sample("cluster_rank_link_in_seconds_total", r));
+        assert!(messages >= sample("cluster_rank_passes_total", r), "rank {r}: {messages} messages in");
+        assert!(secs > 0.0 && secs / messages < 1.0, "rank {r}: {secs} s for {messages} messages");
+        assert_eq!(sample("cluster_rank_host_memory_total_bytes", r), total, "rank {r}");
+        assert!(sample("cluster_rank_host_memory_available_bytes", r) > 0.0);
+        assert!((-1.0..=2.0).contains(&sample("cluster_rank_host_memory_pressure_level", r)));
+    }
+    let view = &snapshot["cluster"];
+    let links: Vec<(u64, u64)> =
+        view["links"].as_array().unwrap().iter().map(|l| (l["from"].as_u64().unwrap(), l["to"].as_u64().unwrap())).collect();
+    assert_eq!(links, [(2, 0), (0, 1), (1, 2)], "{view}");
+    assert!(view["slowest_link"]["ms_per_message"].as_f64().unwrap() > 0.0, "{view}");
     // The Grafana dashboard's cluster row queries series this scrape has.
     let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/dashboards/grafana/mlxbar.json")).unwrap();
     let queried: std::collections::BTreeSet<&str> = dashboard
@@ -449,6 +505,102 @@ async fn idle_ranks_sleep_and_a_rank_lost_while_idle_is_named() {
     assert!(resp.status().is_server_error(), "{}", resp.status());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_rejoin_a_lost_rank_is_waited_for_and_the_cluster_serves_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = ring_port();
+    hostfile(dir.path(), 2);
+    let mode = "pipeline --on-rank-lost rejoin";
+    let mut ranks = vec![rank_by_hand(dir.path(), port, 1, mode, &common::model_path())];
+    ranks.insert(0, rank_by_hand(dir.path(), port, 0, mode, &common::model_path()));
+    let base = ranks[0].url();
+    assert_eq!(text(&answer(&base, &chat_body(QUESTION, 24)).await), ANSWER);
+    let pid = ranks[0].child.id();
+
+    // Rank 1 dies; nobody restarts it yet. Rank 0 restarts itself in place (same pid, a
+    // new server) and says what it waits for, in /health, /metrics, the snapshot and the
+    // cluster_rank_lost notice.
+    ranks[1].child.kill().unwrap();
+    ranks[1].exits_within(10);
+    let restart = ranks[0].line("restarting this rank in", 30);
+    assert!(restart.contains("the cluster lost rank 1 (localhost)"), "{restart}");
+    let base = ranks[0].listening();
+    let h = health_says(&base, "waiting for every rank to join the cluster again after: the cluster lost rank 1 (localhost)", 30).await;
+    assert_eq!(h["state"], "loading", "{h}");
+    assert!(h["cluster"]["rejoining_after"].as_str().unwrap().starts_with("the cluster lost rank 1"), "{h}");
+    let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("mlxbar_cluster_ranks 2\n") && metrics.contains("mlxbar_cluster_ranks_healthy 0\n"), "{metrics}");
+    let snapshot: Value = reqwest::get(format!("{base}/api/metrics/snapshot")).await.unwrap().json().await.unwrap();
+    assert_eq!(snapshot["cluster"]["healthy"], 0, "{}", snapshot["cluster"]);
+    assert!(snapshot["cluster"]["broken"].as_str().unwrap().starts_with("waiting for every rank"), "{}", snapshot["cluster"]);
+    let notice = ranks[0].line("A rank of the cluster was lost", 15);
+    assert!(notice.contains("Waiting for every rank to join the cluster again after: the cluster lost rank 1"), "{notice}");
+
+    // Rank 1 back: the cluster forms again and answers as before, from the same process.
+    ranks[1] = rank_by_hand(dir.path(), port, 1, mode, &common::model_path());
+    ranks[0].line("ready: model", 120);
+    assert_eq!(ranks[0].child.id(), pid);
+    assert!(ranks[0].child.try_wait().unwrap().is_none(), "rank 0 restarted in place");
+    assert_eq!(text(&answer(&base, &chat_body(QUESTION, 24)).await), ANSWER);
+
+    // Rank 0 stopped: rank 1 waits for it rather than exiting.
+    // SAFETY: kill(2) on a child this test spawned and has not reaped.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    assert!(ranks[0].exits_within(30).success());
+    ranks[1].line("restarting this rank in", 30);
+    ranks[1].line("restarted to rejoin the cluster after: rank 0 stopped", 30);
+    assert!(ranks[1].child.try_wait().unwrap().is_none(), "rank 1 waits");
+}
+
+/// At a size where the shares are measurable (the ~1.1B-parameter 4-bit scale fixture: 32
+/// heads and 4 KV heads, so auto splits it by heads over two ranks): each rank's MLX memory
+/// is its share of the weights and its KV, the shares add up to the stored weights, and a
+/// follower's process holds its share, not the whole model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_1b_fixture_splits_its_memory_over_two_ranks() {
+    let model = common::fixtures::scale_folder();
+    let stored = common::fixtures::safetensors_bytes(&model);
+    let dir = tempfile::tempdir().unwrap();
+    let port = ring_port();
+    hostfile(dir.path(), 2);
+    let follower = rank_by_hand(dir.path(), port, 1, "auto", &model);
+    let rank0 = rank_by_hand(dir.path(), port, 0, "auto", &model);
+    let base = rank0.url();
+    let resp: Value = answer(&base, &chat_body("Say something.", 8)).await;
+    assert_eq!(resp["usage"]["completion_tokens"], 8, "{resp}");
+
+    let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    let sample = |name: &str, rank: usize| rank_sample(&metrics, name, rank);
+    let weights = [sample("cluster_rank_weight_bytes", 0), sample("cluster_rank_weight_bytes", 1)];
+    // Stored: the safetensors files, their JSON headers included; each rank also holds
+    // the layers' norms whole (a few hundred KB).
+    let sum = weights[0] + weights[1];
+    assert!((sum - stored as f64).abs() < stored as f64 * 0.01, "{weights:?} against {stored} stored");
+    assert!(weights[1] < stored as f64 * 0.55, "rank 1 holds half of every layer: {weights:?}");
+    for (r, &weight) in weights.iter().enumerate() {
+        assert_eq!(sample("cluster_rank_layers", r), 22.0);
+        let (active, kv) = (sample("cluster_rank_mlx_active_bytes", r), sample("cluster_rank_kv_bytes", r));
+        assert!(kv > 0.0);
+        assert!(
+            active >= weight + kv && active <= weight * 1.1 + kv + 16e6,
+            "rank {r}: MLX holds {active} for {weight} of weights, {kv} of KV"
+        );
+    }
+    // The follower's whole process (MLX, the tokenizer, the runtime: ~100 MB beside the
+    // weights here) stays well short of the whole model: it never held the other half.
+    let rss = rss_bytes(follower.child.id());
+    let half_the_rest = weights[1] + (stored as f64 - weights[1]) / 2.0;
+    println!("1B fixture over 2 ranks: weights {weights:?} of {stored} stored; rank 1 resident {rss}");
+    assert!((rss as f64) < half_the_rest, "rank 1 resident {rss} bytes for {} of weights", weights[1]);
+}
+
+/// A process's resident bytes, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").trim();
+    kb.parse::<u64>().unwrap() * 1024
+}
+
 #[tokio::test]
 async fn a_rank_that_never_joins_fails_within_the_join_timeout() {
     let dir = tempfile::tempdir().unwrap();
@@ -482,12 +634,25 @@ async fn a_rank_that_never_joins_fails_within_the_join_timeout() {
     assert!(detail.contains("--parallel tensor: 9 attention heads and 3 KV heads do not split evenly over 2 ranks"), "{detail}");
     assert!(!ranks[1].exits_within(30).success());
 
-    // Bad host files and ranks are refused before anything starts.
+    // Bad host files and ranks are refused before anything starts; a host file for jaccl,
+    // as mlx.distributed_config writes it, is taken and refused where this MLX has no jaccl
+    // (RDMA over Thunderbolt 5 is macOS 26.2's), saying so.
     std::fs::write(dir.path().join("one.json"), r#"[{"ssh": "localhost", "ips": ["127.0.0.1"]}]"#).unwrap();
-    for (file, rank, want) in [("one.json", "0", "at least two"), ("hosts.json", "2", "names 2 ranks")] {
+    let jaccl = json!({"backend": "jaccl", "envs": [], "hosts": [
+        {"ssh": "localhost", "ips": ["127.0.0.1"], "rdma": [null, "rdma_en2"]},
+        {"ssh": "localhost", "ips": ["127.0.0.1"], "rdma": ["rdma_en2", null]}]});
+    std::fs::write(dir.path().join("jaccl.json"), jaccl.to_string()).unwrap();
+    let refusals = [
+        ("one.json", "0", "at least two"),
+        ("hosts.json", "2", "names 2 ranks"),
+        ("jaccl.json", "1", "this MLX build has no jaccl backend"),
+    ];
+    for (file, rank, want) in refusals {
         let out = mlxbar()
             .args(["serve", "--port", "0", "--rank", rank, "--hostfile"])
             .arg(dir.path().join(file))
+            .arg("--model")
+            .arg(common::model_path())
             .env("MLXBAR_DATA_DIR", dir.path())
             .env("MLXBAR_CONFIG", dir.path().join("config.toml"))
             .output()

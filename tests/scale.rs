@@ -41,12 +41,7 @@ fn load_in_child() {
     let Some(dir) = std::env::var_os(CHILD_ENV) else { return };
     let dir = std::path::PathBuf::from(dir);
     Device::set_default(&Device::cpu());
-    let stored: u64 = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .map(|p| p.metadata().unwrap().len())
-        .sum();
+    let stored = common::fixtures::safetensors_bytes(&dir);
     let params = common::fixtures::scale_params();
     let mib = |b: f64| b / (1024.0 * 1024.0);
 

@@ -410,14 +410,17 @@ function modelItem(m) {
   }
   return li;
 }
-// A model served by several ranks: the mode and the ranks serving, then a row a rank (its
-// host, what it holds, MLX's memory there, and a pass's time computing vs waiting on the
-// ring); once a rank is lost, which one, in the server's words.
+// A model served by several ranks: the mode, the ranks serving and the slowest link, then a
+// row a rank (its host, what it holds, MLX's memory there, its host's memory, a pass's time
+// computing vs waiting on the ring, and the link into it); once a rank is lost, which one,
+// in the server's words.
 function cluster(c) {
   $("cluster").hidden = !c;
   if (!c) return;
-  const link = c.link_ms_per_pass == null ? "" : ` · links ${fmtMs(c.link_ms_per_pass)} a pass`;
+  const slow = c.slowest_link;
+  const link = slow ? ` · slowest link ${slow.from}→${slow.to} ${fmtMs(slow.ms_per_message)}` : "";
   text("cluster-summary", `${c.parallel} parallel · ${c.healthy} of ${c.ranks} ranks serving${link}`);
+  $("cluster-summary").title = c.link_ms_per_pass == null ? "" : `The links take ${fmtMs(c.link_ms_per_pass)} a pass, every hop there and back`;
   const lost = $("cluster-lost");
   lost.hidden = !c.broken;
   lost.textContent = c.broken ? `${c.broken[0].toUpperCase()}${c.broken.slice(1)}` : "";
@@ -436,8 +439,14 @@ function cluster(c) {
     if (m) {
       const per = (secs) => fmtMs(m.passes ? (1000 * secs) / m.passes : 0);
       const held = c.parallel === "tensor" ? `1/${c.ranks} of ${m.layers} layers` : `${m.layers} layers`;
-      sub.textContent = `${held} · ${fmtBytes(m.weight_bytes)} weights · KV ${fmtBytes(m.kv_bytes)} · MLX ${fmtBytes(m.mlx_active_bytes)} · ${per(m.compute_seconds)} computing, ${per(m.link_wait_seconds)} waiting a pass`;
-      sub.title = `${fmtInt(m.passes)} passes; ${fmtBytes(m.link_sent_bytes)} sent on the ring`;
+      const host = m.host_memory_total_bytes
+        ? ` · host ${fmtBytes(m.host_memory_available_bytes)} free of ${fmtBytes(m.host_memory_total_bytes)}, pressure ${m.host_memory_pressure}`
+        : "";
+      const into = m.link_in_messages ? ` · link in ${fmtMs((1000 * m.link_in_seconds) / m.link_in_messages)}` : "";
+      sub.textContent = `${held} · ${fmtBytes(m.weight_bytes)} weights · KV ${fmtBytes(m.kv_bytes)} · MLX ${fmtBytes(m.mlx_active_bytes)}${host} · ${per(m.compute_seconds)} computing, ${per(m.link_wait_seconds)} waiting a pass${into}`;
+      sub.title = `${fmtInt(m.passes)} passes; ${fmtBytes(m.link_sent_bytes)} sent on the ring; ${fmtInt(m.link_in_messages)} messages in`;
+      // A host short of memory: the rank's dot turns amber (red stays for a lost cluster).
+      if (!c.broken && ["warn", "critical"].includes(m.host_memory_pressure)) li.className = "pressure";
     } else {
       sub.textContent = "no pass yet";
     }

@@ -26,6 +26,7 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
     let stats = models.stats();
     let power = telemetry.power.latest();
     let cluster = models.engine(models.default_id()).and_then(|e| e.loaded()).and_then(|l| l.cluster);
+    let rejoining = models.cluster_rejoining();
     Reading {
         pressure: mem.and_then(|m| m.pressure.as_number()).map(f64::from),
         swap_used_bytes: mem.map(|m| m.swap_used as f64),
@@ -44,8 +45,13 @@ pub fn reading(models: &Models, telemetry: &Telemetry, metrics: &Metrics) -> Rea
         gpu_busy_ratio: power.gpu_busy_ratio,
         thermal_pressure: power.thermal_pressure.map(|t| f64::from(t.as_number())),
         tokens_per_second: metrics.live.tokens_per_second_now(),
-        cluster_ranks_lost: cluster.as_ref().map(|c| (c.ranks - c.healthy()) as f64),
-        cluster_lost: cluster.and_then(|c| c.broken()),
+        // A rank 0 restarted to rejoin counts its ranks lost until the cluster forms again.
+        cluster_ranks_lost: match (&cluster, &rejoining) {
+            (Some(c), _) => Some((c.ranks - c.healthy()) as f64),
+            (None, Some((ranks, _))) => Some(*ranks as f64),
+            (None, None) => None,
+        },
+        cluster_lost: cluster.and_then(|c| c.broken()).or(rejoining.map(|(_, why)| why)),
     }
 }
 

@@ -71,7 +71,12 @@ pub fn snapshot(state: &AppState) -> Snapshot {
         links: Links { metrics: "/metrics", grafana: state.config.grafana_url.clone() },
         timings: m.live.distributions(),
         throughput: m.live.throughput(),
-        cluster: e.engine(e.default_id()).and_then(|x| x.loaded()).and_then(|l| l.cluster).map(|c| c.view()),
+        cluster: e.engine(e.default_id()).and_then(|x| x.loaded()).and_then(|l| l.cluster).map(|c| c.view()).or_else(|| {
+            // Restarted to form the cluster again: none serving yet, and why.
+            let (_, why) = e.cluster_rejoining()?;
+            let spec = state.config.cluster.as_ref()?;
+            Some(crate::distributed::report::ClusterView::rejoining(spec, why))
+        }),
     }
 }
 

@@ -42,7 +42,8 @@ pub async fn prometheus(State(state): State<AppState>) -> impl IntoResponse {
         }
     }
     m.observe_engine(&models.stats());
-    m.cluster.observe(models.engine(models.default_id()).and_then(|e| e.loaded()).and_then(|l| l.cluster).as_deref());
+    let stats = models.engine(models.default_id()).and_then(|e| e.loaded()).and_then(|l| l.cluster);
+    m.cluster.observe(models.cluster_rejoining().map(|(ranks, _)| ranks), stats.as_deref());
     m.observe_batch_sizes(models.decode_steps_by_batch_size());
     m.observe_system(&state.telemetry.latest());
     m.power.observe(&state.telemetry.power.latest(), &state.telemetry.power.energy());

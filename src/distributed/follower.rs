@@ -1,6 +1,8 @@
 //! A rank past 0 (`mlxbar serve --hostfile F --rank N`, N > 0): no HTTP server; it loads
 //! its layers and replays rank 0's ops on them until rank 0 stops (exit 0) or the ring
-//! fails (an error: the process exits, as the cluster cannot go on without it).
+//! fails (an error: the process exits, as the cluster cannot go on without it). With
+//! `--on-rank-lost rejoin` it restarts instead, either way, and waits for the cluster to
+//! form again ([`super::rejoin`]).
 use anyhow::{Context, Result};
 
 use super::{join_and_load, ClusterSpec};
@@ -9,6 +11,22 @@ use crate::engine::{cpu_backend, DeviceKind};
 use crate::registry::budget::Budget;
 
 pub fn run(spec: &ClusterSpec, config: &Config) -> Result<()> {
+    let joined = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let result = follow(spec, config, &joined);
+    let why = match &result {
+        Ok(()) => "rank 0 stopped".to_string(),
+        Err(e) => format!("{e:#}"),
+    };
+    spec.rejoin(&why, joined.load(std::sync::atomic::Ordering::Relaxed));
+    result
+}
+
+/// Joins, loads and follows rank 0 until it stops or the ring fails; `joined` set once
+/// the cluster formed.
+fn follow(spec: &ClusterSpec, config: &Config, joined: &std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<()> {
+    if let Some(why) = &spec.rejoining {
+        tracing::info!("rank {}: restarted to rejoin the cluster after: {why}", spec.rank);
+    }
     let path = match &config.model {
         Some(p) => p.clone(),
         None => crate::model_store::ensure_default_model()?,
@@ -23,13 +41,16 @@ pub fn run(spec: &ClusterSpec, config: &Config) -> Result<()> {
     });
     tracing::info!("rank {} of {}: joining the ring to serve {}", spec.rank, spec.size(), path.display());
     let id = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let joined = join_and_load(spec, &path, &id, config.weight_format, budget.ceiling, 0, &|_| {})?;
-    let (mut exec, _, info, link) = joined.into_executor();
+    let part = join_and_load(spec, &path, &id, config.weight_format, budget.ceiling, 0, &|_| {})?;
+    joined.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut exec, _, info, link) = part.into_executor();
     let mut link = link.context("rank 0 serves; it does not follow")?;
     // The next rank lost: the news went on towards rank 0; this rank cannot go on either.
     let rank = spec.rank;
+    let me = spec.clone();
     link.watch(move |what| {
-        tracing::error!("rank {rank}: the cluster lost {what}; exiting");
+        tracing::error!("rank {rank}: the cluster lost {what}");
+        me.rejoin(&format!("the cluster lost {what}"), true);
         std::process::exit(1);
     })?;
     tracing::info!("rank {}: layers {:?} loaded ({} MB); following rank 0", spec.rank, exec.model.slice.layers, info.weight_bytes >> 20);

@@ -4,38 +4,49 @@
 use anyhow::{bail, Result};
 use mlx_rs::{Array, Dtype, Stream};
 
-/// This process's place among the processes serving one model (MLX's ring backend:
-/// `MLX_HOSTFILE` and `MLX_RANK` in the environment say where each rank listens).
+use super::hostfile::Backend;
+
+/// This process's place among the processes serving one model (MLX's ring or jaccl
+/// backend; the environment says where each rank is: [`super::hostfile::BackendEnv`]).
 pub struct Group(mlx_sys::mlx_distributed_group);
 
 impl Group {
-    /// Joins the ring: blocks until both neighbours are connected (MLX retries the connect
-    /// with a backoff, then fails; the accept side waits as long as it takes: the caller
-    /// bounds it).
-    pub fn join_ring() -> Result<Group> {
+    /// Joins the other ranks over `backend`: blocks until connected (the ring: MLX retries
+    /// the connect with a backoff, then fails; the accept side waits as long as it takes:
+    /// the caller bounds it).
+    pub fn join(backend: Backend) -> Result<Group> {
+        let name = backend.mlx_name();
         // SAFETY: `mlx_distributed_is_available` reads a NUL-terminated backend name.
-        if !unsafe { mlx_sys::mlx_distributed_is_available(c"ring".as_ptr()) } {
-            bail!("this MLX build has no ring backend");
+        if !unsafe { mlx_sys::mlx_distributed_is_available(name.as_ptr()) } {
+            match backend {
+                Backend::Ring => bail!("this MLX build has no ring backend"),
+                Backend::Jaccl | Backend::JacclRing => bail!(
+                    "this MLX build has no jaccl backend: jaccl (RDMA over Thunderbolt 5) runs on macOS 26.2 or later, with RDMA enabled in recovery mode (rdma_ctl enable); use \"backend\": \"ring\" in the host file elsewhere"
+                ),
+            }
         }
         // SAFETY: `group` starts as an empty handle (a null context, nothing to free) that
         // mlx-c fills on success, owned by the Group and freed by Drop; on failure it stays
         // empty and is dropped as is; the backend name is NUL-terminated.
         unsafe {
             let mut group = mlx_sys::mlx_distributed_group_new();
-            if mlx_sys::mlx_distributed_init(&mut group, true, c"ring".as_ptr()) != 0 || group.ctx.is_null() {
-                bail!("MLX's ring backend could not connect this rank to its neighbours (MLX_HOSTFILE's addresses unreachable, a port in use, or a rank that failed to start)");
+            if mlx_sys::mlx_distributed_init(&mut group, true, name.as_ptr()) != 0 || group.ctx.is_null() {
+                match backend {
+                    Backend::Ring => bail!("MLX's ring backend could not connect this rank to its neighbours (MLX_HOSTFILE's addresses unreachable, a port in use, or a rank that failed to start)"),
+                    Backend::Jaccl | Backend::JacclRing => bail!("MLX's jaccl backend could not connect this rank (the RDMA devices in the host file's \"rdma\", rank 0's coordinator address, or a rank that failed to start)"),
+                }
             }
             Ok(Group(group))
         }
     }
 
-    /// [`Group::join_ring`] within `deadline`. MLX's accept has no timeout of its own, so
-    /// past it the joining thread is left behind (it ends if the neighbour ever connects)
-    /// and the caller gets an error saying which ranks to start.
-    pub fn join_ring_within(deadline: std::time::Duration, ranks: usize) -> Result<Group> {
+    /// [`Group::join`] within `deadline`. MLX's accept has no timeout of its own, so past
+    /// it the joining thread is left behind (it ends if the neighbour ever connects) and
+    /// the caller gets an error saying which ranks to start.
+    pub fn join_within(backend: Backend, deadline: std::time::Duration, ranks: usize) -> Result<Group> {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new().name("mlxbar-ring-join".into()).spawn(move || {
-            let _ = tx.send(Group::join_ring().map(Joining));
+            let _ = tx.send(Group::join(backend).map(Joining));
         })?;
         match rx.recv_timeout(deadline) {
             Ok(joined) => joined.map(|j| j.0),

@@ -54,7 +54,7 @@ fn hostname() -> Option<String> {
 pub fn run(args: LaunchArgs) -> Result<()> {
     let hostfile = std::fs::canonicalize(&args.hostfile).with_context(|| format!("host file {}", args.hostfile.display()))?;
     let hosts = Hostfile::read(&hostfile)?;
-    hosts.ring(args.ring_port)?;
+    hosts.backend_env(0, args.ring_port)?;
     if args.serve.iter().any(|a| a == "--hostfile" || a == "--rank" || a.starts_with("--hostfile=") || a.starts_with("--rank=")) {
         bail!("launch sets --hostfile and --rank for each rank; pass only serve's other flags after --");
     }
@@ -70,15 +70,22 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         }
     }
     let (lines, logs) = mpsc::channel::<(usize, Option<String>)>();
-    let mut children: Vec<(usize, Child)> = vec![];
-    // The highest rank first, rank 0 last: rank 0 serves as soon as the ring is up.
-    for (rank, h) in hosts.hosts.iter().enumerate().rev() {
-        let mut serve: Vec<String> = vec!["serve".into(), "--hostfile".into(), hostfile.display().to_string()];
-        serve.extend(["--rank".into(), rank.to_string(), "--ring-port".into(), args.ring_port.to_string()]);
-        serve.extend(args.serve.iter().cloned());
+    let commands: Vec<(usize, Vec<String>)> = hosts
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(rank, _)| {
+            let mut serve: Vec<String> = vec!["serve".into(), "--hostfile".into(), hostfile.display().to_string()];
+            serve.extend(["--rank".into(), rank.to_string(), "--ring-port".into(), args.ring_port.to_string()]);
+            serve.extend(args.serve.iter().cloned());
+            (rank, serve)
+        })
+        .collect();
+    let start = |rank: usize| -> Result<Child> {
+        let (h, serve) = (&hosts.hosts[rank], &commands[rank].1);
         let mut cmd = if is_local(&h.ssh) {
             let mut c = Command::new(&binary);
-            c.args(&serve);
+            c.args(serve);
             // Its own process group: Ctrl-C in the terminal reaches only the launcher, which
             // stops rank 0 first (stopping every rank at once would tear the ring mid-stop).
             #[cfg(unix)]
@@ -88,16 +95,15 @@ pub fn run(args: LaunchArgs) -> Result<()> {
             // -tt: the remote rank gets a terminal, so it is hung up on (and stops) when this
             // ssh ends, as stopping it here does.
             let mut c = Command::new("ssh");
-            c.args(["-tt", "-o", "BatchMode=yes", &h.ssh, &shell_words(&remote, &serve)]);
+            c.args(["-tt", "-o", "BatchMode=yes", &h.ssh, &shell_words(&remote, serve)]);
             c
         };
-        let mut child = match cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                stop_all(&mut children, Duration::from_secs_f64(args.stop_seconds));
-                bail!("starting rank {rank} on {}: {e}", h.ssh);
-            }
-        };
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting rank {rank} on {}", h.ssh))?;
         for pipe in
             [child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|p| Box::new(p) as _)]
                 .into_iter()
@@ -111,9 +117,25 @@ pub fn run(args: LaunchArgs) -> Result<()> {
                 let _ = lines.send((rank, None));
             });
         }
-        children.push((rank, child));
+        Ok(child)
+    };
+    let mut children: Vec<(usize, Child)> = vec![];
+    // The highest rank first, rank 0 last: rank 0 serves as soon as the ring is up.
+    for rank in (0..hosts.hosts.len()).rev() {
+        match start(rank) {
+            Ok(child) => children.push((rank, child)),
+            Err(e) => {
+                stop_all(&mut children, Duration::from_secs_f64(args.stop_seconds));
+                return Err(e);
+            }
+        }
     }
-    drop(lines);
+    // --on-rank-lost rejoin: a rank that ends is started again (the others restart
+    // themselves and wait for it); else the first to end stops them all.
+    let rejoin = flag_value(&args.serve, "--on-rank-lost").as_deref() == Some("rejoin");
+    // A rank that keeps ending soon after its start (a bad flag, a missing model) is given
+    // up after a few tries rather than started in a loop.
+    let mut started: Vec<(std::time::Instant, u32)> = vec![(std::time::Instant::now(), 0); hosts.hosts.len()];
     let stop = stop_signal();
     let mut first_exit: Option<(usize, std::process::ExitStatus)> = None;
     while first_exit.is_none() && stop.try_recv().is_err() {
@@ -124,11 +146,33 @@ pub fn run(args: LaunchArgs) -> Result<()> {
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
         for (rank, child) in &mut children {
-            if let Ok(Some(status)) = child.try_wait() {
+            let Ok(Some(status)) = child.try_wait() else { continue };
+            if !rejoin {
                 first_exit = Some((*rank, status));
+                continue;
+            }
+            let (at, quick) = &mut started[*rank];
+            *quick = if at.elapsed() < QUICK_EXIT { *quick + 1 } else { 0 };
+            if *quick >= QUICK_EXITS {
+                eprintln!(
+                    "[launch] rank {rank} exited ({status}) {QUICK_EXITS} times within {} s of starting; giving up",
+                    QUICK_EXIT.as_secs()
+                );
+                first_exit = Some((*rank, status));
+                continue;
+            }
+            eprintln!("[launch] rank {rank} exited ({status}); starting it again (--on-rank-lost rejoin)");
+            *at = std::time::Instant::now();
+            match start(*rank) {
+                Ok(again) => *child = again,
+                Err(e) => {
+                    eprintln!("[launch] {e:#}");
+                    first_exit = Some((*rank, status));
+                }
             }
         }
     }
+    drop(lines);
     stop_all(&mut children, Duration::from_secs_f64(args.stop_seconds));
     while let Ok((rank, Some(line))) = logs.recv_timeout(Duration::from_millis(100)) {
         eprintln!("[rank {rank}] {line}");
@@ -138,6 +182,11 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         _ => Ok(()),
     }
 }
+
+/// `--on-rank-lost rejoin`: a rank that ends this soon after its start, this many times in
+/// a row, is not started again.
+const QUICK_EXIT: Duration = Duration::from_secs(10);
+const QUICK_EXITS: u32 = 5;
 
 /// SIGTERM to rank 0 (it tells the others to stop and waits until the stop went round),
 /// then to every rank still running once it is gone, then SIGKILL past `grace`.

@@ -15,7 +15,7 @@
 //! ops, and the reports of the ranks passed so far), then the hidden states, whose shape
 //! the ops imply (`[1, rows, hidden]`).
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use mlx_rs::{Array, Dtype};
@@ -51,22 +51,23 @@ pub struct Link {
     pass_timeout: Duration,
     /// Tensor parallel (every rank runs every pass together), else pipeline.
     tensor: bool,
-    /// How long the last receive slept on the doorbell before the message came (idle, or
-    /// the ranks before computing): not time on the link.
-    slept: Duration,
+    /// How long the last message took from the previous rank's doorbell ringing to its
+    /// last byte: the link into this rank (not the sleep before: idle, or the ranks before
+    /// computing).
+    inbound: Duration,
 }
 
 /// Bytes a rank's report takes in tensor parallel's `all_gather` (JSON, space-padded).
-const REPORT_BYTES: usize = 512;
+const REPORT_BYTES: usize = 1024;
 
 impl Link {
     pub fn new(group: Rc<Group>, bell: Doorbell, hosts: Vec<String>, pass_timeout: Duration, tensor: bool) -> Link {
-        Link { group, bell, hosts, pass_timeout, tensor, slept: Duration::ZERO }
+        Link { group, bell, hosts, pass_timeout, tensor, inbound: Duration::ZERO }
     }
 
-    /// How long the last receive slept before its message came (see `slept`).
-    pub fn slept(&self) -> Duration {
-        self.slept
+    /// How long the last message took on the link into this rank, from its doorbell.
+    pub fn inbound(&self) -> Duration {
+        self.inbound
     }
 
     /// Each rank's host (the host file's `ssh`).
@@ -171,12 +172,12 @@ impl Link {
         Ok(sent)
     }
 
-    /// A header from the previous rank, once it rang (within `timeout`, None: no limit).
-    fn receive_header(&mut self, timeout: Option<Duration>) -> Result<Header> {
+    /// A header from the previous rank, once it rang (within `timeout`, None: no limit),
+    /// and when it rang.
+    fn receive_header(&mut self, timeout: Option<Duration>) -> Result<(Header, Instant)> {
         let from = || format!("receiving from {}", self.name(self.prev()));
-        let sleeping = std::time::Instant::now();
         self.bell.wait(timeout).with_context(from)?;
-        let slept = sleeping.elapsed();
+        let rang = Instant::now();
         let len = self.group.recv(&[1], Dtype::Int32, self.prev())?;
         len.eval().with_context(from)?;
         let n = len.as_slice::<i32>()[0];
@@ -184,8 +185,7 @@ impl Link {
         let body = self.group.recv(&[n], Dtype::Uint8, self.prev())?;
         body.eval().with_context(from)?;
         let header = serde_json::from_slice(body.as_slice::<u8>()).with_context(|| format!("a message from {}", self.name(self.prev())))?;
-        self.slept = slept;
-        Ok(header)
+        Ok((header, rang))
     }
 
     /// Hidden states of `shape` and `dtype` from the previous rank.
@@ -198,12 +198,13 @@ impl Link {
     /// The next message from the previous rank; its hidden states are `[1, rows, hidden]`
     /// of `dtype` (rows from its ops), received with it.
     pub fn receive(&mut self, hidden: i32, dtype: Dtype) -> Result<Message> {
-        let header = self.receive_header(None)?;
+        let (header, rang) = self.receive_header(None)?;
         let rows: i32 = header.ops.iter().map(Op::rows).sum();
         let hidden = match rows {
             0 => None,
             rows => Some(self.receive_hidden(&[1, rows, hidden], dtype)?),
         };
+        self.inbound = rang.elapsed();
         Ok(Message { ops: header.ops, reports: header.reports, hidden })
     }
 
@@ -224,7 +225,9 @@ impl Link {
     /// Rank 0: the last rank's hidden states for the pass just sent (shaped like `like`),
     /// and every other rank's report on it.
     pub fn receive_back(&mut self, like: &Array) -> Result<(Array, Vec<RankReport>)> {
-        let header = self.receive_header(Some(self.pass_timeout))?;
-        Ok((self.receive_hidden(like.shape(), like.dtype())?, header.reports))
+        let (header, rang) = self.receive_header(Some(self.pass_timeout))?;
+        let hidden = self.receive_hidden(like.shape(), like.dtype())?;
+        self.inbound = rang.elapsed();
+        Ok((hidden, header.reports))
     }
 }

@@ -24,6 +24,7 @@ pub mod hostfile;
 pub mod launch;
 pub mod link;
 pub mod plan;
+pub mod rejoin;
 pub mod report;
 
 use std::path::{Path, PathBuf};
@@ -57,6 +58,12 @@ pub struct ClusterSpec {
     /// while its socket stays open would otherwise hold every request forever).
     pub pass_timeout: std::time::Duration,
     pub parallel: Parallel,
+    /// Exit or restart to rejoin once the cluster is lost ([`rejoin`]).
+    pub on_lost: rejoin::OnRankLost,
+    /// Why this process was restarted to rejoin (none: started by hand or by the launcher),
+    /// and how many restarts in a row found no cluster.
+    pub rejoining: Option<String>,
+    pub tries: u32,
 }
 
 /// How the ranks split the model (`--parallel`).
@@ -82,28 +89,45 @@ impl ClusterSpec {
         ring_port: u16,
         [join_timeout, pass_timeout]: [Duration; 2],
         parallel: Parallel,
+        on_lost: rejoin::OnRankLost,
     ) -> Result<ClusterSpec> {
         let hosts = Hostfile::read(hostfile)?;
         if rank >= hosts.hosts.len() {
             bail!("--rank {rank}: the host file names {} ranks (0..{})", hosts.hosts.len(), hosts.hosts.len() - 1);
         }
-        hosts.ring(ring_port)?;
-        Ok(ClusterSpec { hosts, rank, ring_port, join_timeout, pass_timeout, parallel })
+        hosts.backend_env(rank, ring_port)?;
+        // Read (and cleared) before any thread starts; only a rejoining rank has them.
+        let (rejoining, tries) = rejoin::take_reason();
+        Ok(ClusterSpec { hosts, rank, ring_port, join_timeout, pass_timeout, parallel, on_lost, rejoining, tries })
     }
 
     pub fn size(&self) -> usize {
         self.hosts.hosts.len()
     }
 
-    /// Points MLX's ring backend at this rank: writes its host file (user-only, in `dir`)
-    /// and sets `MLX_HOSTFILE` and `MLX_RANK`. Call before the process starts threads
-    /// (the environment is process-wide).
+    /// The cluster is lost (`why`): with `--on-rank-lost rejoin`, restarts this process to
+    /// join again (returns only if that failed); `joined`: whether this process had formed
+    /// the cluster. With `exit`, returns at once.
+    pub fn rejoin(&self, why: &str, joined: bool) {
+        if self.on_lost == rejoin::OnRankLost::Rejoin {
+            rejoin::restart(why, joined, self.tries);
+        }
+    }
+
+    /// Points MLX's backend at this rank: writes the file it reads (the ring's addresses
+    /// or jaccl's devices; user-only, in `dir`) and sets the variables naming it, `MLX_RANK`
+    /// and the host file's `envs`. Call before the process starts threads (the environment
+    /// is process-wide).
     pub fn export_env(&self, dir: &Path) -> Result<PathBuf> {
         crate::private_fs::create_dir_all(dir)?;
-        let path = dir.join(format!("ring-{}-rank{}.json", self.ring_port, self.rank));
-        crate::private_fs::write_atomic(&path, self.hosts.ring(self.ring_port)?.as_bytes())?;
-        std::env::set_var("MLX_HOSTFILE", &path);
-        std::env::set_var("MLX_RANK", self.rank.to_string());
+        let env = self.hosts.backend_env(self.rank, self.ring_port)?;
+        let (var, name, contents) = env.file;
+        let path = dir.join(name);
+        crate::private_fs::write_atomic(&path, contents.as_bytes())?;
+        std::env::set_var(var, &path);
+        for (name, value) in env.vars {
+            std::env::set_var(name, value);
+        }
         Ok(path)
     }
 }
@@ -138,7 +162,7 @@ pub fn join_and_load(
     prefix_bytes: usize,
     progress: &dyn Fn(f64),
 ) -> Result<Joined> {
-    let group = Group::join_ring_within(spec.join_timeout, spec.size())?;
+    let group = Group::join_within(spec.hosts.backend, spec.join_timeout, spec.size())?;
     let mut prefix = 0;
     let mut tensor = false;
     if (group.rank(), group.size()) != (spec.rank, spec.size()) {

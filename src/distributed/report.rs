@@ -1,10 +1,13 @@
 //! Each rank's figures, carried to rank 0 with every pass (a few hundred bytes a rank):
-//! what it holds, MLX's active memory there, and where its time went (computing its layers
-//! or waiting on the link). Rank 0 keeps the latest set ([`ClusterStats`]) for `/metrics`.
+//! what it holds, MLX's active memory there, its host's memory, and where its time went
+//! (computing its layers, waiting on the link, receiving on the link into it). Rank 0
+//! keeps the latest set ([`ClusterStats`]) for `/metrics` and the snapshot.
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+use crate::telemetry::memory::PressureLevel;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RankReport {
@@ -24,17 +27,38 @@ pub struct RankReport {
     /// pass to the last rank's answer, the other ranks' compute included).
     pub link_wait_seconds: f64,
     pub link_sent_bytes: u64,
+    /// The link into this rank (from the rank before it): time from its doorbell ringing
+    /// to the whole message received (the hop's latency and transfer), summed.
+    pub link_in_seconds: f64,
+    /// Messages received on the link into this rank.
+    pub link_in_messages: u64,
+    /// This rank's host: memory pressure as its kernel judges it, and memory available and
+    /// in all (read at most once a second).
+    pub host_memory_pressure: PressureLevel,
+    pub host_memory_available_bytes: u64,
+    pub host_memory_total_bytes: u64,
 }
 
 /// One rank's running figures.
 #[derive(Debug, Default)]
 pub struct Meter {
     pub report: RankReport,
+    /// When the host's memory was last read.
+    memory_read: Option<Instant>,
 }
+
+/// How often a rank reads its host's memory (a pass can take a millisecond).
+const MEMORY_EVERY: Duration = Duration::from_secs(1);
 
 impl Meter {
     pub fn new(rank: usize, layers: usize, weight_bytes: u64) -> Meter {
-        Meter { report: RankReport { rank, layers, weight_bytes, ..Default::default() } }
+        Meter { report: RankReport { rank, layers, weight_bytes, ..Default::default() }, memory_read: None }
+    }
+
+    /// A message came in on the link into this rank, `took` from its doorbell to its end.
+    pub fn received(&mut self, took: Duration) {
+        self.report.link_in_seconds += took.as_secs_f64();
+        self.report.link_in_messages += 1;
     }
 
     pub fn computed(&mut self, took: Duration) {
@@ -54,6 +78,14 @@ impl Meter {
         self.report.passes += 1;
         self.report.kv_bytes = kv_bytes as u64;
         self.report.mlx_active_bytes = mlx_rs::memory::active_memory().unwrap_or(0) as u64;
+        if self.memory_read.is_none_or(|at| at.elapsed() >= MEMORY_EVERY) {
+            self.memory_read = Some(Instant::now());
+            if let Ok(m) = crate::telemetry::memory::read() {
+                self.report.host_memory_pressure = m.pressure;
+                self.report.host_memory_available_bytes = m.available;
+                self.report.host_memory_total_bytes = m.total;
+            }
+        }
         self.report.clone()
     }
 }
@@ -61,7 +93,8 @@ impl Meter {
 /// The cluster rank 0 serves with, as the snapshot shows it.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ClusterView {
-    /// "tensor" or "pipeline".
+    /// "tensor" or "pipeline" ("auto" while a restarted rank 0 waits to form the cluster
+    /// again: not chosen yet).
     pub parallel: &'static str,
     pub ranks: usize,
     /// Ranks serving: all, or none once one was lost (rank 0 cannot serve alone).
@@ -75,6 +108,58 @@ pub struct ClusterView {
     /// Pipeline: milliseconds a pass spends crossing the links (every hop, there and back),
     /// on average; null for tensor parallel or before the first pass.
     pub link_ms_per_pass: Option<f64>,
+    /// The links that carried a message so far (pipeline: every hop of the ring; tensor
+    /// parallel: rank 0's input handed on, so not the link back into rank 0).
+    pub links: Vec<LinkView>,
+    /// The link with the highest mean time a message.
+    pub slowest_link: Option<LinkView>,
+}
+
+/// One link of the ring: into rank `to` from the rank before it.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct LinkView {
+    pub from: usize,
+    pub to: usize,
+    /// Mean milliseconds a message took, from its doorbell ringing to its last byte.
+    pub ms_per_message: f64,
+    pub messages: u64,
+}
+
+impl LinkView {
+    /// The links into each rank that carried a message, from the ranks' reports.
+    fn of(members: &[RankReport], ranks: usize) -> Vec<LinkView> {
+        members
+            .iter()
+            .filter(|m| m.link_in_messages > 0)
+            .map(|m| LinkView {
+                from: (m.rank + ranks - 1) % ranks,
+                to: m.rank,
+                ms_per_message: m.link_in_seconds / m.link_in_messages as f64 * 1e3,
+                messages: m.link_in_messages,
+            })
+            .collect()
+    }
+}
+
+impl ClusterView {
+    /// A cluster rank 0 restarted to form again (`--on-rank-lost rejoin`), not formed yet.
+    pub fn rejoining(spec: &super::ClusterSpec, why: String) -> ClusterView {
+        ClusterView {
+            parallel: match spec.parallel {
+                super::Parallel::Tensor => "tensor",
+                super::Parallel::Pipeline => "pipeline",
+                super::Parallel::Auto => "auto",
+            },
+            ranks: spec.size(),
+            healthy: 0,
+            broken: Some(why),
+            hosts: spec.hosts.hosts.iter().map(|h| h.ssh.clone()).collect(),
+            members: vec![],
+            link_ms_per_pass: None,
+            links: vec![],
+            slowest_link: None,
+        }
+    }
 }
 
 /// What to do once the ring breaks, given why.
@@ -125,6 +210,8 @@ impl ClusterStats {
             }
             _ => None,
         };
+        let links = LinkView::of(&members, self.ranks);
+        let slowest_link = links.iter().max_by(|a, b| a.ms_per_message.total_cmp(&b.ms_per_message)).cloned();
         ClusterView {
             parallel: if self.tensor { "tensor" } else { "pipeline" },
             ranks: self.ranks,
@@ -133,6 +220,8 @@ impl ClusterStats {
             hosts: self.hosts.clone(),
             members,
             link_ms_per_pass,
+            links,
+            slowest_link,
         }
     }
 
@@ -238,5 +327,21 @@ impl ClusterStats {
         let guard = self.broken.lock().unwrap_or_else(|e| e.into_inner());
         let (guard, _) = self.news.wait_timeout_while(guard, wait, |b| b.is_none()).unwrap_or_else(|e| e.into_inner());
         guard.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_are_named_by_the_ranks_they_join_and_the_slowest_found() {
+        let stats = ClusterStats::new(vec!["a".into(), "b".into(), "c".into()], false);
+        let rank = |rank, secs, n| RankReport { rank, link_in_seconds: secs, link_in_messages: n, passes: 1, ..Default::default() };
+        stats.set_latest(vec![rank(2, 0.006, 4), rank(0, 0.004, 2), rank(1, 0.0, 0)]);
+        let view = stats.view();
+        let ms: Vec<_> = view.links.iter().map(|l| (l.from, l.to, (l.ms_per_message * 1e3).round() / 1e3)).collect();
+        assert_eq!(ms, [(2, 0, 2.0), (1, 2, 1.5)], "rank 1 had no message in; rank 0's link comes from the last rank");
+        assert_eq!(view.slowest_link.map(|l| l.to), Some(0));
     }
 }

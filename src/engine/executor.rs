@@ -228,10 +228,10 @@ impl Executor {
         self.meter.report.rank = link.rank();
         let tensor = link.tensor();
         loop {
-            let waiting = Instant::now();
             let mut msg = link.receive(self.model.config.hidden_size, self.model.dtype)?;
             // Time on the link only: not the sleep until rank 0 had work.
-            self.meter.waited(waiting.elapsed().saturating_sub(link.slept()));
+            self.meter.waited(link.inbound());
+            self.meter.received(link.inbound());
             let stop = msg.ops.iter().any(|op| matches!(op, Op::Shutdown));
             if stop {
                 link.leave();
@@ -310,6 +310,7 @@ impl Executor {
         let back = ring.link.send(&msg).and_then(|sent| Ok((sent, ring.link.receive_back(msg.hidden.as_ref().unwrap())?)));
         let (sent, (h, mut reports)) = back.map_err(|e| self.lose(e))?;
         self.meter.waited(waiting.elapsed());
+        self.meter.received(self.ring.as_ref().expect("a cluster's rank 0").link.inbound());
         self.meter.sent(sent);
         reports.push(self.meter.after_pass(kv));
         self.ring.as_ref().expect("a cluster's rank 0").stats.set_latest(reports);

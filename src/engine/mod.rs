@@ -180,11 +180,12 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The engine thread is left behind: ends its requests with `reason` and turns the
-    /// engine failed.
+    /// The engine thread is left behind: turns the engine failed, then ends its requests
+    /// with `reason` (in that order: a client that reads the error then asks /health must
+    /// find the engine failed).
     fn give_up(&self, reason: &str) {
-        self.stuck.send_replace(Some(reason.to_string()));
         *self.state.write().unwrap() = LoadState::Failed(reason.to_string());
+        self.stuck.send_replace(Some(reason.to_string()));
         self.ready.notify_waiters();
     }
 }
@@ -520,6 +521,9 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         Ok(Ok(l)) => l,
         Ok(Err(e)) => {
             tracing::error!("model load failed: {e:#}");
+            if let Some(member) = &options.cluster {
+                member.spec.rejoin(&format!("{e:#}"), false);
+            }
             return set_state(LoadState::Failed(format!("{e:#}")));
         }
         Err(_) => return set_state(LoadState::Failed("model load panicked".into())),
@@ -553,7 +557,16 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         // and the engine turns failed at once, whether or not the thread comes back.
         // After Ready, so a rank lost during the load's last steps is not overwritten.
         let shared = shared.clone();
-        c.on_broken(Box::new(move |why| shared.give_up(why)));
+        let spec = options.cluster.as_ref().map(|m| m.spec.clone());
+        c.on_broken(Box::new(move |why| {
+            shared.give_up(why);
+            // --on-rank-lost rejoin: this process starts afresh to form the cluster again
+            // (on a thread of its own: this one may be the engine's, stuck in a collective).
+            if let Some(spec) = spec.clone().filter(|s| s.on_lost == crate::distributed::rejoin::OnRankLost::Rejoin) {
+                let why = why.to_string();
+                let _ = std::thread::Builder::new().name("mlxbar-rejoin".into()).spawn(move || spec.rejoin(&why, true));
+            }
+        }));
     }
     shared.stats.mark_progress();
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(exec, codec, jobs, shared.clone(), limits)));

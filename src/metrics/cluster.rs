@@ -1,8 +1,9 @@
 //! `mlxbar_cluster_*`: the ranks serving the default model together ([`crate::distributed`]),
 //! as rank 0 sees them: how many and how many serve (MLX-Flash's `workers_total` and
 //! `workers_healthy`), then per rank (a `rank` label, bounded by the host file: at most
-//! [`MAX_RANKS`]) what it holds and where its time goes. Copied from the latest pass's
-//! reports at scrape time; absent on a process serving alone.
+//! [`MAX_RANKS`]) what it holds, its host's memory, where its time goes and how long the
+//! link into it takes a message. Copied from the latest pass's reports at scrape time;
+//! absent on a process serving alone.
 use prometheus::{CounterVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::distributed::report::ClusterStats;
@@ -21,6 +22,11 @@ pub struct ClusterMetrics {
     pub compute_seconds_total: CounterVec,
     pub link_wait_seconds_total: CounterVec,
     pub link_sent_bytes_total: IntCounterVec,
+    pub link_in_seconds_total: CounterVec,
+    pub link_in_messages_total: IntCounterVec,
+    pub host_memory_pressure_level: IntGaugeVec,
+    pub host_memory_available_bytes: IntGaugeVec,
+    pub host_memory_total_bytes: IntGaugeVec,
 }
 
 impl ClusterMetrics {
@@ -68,12 +74,42 @@ impl ClusterMetrics {
                 Opts::new("cluster_rank_link_sent_bytes_total", "Bytes a rank sent on the ring."),
                 rank
             )),
+            link_in_seconds_total: reg!(CounterVec::new(
+                Opts::new(
+                    "cluster_rank_link_in_seconds_total",
+                    "Time messages took on the link into a rank, from the rank before it ringing to their last byte (the hop's latency: divide by cluster_rank_link_in_messages_total)."
+                ),
+                rank
+            )),
+            link_in_messages_total: reg!(IntCounterVec::new(
+                Opts::new("cluster_rank_link_in_messages_total", "Messages received on the link into a rank."),
+                rank
+            )),
+            host_memory_pressure_level: reg!(IntGaugeVec::new(
+                Opts::new("cluster_rank_host_memory_pressure_level", "Memory pressure on a rank's host: 0 normal, 1 warn, 2 critical, -1 unknown."),
+                rank
+            )),
+            host_memory_available_bytes: reg!(IntGaugeVec::new(
+                Opts::new("cluster_rank_host_memory_available_bytes", "Memory available on a rank's host."),
+                rank
+            )),
+            host_memory_total_bytes: reg!(IntGaugeVec::new(
+                Opts::new("cluster_rank_host_memory_total_bytes", "Memory on a rank's host (its cgroup's limit where lower)."),
+                rank
+            )),
         }
     }
 
-    /// Copies the latest reports (nothing on a process serving alone).
-    pub fn observe(&self, stats: Option<&ClusterStats>) {
-        let Some(stats) = stats else { return };
+    /// Copies the latest reports (nothing on a process serving alone). `rejoining`: the
+    /// ranks of a cluster this rank 0 restarted to form again, none serving until it has.
+    pub fn observe(&self, rejoining: Option<usize>, stats: Option<&ClusterStats>) {
+        let Some(stats) = stats else {
+            if let Some(ranks) = rejoining {
+                self.ranks.set(ranks as i64);
+                self.ranks_healthy.set(0);
+            }
+            return;
+        };
         self.ranks.set(stats.ranks as i64);
         self.ranks_healthy.set(stats.healthy() as i64);
         for r in stats.latest().iter().filter(|r| r.rank < MAX_RANKS) {
@@ -85,7 +121,16 @@ impl ClusterMetrics {
             self.mlx_active_bytes.with_label_values(l).set(r.mlx_active_bytes as i64);
             super::advance_to(&self.passes_total.with_label_values(l), r.passes);
             super::advance_to(&self.link_sent_bytes_total.with_label_values(l), r.link_sent_bytes);
-            for (c, total) in [(&self.compute_seconds_total, r.compute_seconds), (&self.link_wait_seconds_total, r.link_wait_seconds)] {
+            super::advance_to(&self.link_in_messages_total.with_label_values(l), r.link_in_messages);
+            self.host_memory_pressure_level.with_label_values(l).set(r.host_memory_pressure.as_number().map_or(-1, i64::from));
+            self.host_memory_available_bytes.with_label_values(l).set(r.host_memory_available_bytes as i64);
+            self.host_memory_total_bytes.with_label_values(l).set(r.host_memory_total_bytes as i64);
+            let seconds = [
+                (&self.compute_seconds_total, r.compute_seconds),
+                (&self.link_wait_seconds_total, r.link_wait_seconds),
+                (&self.link_in_seconds_total, r.link_in_seconds),
+            ];
+            for (c, total) in seconds {
                 let c = c.with_label_values(l);
                 c.inc_by((total - c.get()).max(0.0));
             }

@@ -261,6 +261,16 @@ pub fn scale_params() -> u64 {
     n("vocab_size") * h + n("num_hidden_layers") * layer + h
 }
 
+/// Bytes of an MLX folder's safetensors files (their JSON headers included).
+pub fn safetensors_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .map(|p| p.metadata().unwrap().len())
+        .sum()
+}
+
 /// The scale fixture in cargo's per-target temp dir (built once, ~0.6 GB), returned in place:
 /// read it, never write into it.
 pub fn scale_folder() -> PathBuf {

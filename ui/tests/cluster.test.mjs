@@ -74,15 +74,19 @@ test("two ranks: the cluster card shows each rank's share, then names the rank l
 
   await page.goto(`${base}/`);
   await until("the cluster card", async () => await testid("cluster").isVisible());
-  await until("its summary", async () => /^pipeline parallel · 2 of 2 ranks serving · links \d+(\.\d)? ms a pass$/.test(await testid("cluster-summary").textContent()));
+  await until("its summary", async () => /^pipeline parallel · 2 of 2 ranks serving · slowest link (0→1|1→0) \d+(\.\d)? ms$/.test(await testid("cluster-summary").textContent()));
+  assert.match(await testid("cluster-summary").getAttribute("title"), /^The links take \d+(\.\d)? ms a pass, every hop there and back$/);
   const rows = testid("cluster-rank");
   assert.equal(await rows.count(), 2);
-  const size = String.raw`\d+(\.\d)? (B|KB|MB)`;
+  const size = String.raw`\d+(\.\d)? (B|KB|MB|GB)`;
   const ms = String.raw`\d+(\.\d)? ms`;
   for (const [n, layers] of [[0, 15], [1, 15]]) {
     const row = rows.nth(n);
     assert.equal(await row.locator(".name").textContent(), `rank ${n} · localhost`);
-    assert.match(await row.locator(".sub").textContent(), new RegExp(`^${layers} layers · ${size} weights · KV ${size} · MLX ${size} · ${ms} computing, ${ms} waiting a pass$`));
+    // Each rank's host (both this machine here) and the link into it: rank 1's from rank 0,
+    // rank 0's from the last rank.
+    const host = String.raw`host ${size} free of ${size}, pressure (normal|warn|critical|unknown)`;
+    assert.match(await row.locator(".sub").textContent(), new RegExp(`^${layers} layers · ${size} weights · KV ${size} · MLX ${size} · ${host} · ${ms} computing, ${ms} waiting a pass · link in ${ms}$`));
   }
   assert.ok(await testid("cluster-lost").isHidden());
   await shot("cluster");

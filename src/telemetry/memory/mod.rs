@@ -26,7 +26,7 @@ mod platform {
 use serde::Serialize;
 
 /// Memory pressure as the kernel judges it (macOS) or as PSI stall time says (Linux).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, Default, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PressureLevel {
     Normal,

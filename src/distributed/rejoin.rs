@@ -1,0 +1,88 @@
+//! `--on-rank-lost rejoin`: a rank that loses the cluster (a rank died or hung, the join
+//! timed out, rank 0 stopped) starts itself afresh and waits for every rank to join again,
+//! instead of exiting. A fresh process, because MLX keeps the first group a process makes
+//! (and its sockets) for the process's life: the only way to join a new ring is a new
+//! process. So the rank re-executes its own binary with its own arguments, in place (the
+//! same pid, so `mlxbar cluster launch` and service managers keep watching it).
+//!
+//! Everything open is closed on the way (MLX's listening sockets take SO_REUSEPORT, so one
+//! carried over would share the new ring's port and take its connections). The new process
+//! learns why from the environment ([`take_reason`]), for `/health` and the logs, and how
+//! many times in a row it has found no cluster, to wait longer between tries.
+use std::time::Duration;
+
+/// Why the last process of this rank restarted (for the new one).
+const WHY: &str = "MLXBAR_REJOIN_WHY";
+/// Restarts in a row without a cluster formed (for the new one).
+const TRIES: &str = "MLXBAR_REJOIN_TRIES";
+/// The longest pause before a restart (a rank failing at once does not spin).
+const MAX_PAUSE: Duration = Duration::from_secs(30);
+
+/// What to do once the cluster is lost (`--on-rank-lost`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnRankLost {
+    /// Exit (rank 0 keeps serving HTTP, answering 503 with the rank lost).
+    #[default]
+    Exit,
+    /// Restart this rank's process and wait for every rank to join again.
+    Rejoin,
+}
+
+/// Why this process was started by [`restart`], and how many restarts in a row found no
+/// cluster; removed from the environment (call before threads start).
+pub fn take_reason() -> (Option<String>, u32) {
+    let why = std::env::var(WHY).ok().filter(|w| !w.is_empty());
+    let tries = std::env::var(TRIES).ok().and_then(|t| t.parse().ok()).unwrap_or(0);
+    std::env::remove_var(WHY);
+    std::env::remove_var(TRIES);
+    (why, tries)
+}
+
+/// Restarts this process in place to join the cluster again, saying `why`; `joined`:
+/// whether this process had formed the cluster (else the pause grows with each try).
+/// Returns only if the restart failed, after saying so: the caller exits.
+pub fn restart(why: &str, joined: bool, tries: u32) {
+    // The advice for --on-rank-lost exit ("restart every rank") is this rank's to follow.
+    let why = why.trim_end_matches("; restart every rank");
+    let tries = if joined { 1 } else { tries + 1 };
+    // A moment for the requests just ended to tell their clients, and more each time the
+    // cluster did not form (a rank not back yet, or a failure that repeats).
+    let pause = Duration::from_secs(u64::from(tries)).min(MAX_PAUSE);
+    tracing::warn!("{why}; restarting this rank in {} s to join the cluster again (--on-rank-lost rejoin)", pause.as_secs());
+    std::thread::sleep(pause);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        let exe = match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => return tracing::error!("cannot restart: this binary's path: {e}"),
+        };
+        close_on_exec();
+        let err = std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env(WHY, why.replace('\0', " "))
+            .env(TRIES, tries.to_string())
+            .exec();
+        tracing::error!("cannot restart this rank: {err}");
+    }
+}
+
+/// Marks every descriptor past stderr close-on-exec: the new process opens its own.
+#[cfg(unix)]
+fn close_on_exec() {
+    // /dev/fd lists this process's descriptors on Linux and macOS.
+    let fds: Vec<i32> = match std::fs::read_dir("/dev/fd") {
+        Ok(dir) => dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&fd| fd > 2).collect(),
+        Err(_) => (3..4096).collect(),
+    };
+    for fd in fds {
+        // SAFETY: fcntl on a descriptor number only reads and sets its flags; one that is
+        // not open (the listing's own, closed since) answers EBADF, which is ignored.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+}
