@@ -29,7 +29,7 @@ enum Command {
     /// The alert rules in force
     #[command(subcommand)]
     Alerts(AlertsCommand),
-    /// Serve one model from several machines (MLX's ring backend, pipeline parallel)
+    /// Serve one model from several machines (MLX's ring or jaccl backend, tensor or pipeline parallel)
     #[command(subcommand)]
     Cluster(mlxbar::distributed::launch::ClusterCommand),
 }
@@ -45,6 +45,8 @@ enum AlertsCommand {
 }
 
 fn main() -> Result<()> {
+    // A rank restarted to rejoin its cluster: nothing of the old process stays open.
+    mlxbar::distributed::rejoin::close_inherited();
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_env("MLXBAR_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
@@ -52,7 +54,7 @@ fn main() -> Result<()> {
     #[cfg(feature = "test-hooks")]
     mlxbar::engine::faults::arm_from_env();
     let command = Cli::parse().command;
-    // A rank of a cluster: MLX's ring reads its place from the environment, set here while
+    // A rank of a cluster: MLX's backend reads its place from the environment, set here while
     // the process has one thread; ranks past 0 serve no HTTP.
     let mut config = None;
     if let Command::Serve(args) = &command {
@@ -126,9 +128,15 @@ async fn serve(config: Config) -> Result<()> {
             // file can be loaded with POST /api/engine/reload.
             Err(e) => tracing::error!("the model did not load: {e:#}; still serving /health and /metrics (POST /api/engine/reload retries)"),
         },
-        _ = tokio::signal::ctrl_c() => { server.shutdown().await; return Ok(()); }
+        _ = shutdown_signal(&mut term) => {
+            mlxbar::distributed::rejoin::stop();
+            server.shutdown().await;
+            return Ok(());
+        }
     }
     shutdown_signal(&mut term).await;
+    // A cluster's rank 0 with --on-rank-lost rejoin stops rather than restarts from now on.
+    mlxbar::distributed::rejoin::stop();
     tracing::info!("shutting down");
     server.shutdown().await;
     Ok(())

@@ -419,7 +419,9 @@ function cluster(c) {
   if (!c) return;
   const slow = c.slowest_link;
   const link = slow ? ` · slowest link ${slow.from}→${slow.to} ${fmtMs(slow.ms_per_message)}` : "";
-  text("cluster-summary", `${c.parallel} parallel · ${c.healthy} of ${c.ranks} ranks serving${link}`);
+  // "auto" only while a restarted rank 0 waits for the cluster to form: no mode chosen yet.
+  const mode = c.parallel === "auto" ? "forming" : `${c.parallel} parallel`;
+  text("cluster-summary", `${mode} · ${c.healthy} of ${c.ranks} ranks serving${link}`);
   $("cluster-summary").title = c.link_ms_per_pass == null ? "" : `The links take ${fmtMs(c.link_ms_per_pass)} a pass, every hop there and back`;
   const lost = $("cluster-lost");
   lost.hidden = !c.broken;
@@ -448,7 +450,7 @@ function cluster(c) {
       // A host short of memory: the rank's dot turns amber (red stays for a lost cluster).
       if (!c.broken && ["warn", "critical"].includes(m.host_memory_pressure)) li.className = "pressure";
     } else {
-      sub.textContent = "no pass yet";
+      sub.textContent = c.broken ? "not joined" : "no pass yet";
     }
     t.append(name, sub);
     li.append(t);

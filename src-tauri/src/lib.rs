@@ -56,6 +56,14 @@ pub fn run() {
             );
             std::process::exit(2);
         }
+        // Restarting in place would take the whole app (its window and menu-bar icon) down
+        // and up again: the app shows the rank lost and notifies instead.
+        if spec.on_lost == mlxbar::distributed::rejoin::OnRankLost::Rejoin {
+            eprintln!(
+                "mlxbar-app: --on-rank-lost rejoin is for `mlxbar serve`; the app shows a lost rank and notifies (restart it to rejoin)"
+            );
+            std::process::exit(2);
+        }
         if let Err(e) = spec.export_env(&config.data_dir().join("cluster")) {
             eprintln!("mlxbar-app: {e:#}");
             std::process::exit(2);

@@ -36,10 +36,10 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl I
     }
     let models = &state.models;
     let load = models.default_state();
-    let rejoining = state.config.cluster.as_ref().and_then(|c| c.rejoining.as_deref());
+    // Restarted to form the cluster again (--on-rank-lost rejoin), not formed yet: why.
+    let rejoining = models.cluster_rejoining().map(|(_, why)| why);
     let (name, detail) = match &load {
-        // A rank restarted to form the cluster again (--on-rank-lost rejoin): why.
-        LoadState::Loading => ("loading", rejoining.map(|why| format!("waiting for every rank to join the cluster again after: {why}"))),
+        LoadState::Loading => ("loading", rejoining.clone()),
         LoadState::Ready => ("ready", None),
         LoadState::Failed(e) => ("failed", Some(e.clone())),
         LoadState::Stopped => ("stopped", None),
@@ -55,7 +55,7 @@ pub async fn health(State(state): State<AppState>, headers: HeaderMap) -> impl I
         "cluster": state.config.cluster.as_ref().map(|c| json!({
             "ranks": c.size(),
             "hosts": c.hosts.hosts.iter().map(|h| h.ssh.as_str()).collect::<Vec<_>>(),
-            "rejoining_after": c.rejoining,
+            "rejoining_after": c.rejoining.as_ref().filter(|_| rejoining.is_some()),
         })),
         "version": env!("CARGO_PKG_VERSION"),
         "queue": {"waiting": models.waiting(), "running": models.running(), "capacity": state.config.queue_capacity},

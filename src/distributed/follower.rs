@@ -13,11 +13,14 @@ use crate::registry::budget::Budget;
 pub fn run(spec: &ClusterSpec, config: &Config) -> Result<()> {
     let joined = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let result = follow(spec, config, &joined);
-    let why = match &result {
-        Ok(()) => "rank 0 stopped".to_string(),
-        Err(e) => format!("{e:#}"),
-    };
-    spec.rejoin(&why, joined.load(std::sync::atomic::Ordering::Relaxed));
+    let joined = joined.load(std::sync::atomic::Ordering::Relaxed);
+    match &result {
+        Ok(()) => spec.rejoin("rank 0 stopped", true),
+        // Before the cluster formed, only what a restart can cure (not another model, a
+        // refusal or a missing backend, which would fail the same way for ever).
+        Err(e) if joined || super::rejoin::curable(e) => spec.rejoin(&format!("{e:#}"), joined),
+        Err(_) => {}
+    }
     result
 }
 

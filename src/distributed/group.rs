@@ -5,6 +5,7 @@ use anyhow::{bail, Result};
 use mlx_rs::{Array, Dtype, Stream};
 
 use super::hostfile::Backend;
+use super::rejoin::NotFormed;
 
 /// This process's place among the processes serving one model (MLX's ring or jaccl
 /// backend; the environment says where each rank is: [`super::hostfile::BackendEnv`]).
@@ -31,10 +32,11 @@ impl Group {
         unsafe {
             let mut group = mlx_sys::mlx_distributed_group_new();
             if mlx_sys::mlx_distributed_init(&mut group, true, name.as_ptr()) != 0 || group.ctx.is_null() {
-                match backend {
-                    Backend::Ring => bail!("MLX's ring backend could not connect this rank to its neighbours (MLX_HOSTFILE's addresses unreachable, a port in use, or a rank that failed to start)"),
-                    Backend::Jaccl | Backend::JacclRing => bail!("MLX's jaccl backend could not connect this rank (the RDMA devices in the host file's \"rdma\", rank 0's coordinator address, or a rank that failed to start)"),
-                }
+                let why = match backend {
+                    Backend::Ring => "MLX's ring backend could not connect this rank to its neighbours (MLX_HOSTFILE's addresses unreachable, a port in use, or a rank that failed to start)",
+                    Backend::Jaccl | Backend::JacclRing => "MLX's jaccl backend could not connect this rank (the RDMA devices in the host file's \"rdma\", rank 0's coordinator address, or a rank that failed to start)",
+                };
+                return Err(NotFormed(why.into()).into());
             }
             Ok(Group(group))
         }
@@ -50,10 +52,11 @@ impl Group {
         })?;
         match rx.recv_timeout(deadline) {
             Ok(joined) => joined.map(|j| j.0),
-            Err(_) => bail!(
+            Err(_) => Err(NotFormed(format!(
                 "the other ranks did not join within {} s: start `mlxbar serve --hostfile FILE --rank N` for every rank N of the {ranks} in the host file (or `mlxbar cluster launch`), and check that each rank's IP and port are reachable from its neighbours",
                 deadline.as_secs()
-            ),
+            ))
+            .into()),
         }
     }
 

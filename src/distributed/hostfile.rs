@@ -114,19 +114,30 @@ impl Hostfile {
                     );
                 }
             }
-            // As mlx.launch checks it: a device towards every other rank, none to itself.
+            // As mlx.distributed_config writes them: jaccl, a device towards every other rank;
+            // jaccl-ring, towards the two neighbours (null towards the others); null towards
+            // itself. jaccl's coordinator is rank 0's first IP, which it reads as IPv4.
             Backend::Jaccl | Backend::JacclRing => {
+                let n = hosts.len();
                 for (rank, h) in hosts.iter().enumerate() {
                     let named = |d: &serde_json::Value| d.is_string() || d.as_array().is_some_and(|l| l.iter().all(|x| x.is_string()));
-                    let ok = h.rdma.len() == hosts.len()
-                        && h.rdma.iter().enumerate().all(|(to, d)| if to == rank { d.is_null() } else { named(d) });
+                    let cabled = |to: usize| backend == Backend::Jaccl || to == (rank + 1) % n || to == (rank + n - 1) % n;
+                    let ok = h.rdma.len() == n
+                        && h.rdma.iter().enumerate().all(|(to, d)| match (to == rank, cabled(to)) {
+                            (true, _) => d.is_null(),
+                            (false, true) => named(d),
+                            (false, false) => d.is_null() || named(d),
+                        });
                     if !ok {
+                        let towards = if backend == Backend::Jaccl { "each other rank" } else { "its two neighbours in the ring" };
                         bail!(
-                            "rank {rank} ({}): jaccl needs \"rdma\" to list this rank's RDMA device towards each of the {} ranks, null towards itself (as mlx.distributed_config writes it)",
-                            h.ssh,
-                            hosts.len()
+                            "rank {rank} ({}): jaccl needs \"rdma\" to list, for each of the {n} ranks, this rank's RDMA device towards {towards} and null towards itself (as mlx.distributed_config writes it)",
+                            h.ssh
                         );
                     }
+                }
+                if !hosts[0].ips[0].is_ipv4() {
+                    bail!("rank 0 ({}): jaccl's coordinator needs an IPv4 address first in \"ips\"", hosts[0].ssh);
                 }
             }
         }
@@ -138,6 +149,7 @@ impl Hostfile {
     /// ring's `MLX_HOSTFILE` (its listening addresses from `port` up) or jaccl's
     /// `MLX_IBV_DEVICES` and `MLX_JACCL_COORDINATOR` (rank 0's first IP at `port`).
     pub fn backend_env(&self, rank: usize, port: u16) -> Result<BackendEnv> {
+        // The file's envs first: what the backend needs to find the ranks is set after them.
         let mut vars = self.envs.clone();
         vars.push(("MLX_RANK".into(), rank.to_string()));
         let file = match self.backend {
@@ -234,6 +246,18 @@ mod tests {
         assert_eq!(env.file, ("MLX_IBV_DEVICES".into(), "jaccl-40000-rank2.json".into(), devices.into()));
         let ring_of_cables = Hostfile::parse(&jaccl.replace(r#""jaccl""#, r#""jaccl-ring""#)).unwrap();
         assert!(ring_of_cables.backend_env(0, 40000).unwrap().vars.contains(&("MLX_JACCL_RING".into(), "1".into())));
+        // `--backend jaccl-ring` for four Macs in a ring of cables: devices towards the
+        // neighbours only; jaccl (every Mac cabled to every other) refuses the same file.
+        let four = r#"{"backend": "jaccl-ring", "hosts": [
+            {"ssh": "a", "ips": ["10.0.0.1"], "rdma": [null, "rdma_en2", null, "rdma_en3"]},
+            {"ssh": "b", "ips": ["10.0.0.2"], "rdma": ["rdma_en3", null, "rdma_en2", null]},
+            {"ssh": "c", "ips": ["10.0.0.3"], "rdma": [null, "rdma_en3", null, "rdma_en2"]},
+            {"ssh": "d", "ips": ["10.0.0.4"], "rdma": ["rdma_en2", null, "rdma_en3", null]}]}"#;
+        assert_eq!(Hostfile::parse(four).unwrap().backend, Backend::JacclRing);
+        let e = format!("{:#}", Hostfile::parse(&four.replace("jaccl-ring", "jaccl")).unwrap_err());
+        assert!(e.contains("rank 0 (a): jaccl needs") && e.contains("towards each other rank"), "{e}");
+        let v6 = jaccl.replace("10.0.0.1", "fd00::1");
+        assert!(format!("{:#}", Hostfile::parse(&v6).unwrap_err()).contains("needs an IPv4 address"));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! entries whose `ssh` names this machine as local processes, the others over `ssh`
 //! (checked first: the binary, the host file and the model must exist there). It stays in
 //! front while they run, each rank's log lines prefixed with its rank; when one ends, or
-//! on Ctrl-C / SIGTERM, it stops the others.
+//! on Ctrl-C / SIGTERM, it stops the others (with `--on-rank-lost rejoin` among serve's
+//! flags, a rank that ends is started again instead: the others wait for it).
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,10 +16,11 @@ use super::hostfile::{Hostfile, RING_PORT};
 
 #[derive(Debug, clap::Args)]
 pub struct LaunchArgs {
-    /// MLX's host file: [{"ssh": "host", "ips": ["10.0.0.1"]}, ...], one entry per rank
+    /// MLX's host file, as mlx.distributed_config writes it: {"backend": "ring", "hosts":
+    /// [{"ssh": "host", "ips": ["10.0.0.1"]}, ...]}, one host entry per rank
     #[arg(long)]
     pub hostfile: PathBuf,
-    /// The ring's first port, one more per rank and IP
+    /// The ring's first port, one more per rank and IP (jaccl: its coordinator's port)
     #[arg(long, default_value_t = RING_PORT)]
     pub ring_port: u16,
     /// `mlxbar` on the other hosts [default: this binary's path]

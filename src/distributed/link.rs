@@ -51,7 +51,7 @@ pub struct Link {
     pass_timeout: Duration,
     /// Tensor parallel (every rank runs every pass together), else pipeline.
     tensor: bool,
-    /// How long the last message took from the previous rank's doorbell ringing to its
+    /// How long the last message took from the previous rank's doorbell waking this rank to its
     /// last byte: the link into this rank (not the sleep before: idle, or the ranks before
     /// computing).
     inbound: Duration,

@@ -106,12 +106,24 @@ impl ClusterSpec {
     }
 
     /// The cluster is lost (`why`): with `--on-rank-lost rejoin`, restarts this process to
-    /// join again (returns only if that failed); `joined`: whether this process had formed
-    /// the cluster. With `exit`, returns at once.
+    /// join again (returns only if it does not: asked to stop, or the restart failed);
+    /// `joined`: whether this process had formed the cluster (callers restart one that had
+    /// not only for a [`rejoin::NotFormed`] failure). With `exit`, returns at once.
     pub fn rejoin(&self, why: &str, joined: bool) {
-        if self.on_lost == rejoin::OnRankLost::Rejoin {
-            rejoin::restart(why, joined, self.tries);
+        if self.on_lost != rejoin::OnRankLost::Rejoin {
+            return;
         }
+        // The advice for --on-rank-lost exit ("restart every rank") is this rank's to follow;
+        // a restart that did not form the cluster goes on saying what was lost first.
+        let why = why.trim_end_matches("; restart every rank");
+        let why = match (&self.rejoining, joined) {
+            (Some(first), false) => {
+                tracing::warn!("the cluster did not form again: {why}");
+                first.as_str()
+            }
+            _ => why,
+        };
+        rejoin::restart(why, joined, self.tries);
     }
 
     /// Points MLX's backend at this rank: writes the file it reads (the ring's addresses
@@ -124,10 +136,14 @@ impl ClusterSpec {
         let (var, name, contents) = env.file;
         let path = dir.join(name);
         crate::private_fs::write_atomic(&path, contents.as_bytes())?;
-        std::env::set_var(var, &path);
+        // jaccl reads its own names before MLX's: none inherited may point elsewhere.
+        for stale in ["JACCL_RANK", "JACCL_COORDINATOR", "JACCL_IBV_DEVICES", "JACCL_RING"] {
+            std::env::remove_var(stale);
+        }
         for (name, value) in env.vars {
             std::env::set_var(name, value);
         }
+        std::env::set_var(var, &path);
         Ok(path)
     }
 }
@@ -169,7 +185,7 @@ pub fn join_and_load(
         bail!("MLX's ring says rank {} of {}, the host file rank {} of {}", group.rank(), group.size(), spec.rank, spec.size());
     }
     let ips: Vec<_> = spec.hosts.hosts.iter().map(|h| h.ips[0]).collect();
-    let bell = Doorbell::connect(&group, &ips, spec.join_timeout)?;
+    let bell = Doorbell::connect(&group, &ips, spec.join_timeout).map_err(rejoin::not_formed)?;
     let mut handshake = |config: &ModelConfig, tensors: &TensorMap| -> Result<Slice> {
         let (layers, ends) = layer_bytes(config, tensors);
         let mine: [i32; HELLO] = [
@@ -190,7 +206,7 @@ pub fn join_and_load(
             spec.parallel as i32,
         ];
         let all = group.all_gather(&Array::from_slice(&mine, &[1, HELLO as i32]))?;
-        all.eval().context("the handshake with the other ranks")?;
+        all.eval().context("the handshake with the other ranks").map_err(rejoin::not_formed)?;
         let all = all.as_slice::<i32>();
         for (rank, hello) in all.chunks(HELLO).enumerate() {
             if hello[MODEL..] != all[MODEL..HELLO] {

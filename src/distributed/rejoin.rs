@@ -9,6 +9,7 @@
 //! carried over would share the new ring's port and take its connections). The new process
 //! learns why from the environment ([`take_reason`]), for `/health` and the logs, and how
 //! many times in a row it has found no cluster, to wait longer between tries.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Why the last process of this rank restarted (for the new one).
@@ -17,6 +18,41 @@ const WHY: &str = "MLXBAR_REJOIN_WHY";
 const TRIES: &str = "MLXBAR_REJOIN_TRIES";
 /// The longest pause before a restart (a rank failing at once does not spin).
 const MAX_PAUSE: Duration = Duration::from_secs(30);
+
+/// Set once this process is asked to stop (SIGTERM, Ctrl-C): it stops, never restarts.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+/// Set by the first restart: one at a time (the watch thread and the main thread of a
+/// follower can both find the cluster lost).
+static RESTARTING: AtomicBool = AtomicBool::new(false);
+
+/// A failure to form the cluster that a restart can cure (a rank not started yet, a link
+/// that failed while joining), as opposed to one that would fail again (no such backend,
+/// another model, a refusal): only these restart a rank that never formed the cluster.
+#[derive(Debug)]
+pub struct NotFormed(pub String);
+
+impl std::fmt::Display for NotFormed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotFormed {}
+
+/// `e` as a [`NotFormed`] failure.
+pub fn not_formed(e: anyhow::Error) -> anyhow::Error {
+    NotFormed(format!("{e:#}")).into()
+}
+
+/// Whether a restart can cure `e` ([`NotFormed`]).
+pub fn curable(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<NotFormed>())
+}
+
+/// This process is asked to stop: a restart due now or later does not happen.
+pub fn stop() {
+    STOPPING.store(true, Ordering::SeqCst);
+}
 
 /// What to do once the cluster is lost (`--on-rank-lost`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -40,16 +76,26 @@ pub fn take_reason() -> (Option<String>, u32) {
 
 /// Restarts this process in place to join the cluster again, saying `why`; `joined`:
 /// whether this process had formed the cluster (else the pause grows with each try).
-/// Returns only if the restart failed, after saying so: the caller exits.
+/// Returns only if it does not restart (asked to stop, or the restart failed, after saying
+/// so): the caller exits. A second caller while one restarts waits for it.
 pub fn restart(why: &str, joined: bool, tries: u32) {
-    // The advice for --on-rank-lost exit ("restart every rank") is this rank's to follow.
-    let why = why.trim_end_matches("; restart every rank");
-    let tries = if joined { 1 } else { tries + 1 };
+    if STOPPING.load(Ordering::SeqCst) {
+        return;
+    }
+    if RESTARTING.swap(true, Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
+    let tries = if joined { 1 } else { tries.saturating_add(1) };
     // A moment for the requests just ended to tell their clients, and more each time the
     // cluster did not form (a rank not back yet, or a failure that repeats).
     let pause = Duration::from_secs(u64::from(tries)).min(MAX_PAUSE);
     tracing::warn!("{why}; restarting this rank in {} s to join the cluster again (--on-rank-lost rejoin)", pause.as_secs());
     std::thread::sleep(pause);
+    if STOPPING.load(Ordering::SeqCst) {
+        return;
+    }
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
@@ -57,7 +103,16 @@ pub fn restart(why: &str, joined: bool, tries: u32) {
             Ok(exe) => exe,
             Err(e) => return tracing::error!("cannot restart: this binary's path: {e}"),
         };
-        close_on_exec();
+        for_inherited(|fd| {
+            // SAFETY: fcntl on a descriptor number only reads and sets its flags; one that
+            // is not open (the listing's own, closed since) answers EBADF, which is ignored.
+            unsafe {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags >= 0 {
+                    libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                }
+            }
+        });
         let err = std::process::Command::new(exe)
             .args(std::env::args_os().skip(1))
             .env(WHY, why.replace('\0', " "))
@@ -67,22 +122,31 @@ pub fn restart(why: &str, joined: bool, tries: u32) {
     }
 }
 
-/// Marks every descriptor past stderr close-on-exec: the new process opens its own.
+/// In a process [`restart`] started, while it has one thread: closes every descriptor past
+/// stderr. The sweep before the restart marks them close-on-exec, but a thread of the old
+/// process (MLX's accept, joining) could open one after it; held here and never read, it
+/// would leave a neighbour waiting on it for ever.
+pub fn close_inherited() {
+    if std::env::var_os(WHY).is_none() {
+        return;
+    }
+    #[cfg(unix)]
+    for_inherited(|fd| {
+        // SAFETY: called before this process opened anything of its own or started a
+        // thread (main's first line): every descriptor past stderr is the old process's.
+        unsafe {
+            libc::close(fd);
+        }
+    });
+}
+
+/// Calls `f` with every open descriptor past stderr (listed first, so `f` may close them).
 #[cfg(unix)]
-fn close_on_exec() {
+fn for_inherited(f: impl Fn(i32)) {
     // /dev/fd lists this process's descriptors on Linux and macOS.
     let fds: Vec<i32> = match std::fs::read_dir("/dev/fd") {
         Ok(dir) => dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|&fd| fd > 2).collect(),
         Err(_) => (3..4096).collect(),
     };
-    for fd in fds {
-        // SAFETY: fcntl on a descriptor number only reads and sets its flags; one that is
-        // not open (the listing's own, closed since) answers EBADF, which is ignored.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0 {
-                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-            }
-        }
-    }
+    fds.into_iter().for_each(f);
 }

@@ -27,8 +27,9 @@ pub struct RankReport {
     /// pass to the last rank's answer, the other ranks' compute included).
     pub link_wait_seconds: f64,
     pub link_sent_bytes: u64,
-    /// The link into this rank (from the rank before it): time from its doorbell ringing
-    /// to the whole message received (the hop's latency and transfer), summed.
+    /// The link into this rank (from the rank before it): time from its doorbell waking
+    /// this rank to the whole message received (the message's transfer on that hop; the
+    /// doorbell's own trip, one hop's latency, is not in it), summed.
     pub link_in_seconds: f64,
     /// Messages received on the link into this rank.
     pub link_in_messages: u64,
@@ -120,7 +121,7 @@ pub struct ClusterView {
 pub struct LinkView {
     pub from: usize,
     pub to: usize,
-    /// Mean milliseconds a message took, from its doorbell ringing to its last byte.
+    /// Mean milliseconds a message took, from its doorbell waking the rank to its last byte.
     pub ms_per_message: f64,
     pub messages: u64,
 }

@@ -521,7 +521,8 @@ fn engine_thread(options: EngineOptions, device: DeviceKind, jobs: mpsc::Receive
         Ok(Ok(l)) => l,
         Ok(Err(e)) => {
             tracing::error!("model load failed: {e:#}");
-            if let Some(member) = &options.cluster {
+            // A cluster that did not form (not one that cannot: another model, a refusal).
+            if let Some(member) = options.cluster.as_ref().filter(|_| crate::distributed::rejoin::curable(&e)) {
                 member.spec.rejoin(&format!("{e:#}"), false);
             }
             return set_state(LoadState::Failed(format!("{e:#}")));

@@ -77,7 +77,7 @@ impl ClusterMetrics {
             link_in_seconds_total: reg!(CounterVec::new(
                 Opts::new(
                     "cluster_rank_link_in_seconds_total",
-                    "Time messages took on the link into a rank, from the rank before it ringing to their last byte (the hop's latency: divide by cluster_rank_link_in_messages_total)."
+                    "Time messages took on the link into a rank, from its doorbell waking it to their last byte (each message's transfer on that hop; over cluster_rank_link_in_messages_total, its time a message)."
                 ),
                 rank
             )),

@@ -123,9 +123,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Models {
-    /// Sets MLX's limits, restores the saved pins and keep-alives (of models that still
-    /// exist) and starts the reaper; loads nothing yet (see [`Models::load`]). Call from
-    /// within a tokio runtime.
     /// Why this rank 0 restarted to form its cluster again, while it has not formed yet
     /// (`--on-rank-lost rejoin`): the ranks it waits for, and why.
     pub fn cluster_rejoining(&self) -> Option<(usize, String)> {
@@ -135,6 +132,9 @@ impl Models {
         (!formed).then(|| (spec.size(), format!("waiting for every rank to join the cluster again after: {why}")))
     }
 
+    /// Sets MLX's limits, restores the saved pins and keep-alives (of models that still
+    /// exist) and starts the reaper; loads nothing yet (see [`Models::load`]). Call from
+    /// within a tokio runtime.
     pub fn new(config: Arc<Config>, parts: Parts) -> Arc<Models> {
         let state = StateStore::open(&config.data_dir());
         let (pinned, keep_alive) = restore(&state, &config, &parts);

@@ -2,8 +2,9 @@
 // ranks serving the default model together over MLX's ring on 127.0.0.1 (pipeline parallel:
 // its 9 heads do not split over 2): the card shows the mode, the ranks serving, the links'
 // time a pass and a row a rank (its host, layers, weights, KV, MLX memory, a pass's time);
-// when rank 1 is killed the card turns red and names it, in the server's words.
-// Screenshots go to test-artifacts/.
+// when rank 1 is killed the card turns red and names it, in the server's words. With
+// --on-rank-lost rejoin, rank 0 restarts itself and the card says what it waits for, then
+// shows the cluster serving again once rank 1 is back. Screenshots go to test-artifacts/.
 //
 // Run: node --test tests/cluster.test.mjs (in ui/), after `cargo build --release`.
 import { test, before, after } from "node:test";
@@ -27,11 +28,11 @@ const testid = (id) => page.locator(`[data-testid="${id}"]`);
 const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
 
 /** `mlxbar serve --hostfile --rank` with its own data dir and an empty config. */
-function rank(n, hosts, dir, extra = []) {
+function rank(n, hosts, dir, extra = [], ringPort = RING_PORT) {
   const data = join(dir, `rank${n}`);
-  mkdirSync(data);
+  mkdirSync(data, { recursive: true });
   writeFileSync(join(data, "config.toml"), "");
-  const args = ["serve", "--hostfile", hosts, "--rank", String(n), "--ring-port", String(RING_PORT), "--model", DEFAULT_GGUF];
+  const args = ["serve", "--hostfile", hosts, "--rank", String(n), "--ring-port", String(ringPort), "--model", DEFAULT_GGUF];
   args.push("--config", join(data, "config.toml"), "--data-dir", data, ...extra);
   const env = { ...process.env };
   delete env.MLXBAR_API_KEY;
@@ -96,4 +97,37 @@ test("two ranks: the cluster card shows each rank's share, then names the rank l
   assert.match(await testid("cluster-summary").textContent(), /^pipeline parallel · 0 of 2 ranks serving/);
   assert.equal(await rows.nth(1).getAttribute("class"), "failed");
   await shot("cluster-lost");
+});
+
+test("with --on-rank-lost rejoin: the card says what rank 0 waits for, then serves again", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "mlxbar-ui-rejoin-"));
+  const hosts = join(dir, "hosts.json");
+  writeFileSync(hosts, JSON.stringify({ backend: "ring", hosts: [{ ssh: "localhost", ips: ["127.0.0.1"] }, { ssh: "localhost", ips: ["127.0.0.1"] }] }));
+  const ring = RING_PORT + 4;
+  const rejoin = ["--on-rank-lost", "rejoin"];
+  const follower = rank(1, hosts, dir, rejoin, ring);
+  const port = await freePort();
+  rank(0, hosts, dir, ["--port", String(port), ...rejoin], ring);
+  const base = `http://127.0.0.1:${port}`;
+  const serving = async () => (await (await fetch(`${base}/health`).catch(() => null))?.json())?.status === "ok";
+  await until("rank 0 serving", serving, 120000);
+
+  await page.goto(`${base}/`);
+  await until("both ranks serving", async () => /^pipeline parallel · 2 of 2 ranks serving/.test(await testid("cluster-summary").textContent()));
+  follower.kill("SIGKILL");
+  // Rank 0 restarts in place on the same port; the page reconnects to the new process.
+  await until("the card saying what it waits for", async () => /^forming · 0 of 2 ranks serving$/.test(await testid("cluster-summary").textContent()), 30000);
+  assert.match(await testid("cluster-lost").textContent(), /^Waiting for every rank to join the cluster again after: the cluster lost rank 1 \(localhost\): its link closed$/);
+  const rows = testid("cluster-rank");
+  assert.equal(await rows.count(), 2);
+  for (const n of [0, 1]) {
+    assert.equal(await rows.nth(n).locator(".sub").textContent(), "not joined");
+    assert.equal(await rows.nth(n).getAttribute("class"), "failed");
+  }
+  await shot("cluster-rejoining");
+
+  rank(1, hosts, dir, rejoin, ring);
+  await until("the cluster serving again", serving, 60000);
+  await until("the card back", async () => /^pipeline parallel · 2 of 2 ranks serving/.test(await testid("cluster-summary").textContent()), 20000);
+  assert.ok(await testid("cluster-lost").isHidden());
 });
