@@ -626,13 +626,15 @@ async fn a_rank_that_never_joins_fails_within_the_join_timeout() {
     // same, even mid-pause.
     let dir3 = tempfile::tempdir().unwrap();
     let hosts3 = hostfile(dir3.path(), 2);
+    // One port for every restart (`--port 0` would move with each).
+    let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
     let mut cmd = mlxbar();
-    cmd.args(["serve", "--port", "0", "--join-timeout", "1", "--on-rank-lost", "rejoin", "--rank", "0", "--ring-port"]);
+    cmd.args(["serve", "--port", &http, "--join-timeout", "1", "--on-rank-lost", "rejoin", "--rank", "0", "--ring-port"]);
     cmd.arg(ring_port().to_string()).arg("--hostfile").arg(&hosts3).arg("--model").arg(common::model_path());
     let mut waiting = Proc::spawn(cmd, dir3.path());
     waiting.line("restarting this rank in 1 s", 30);
     waiting.line("restarting this rank in 2 s", 30);
-    let base = waiting.listening();
+    let base = format!("http://127.0.0.1:{http}");
     let h = health_says(&base, "waiting for every rank to join the cluster again after: the other ranks did not join within 1 s", 30).await;
     assert_eq!(h["state"], "loading", "{h}");
     waiting.line("restarting this rank in 3 s", 30);

@@ -41,9 +41,17 @@ impl Doorbell {
     /// exchange ports and a random token over MLX (so only a rank of this ring can take a
     /// rank's place on its doorbell). Within `deadline`.
     pub fn connect(group: &Group, ips: &[IpAddr], deadline: Duration) -> Result<Doorbell> {
-        let (rank, size) = (group.rank(), group.size());
+        let rank = group.rank();
         let until = Instant::now() + deadline;
+        // Not this rank's address: a restart would not cure it (the rest may: NotFormed).
         let listener = TcpListener::bind((ips[rank], 0)).with_context(|| format!("listening for the doorbell on {}", ips[rank]))?;
+        Self::connect_from(listener, group, ips, until).map_err(super::rejoin::not_formed)
+    }
+
+    /// [`Doorbell::connect`] once this rank listens.
+    fn connect_from(listener: TcpListener, group: &Group, ips: &[IpAddr], until: Instant) -> Result<Doorbell> {
+        let (rank, size) = (group.rank(), group.size());
+        let deadline = until.saturating_duration_since(Instant::now());
         let token: [i32; 4] = rand::random();
         let mine = [listener.local_addr()?.port() as i32, token[0], token[1], token[2], token[3]];
         let all = group.all_gather(&Array::from_slice(&mine, &[1, 5]))?;

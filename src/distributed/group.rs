@@ -50,7 +50,17 @@ impl Group {
         std::thread::Builder::new().name("mlxbar-ring-join".into()).spawn(move || {
             let _ = tx.send(Group::join(backend).map(Joining));
         })?;
-        match rx.recv_timeout(deadline) {
+        // Checked a few times a second: a stop (SIGTERM) does not wait out the deadline.
+        let until = std::time::Instant::now() + deadline;
+        let waited = loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left.min(std::time::Duration::from_millis(200))) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !left.is_zero() && !super::rejoin::stopping() => continue,
+                Err(_) if super::rejoin::stopping() => bail!("stopping while joining the other ranks"),
+                other => break other,
+            }
+        };
+        match waited {
             Ok(joined) => joined.map(|j| j.0),
             Err(_) => Err(NotFormed(format!(
                 "the other ranks did not join within {} s: start `mlxbar serve --hostfile FILE --rank N` for every rank N of the {ranks} in the host file (or `mlxbar cluster launch`), and check that each rank's IP and port are reachable from its neighbours",

@@ -120,7 +120,8 @@ impl Hostfile {
             Backend::Jaccl | Backend::JacclRing => {
                 let n = hosts.len();
                 for (rank, h) in hosts.iter().enumerate() {
-                    let named = |d: &serde_json::Value| d.is_string() || d.as_array().is_some_and(|l| l.iter().all(|x| x.is_string()));
+                    let device = |x: &serde_json::Value| x.as_str().is_some_and(|n| !n.is_empty());
+                    let named = |d: &serde_json::Value| device(d) || d.as_array().is_some_and(|l| !l.is_empty() && l.iter().all(device));
                     let cabled = |to: usize| backend == Backend::Jaccl || to == (rank + 1) % n || to == (rank + n - 1) % n;
                     let ok = h.rdma.len() == n
                         && h.rdma.iter().enumerate().all(|(to, d)| match (to == rank, cabled(to)) {
@@ -203,6 +204,10 @@ fn env_pair(e: &str) -> Result<(String, String)> {
     if !valid || value.contains('\0') {
         bail!("envs entry {e:?}: expected NAME=value with NAME of letters, digits and _");
     }
+    // jaccl reads these before what mlxbar sets from the hosts (MLX_IBV_DEVICES, …).
+    if name.starts_with("JACCL_") {
+        bail!("envs entry {e:?}: mlxbar sets jaccl's place from the hosts (\"rdma\", \"ips\")");
+    }
     Ok((name.to_string(), value.to_string()))
 }
 
@@ -282,6 +287,11 @@ mod tests {
         assert!(e.contains("envs entry \"A B=1\""), "{e}");
         let e = format!("{:#}", Hostfile::parse(&format!(r#"{{"envs": ["NOVALUE"], {two}}}"#)).unwrap_err());
         assert!(e.contains("expected NAME=value"), "{e}");
+        let e = format!("{:#}", Hostfile::parse(&format!(r#"{{"envs": ["JACCL_RANK=3"], {two}}}"#)).unwrap_err());
+        assert!(e.contains("mlxbar sets jaccl's place"), "{e}");
+        let empty = r#"{"backend": "jaccl", "hosts": [{"ssh": "a", "ips": ["10.0.0.1"], "rdma": [null, []]},
+                                                     {"ssh": "b", "ips": ["10.0.0.2"], "rdma": ["rdma_en2", null]}]}"#;
+        assert!(format!("{:#}", Hostfile::parse(empty).unwrap_err()).contains("rank 0 (a): jaccl needs"));
         // jaccl: a device towards every other rank, none towards itself.
         let e = format!("{:#}", Hostfile::parse(&format!(r#"{{"backend": "jaccl", {two}}}"#)).unwrap_err());
         assert!(e.contains("rank 0 (a): jaccl needs \"rdma\""), "{e}");

@@ -3,7 +3,7 @@
 //! (checked first: the binary, the host file and the model must exist there). It stays in
 //! front while they run, each rank's log lines prefixed with its rank; when one ends, or
 //! on Ctrl-C / SIGTERM, it stops the others (with `--on-rank-lost rejoin` among serve's
-//! flags, a rank that ends is started again instead: the others wait for it).
+//! flags, a rank killed by a signal is started again instead: the others wait for it).
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -149,7 +149,10 @@ pub fn run(args: LaunchArgs) -> Result<()> {
         }
         for (rank, child) in &mut children {
             let Ok(Some(status)) = child.try_wait() else { continue };
-            if !rejoin {
+            // Under rejoin a rank restarts itself for what a restart can cure; one that ends
+            // was stopped (SIGTERM, Ctrl-C), refused or failed for good: as without rejoin,
+            // unless something killed it (the OOM killer, a kill -9), which a restart cures.
+            if !rejoin || !killed(status) {
                 first_exit = Some((*rank, status));
                 continue;
             }
@@ -182,6 +185,20 @@ pub fn run(args: LaunchArgs) -> Result<()> {
     match first_exit {
         Some((rank, status)) if !status.success() => bail!("rank {rank} exited ({status}); the other ranks were stopped"),
         _ => Ok(()),
+    }
+}
+
+/// Whether a rank was killed by a signal other than a request to stop.
+fn killed(status: std::process::ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal().is_some_and(|s| s != libc::SIGTERM && s != libc::SIGINT)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
     }
 }
 

@@ -137,7 +137,7 @@ impl ClusterSpec {
         let path = dir.join(name);
         crate::private_fs::write_atomic(&path, contents.as_bytes())?;
         // jaccl reads its own names before MLX's: none inherited may point elsewhere.
-        for stale in ["JACCL_RANK", "JACCL_COORDINATOR", "JACCL_IBV_DEVICES", "JACCL_RING"] {
+        for stale in ["JACCL_RANK", "JACCL_COORDINATOR", "JACCL_IBV_DEVICES", "JACCL_RING", "MLX_JACCL_RING"] {
             std::env::remove_var(stale);
         }
         for (name, value) in env.vars {
@@ -185,7 +185,7 @@ pub fn join_and_load(
         bail!("MLX's ring says rank {} of {}, the host file rank {} of {}", group.rank(), group.size(), spec.rank, spec.size());
     }
     let ips: Vec<_> = spec.hosts.hosts.iter().map(|h| h.ips[0]).collect();
-    let bell = Doorbell::connect(&group, &ips, spec.join_timeout).map_err(rejoin::not_formed)?;
+    let bell = Doorbell::connect(&group, &ips, spec.join_timeout)?;
     let mut handshake = |config: &ModelConfig, tensors: &TensorMap| -> Result<Slice> {
         let (layers, ends) = layer_bytes(config, tensors);
         let mine: [i32; HELLO] = [

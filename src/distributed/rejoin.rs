@@ -10,6 +10,7 @@
 //! learns why from the environment ([`take_reason`]), for `/health` and the logs, and how
 //! many times in a row it has found no cluster, to wait longer between tries.
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 /// Why the last process of this rank restarted (for the new one).
@@ -19,8 +20,10 @@ const TRIES: &str = "MLXBAR_REJOIN_TRIES";
 /// The longest pause before a restart (a rank failing at once does not spin).
 const MAX_PAUSE: Duration = Duration::from_secs(30);
 
-/// Set once this process is asked to stop (SIGTERM, Ctrl-C): it stops, never restarts.
-static STOPPING: AtomicBool = AtomicBool::new(false);
+/// Set once this process is asked to stop (SIGTERM, Ctrl-C): it stops, never restarts; a
+/// restart's pause wakes on it.
+static STOPPING: Mutex<bool> = Mutex::new(false);
+static STOPPED: Condvar = Condvar::new();
 /// Set by the first restart: one at a time (the watch thread and the main thread of a
 /// follower can both find the cluster lost).
 static RESTARTING: AtomicBool = AtomicBool::new(false);
@@ -51,7 +54,13 @@ pub fn curable(e: &anyhow::Error) -> bool {
 
 /// This process is asked to stop: a restart due now or later does not happen.
 pub fn stop() {
-    STOPPING.store(true, Ordering::SeqCst);
+    *STOPPING.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    STOPPED.notify_all();
+}
+
+/// Whether this process was asked to stop (a join under way gives up).
+pub fn stopping() -> bool {
+    *STOPPING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What to do once the cluster is lost (`--on-rank-lost`).
@@ -79,7 +88,7 @@ pub fn take_reason() -> (Option<String>, u32) {
 /// Returns only if it does not restart (asked to stop, or the restart failed, after saying
 /// so): the caller exits. A second caller while one restarts waits for it.
 pub fn restart(why: &str, joined: bool, tries: u32) {
-    if STOPPING.load(Ordering::SeqCst) {
+    if stopping() {
         return;
     }
     if RESTARTING.swap(true, Ordering::SeqCst) {
@@ -92,10 +101,13 @@ pub fn restart(why: &str, joined: bool, tries: u32) {
     // cluster did not form (a rank not back yet, or a failure that repeats).
     let pause = Duration::from_secs(u64::from(tries)).min(MAX_PAUSE);
     tracing::warn!("{why}; restarting this rank in {} s to join the cluster again (--on-rank-lost rejoin)", pause.as_secs());
-    std::thread::sleep(pause);
-    if STOPPING.load(Ordering::SeqCst) {
+    // Woken early by a stop, which then wins.
+    let stop = STOPPING.lock().unwrap_or_else(|e| e.into_inner());
+    let (stop, _) = STOPPED.wait_timeout_while(stop, pause, |stop| !*stop).unwrap_or_else(|e| e.into_inner());
+    if *stop {
         return;
     }
+    drop(stop);
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
@@ -123,19 +135,24 @@ pub fn restart(why: &str, joined: bool, tries: u32) {
 }
 
 /// In a process [`restart`] started, while it has one thread: closes every descriptor past
-/// stderr. The sweep before the restart marks them close-on-exec, but a thread of the old
-/// process (MLX's accept, joining) could open one after it; held here and never read, it
-/// would leave a neighbour waiting on it for ever.
+/// stderr that is not close-on-exec. The sweep before the restart marked them all, but a
+/// thread of the old process (MLX's accept, joining) could open one after it; held here and
+/// never read, it would leave a neighbour waiting on it for ever.
 pub fn close_inherited() {
     if std::env::var_os(WHY).is_none() {
         return;
     }
     #[cfg(unix)]
     for_inherited(|fd| {
-        // SAFETY: called before this process opened anything of its own or started a
-        // thread (main's first line): every descriptor past stderr is the old process's.
+        // SAFETY: main's first line, before this process's own code opened anything or
+        // started a thread. What is open here without close-on-exec came through the exec:
+        // a descriptor this process made itself (a library's, at load) or that the system
+        // guards carries the flag and is left alone; only the old process's are closed.
         unsafe {
-            libc::close(fd);
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::close(fd);
+            }
         }
     });
 }

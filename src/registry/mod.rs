@@ -128,8 +128,9 @@ impl Models {
     pub fn cluster_rejoining(&self) -> Option<(usize, String)> {
         let spec = self.config.cluster.as_ref()?;
         let why = spec.rejoining.as_ref()?;
-        let formed = self.engine(self.default_id()).and_then(|e| e.loaded()).is_some_and(|l| l.cluster.is_some());
-        (!formed).then(|| (spec.size(), format!("waiting for every rank to join the cluster again after: {why}")))
+        // Still loading: a restarted rank 0 that failed for good (a refusal) waits no more.
+        let waiting = matches!(self.default_state(), LoadState::Loading);
+        waiting.then(|| (spec.size(), format!("waiting for every rank to join the cluster again after: {why}")))
     }
 
     /// Sets MLX's limits, restores the saved pins and keep-alives (of models that still
