@@ -16,7 +16,8 @@
 //!   to flip a near-tie. There the paths must agree token by
 //!   token, with logprobs within [`LOGPROB_TOLERANCE`], until a step where the reference's
 //!   top two tokens are within [`TIE_MARGIN`] and the other path took the second one; from
-//!   there they may part.
+//!   there they may part. The second one may be the end of the turn: one path then stops
+//!   where the other goes on.
 use serde_json::Value;
 
 /// Whether the paths must match exactly (see the module's note): the default format runs
@@ -123,5 +124,24 @@ pub fn assert_agree(got: &Traced, want: &Traced, what: &str) -> Option<usize> {
         println!("{what}: parted at step {i}, a near-tie ({:?} vs {second:?}, {gap:.3} apart)", w.token);
         return Some(i);
     }
+    // One path ended where the other went on: at the step after the shorter one's last,
+    // the longer path's top two must be a near-tie of its token and an end token (the
+    // shorter path took the end, which logprobs do not list as a step).
+    let i = got.steps.len().min(want.steps.len());
+    if let Some(step) = want.steps.get(i).or(got.steps.get(i)) {
+        if let Some((second, second_logprob)) = &step.runner_up {
+            let gap = step.logprob - second_logprob;
+            if gap < TIE_MARGIN && is_end_token(second) {
+                println!("{what}: parted at step {i}, one path ending at a near-tie ({:?} vs {second:?}, {gap:.3} apart)", step.token);
+                return Some(i);
+            }
+        }
+    }
     panic!("{what}: the texts differ but every compared step agrees:\n  reference: {:?}\n  this path: {:?}", want.text, got.text)
+}
+
+/// Whether a token's text is a special token's, as an end of turn is reported
+/// (`<|im_end|>`, `</s>`, `<end_of_turn>`, …).
+fn is_end_token(text: &str) -> bool {
+    text.len() > 2 && text.starts_with('<') && text.ends_with('>')
 }

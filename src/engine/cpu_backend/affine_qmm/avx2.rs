@@ -44,16 +44,22 @@ pub(super) trait Dot {
     /// [`Dot::SHIFTED_BYTES`]) times `x`.
     unsafe fn bytes(w: Self::Bytes, x: __m256i) -> __m256i;
 
-    /// 4-bit column `j`'s sums over the row's whole quads of blocks, per row of the tile
-    /// (eight lanes to add up, scaled): a pair of blocks at a time here, four at a time
-    /// where 512-bit registers hold them ([`super::vnni`]).
+    /// 4-bit column `j`'s sums over the row's whole pairs of blocks (its quads, then a
+    /// last pair if any), per row of the tile (eight lanes to add up, scaled), a pair of
+    /// blocks at a time (the AVX512-VNNI kernel takes four at a time on a path of its own,
+    /// [`super::vnni`]).
     #[inline(always)]
     unsafe fn quads<S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize) -> [__m256; R]
     where
         Self: Sized,
     {
+        let blocks = w.k / BLOCK;
         let mut acc = [_mm256_setzero_ps(); R];
-        pairs::<Self, S, R>(w, a, j, r0, 0..w.k / BLOCK / 4 * 2, Layout::Quads, &mut acc);
+        pairs::<Self, S, R>(w, a, j, r0, 0..blocks / 4 * 2, Layout::Quads, &mut acc);
+        if blocks % 4 >= 2 {
+            let p = blocks / 4 * 2;
+            pairs::<Self, S, R>(w, a, j, r0, p..p + 1, Layout::Pair, &mut acc);
+        }
         acc
     }
 
@@ -69,8 +75,8 @@ pub(super) trait Dot {
         let groups = k / gs;
         let wrow = (w.packed.as_ptr() as *const u8).add(j * k);
         let scales = &w.scales[j * groups..][..groups];
-        let q: [*const i8; R] = std::array::from_fn(|y| a.row_q(r0 + y).as_ptr());
-        let xs: [*const f32; R] = std::array::from_fn(|y| a.row_scale(r0 + y).as_ptr());
+        let q: [*const i8; R] = each(|y| a.q_ptr(r0 + y));
+        let xs: [*const f32; R] = each(|y| a.scale_ptr(r0 + y));
         let mut acc = [_mm256_setzero_ps(); R];
         let per_group = gs / BLOCK;
         for (g, scale) in scales.iter().enumerate() {
@@ -145,25 +151,88 @@ pub(super) unsafe fn columns_with<D: Dot, S: Scale>(w: &Weights<S>, a: &Activati
     let mut r = 0;
     while r < a.rows {
         let n = (a.rows - r).min(D::TILE);
-        for j in columns.clone() {
-            let mut sums = [0f32; MAX_TILE];
-            macro_rules! tile {
-                ($($rows:literal)*) => {
-                    match (w.bits, n) {
-                        $((4, $rows) => tile4::<D, S, $rows>(w, a, j, r, &mut sums),)*
-                        $((_, $rows) => tile8::<D, S, $rows>(w, a, j, r, &mut sums),)*
-                        _ => unreachable!("tiles have 1 to {MAX_TILE} rows"),
-                    }
-                };
-            }
-            tile!(1 2 3 4 5 6 7 8);
-            for (y, s) in sums[..n].iter().enumerate() {
-                // SAFETY: (r + y, j) is inside `out`, and only this task writes column j.
-                out.write(r + y, j, *s);
-            }
+        macro_rules! tile {
+            ($($rows:literal)*) => {
+                match (w.bits, n) {
+                    $((4, $rows) => tile::<D, S, $rows, true>(w, a, out, columns.clone(), r),)*
+                    $((_, $rows) => tile::<D, S, $rows, false>(w, a, out, columns.clone(), r),)*
+                    _ => unreachable!("tiles have 1 to {MAX_TILE} rows"),
+                }
+            };
         }
+        tile!(1 2 3 4 5 6 7 8);
         r += n;
     }
+}
+
+/// Rows `r0..r0 + R` against columns `columns` (4-bit weights when `FOUR`, else 8-bit),
+/// one column's products ahead of the sums: the next column's products are issued before
+/// this one's bias terms and horizontal sums, a chain of dependent adds that would
+/// otherwise leave the core waiting at every column's end (k = 576 is only 4.5 quads of
+/// products a column).
+#[inline(always)]
+unsafe fn tile<D: Dot, S: Scale, const R: usize, const FOUR: bool>(
+    w: &Weights<S>,
+    a: &Activations,
+    out: Out,
+    columns: Range<usize>,
+    r0: usize,
+) {
+    let mut columns = columns;
+    let Some(first) = columns.next() else { return };
+    let (mut j, mut acc) = (first, products::<D, S, R, FOUR>(w, a, first, r0));
+    for next in columns {
+        let ahead = products::<D, S, R, FOUR>(w, a, next, r0);
+        write::<D, S, R, FOUR>(w, a, out, j, r0, &acc);
+        (j, acc) = (next, ahead);
+    }
+    write::<D, S, R, FOUR>(w, a, out, j, r0, &acc);
+}
+
+/// Column `j`'s sums against rows `r0..r0 + R`, before the bias terms. (Functions, not
+/// closures: a closure here was left uninlined, without the kernel's target features.)
+#[inline(always)]
+unsafe fn products<D: Dot, S: Scale, const R: usize, const FOUR: bool>(
+    w: &Weights<S>,
+    a: &Activations,
+    j: usize,
+    r0: usize,
+) -> [__m256; R] {
+    if FOUR {
+        products4::<D, S, R>(w, a, j, r0)
+    } else {
+        D::bytes_all::<S, R>(w, a, j, r0)
+    }
+}
+
+/// Column `j`'s results from its sums: the bias terms, the rows' horizontal sums, into `out`.
+#[inline(always)]
+unsafe fn write<D: Dot, S: Scale, const R: usize, const FOUR: bool>(
+    w: &Weights<S>,
+    a: &Activations,
+    out: Out,
+    j: usize,
+    r0: usize,
+    acc: &[__m256; R],
+) {
+    let mut sums = [0f32; MAX_TILE];
+    finish::<S, R>(w, a, j, r0, acc, !FOUR && D::SHIFTED_BYTES, &mut sums);
+    for (y, s) in sums[..R].iter().enumerate() {
+        // SAFETY: (r0 + y, j) is inside `out`, and only this task writes column j.
+        out.write(r0 + y, j, *s);
+    }
+}
+
+/// `[f(0), f(1), …]`, inlined into the kernels: `std::array::from_fn`'s machinery was left
+/// as calls inside them (a tenth of an 8-row decode step's kernel time went to building
+/// each column's sixteen row pointers).
+#[inline(always)]
+pub(super) fn each<T: Copy, const R: usize>(mut f: impl FnMut(usize) -> T) -> [T; R] {
+    let mut out = [f(0); R];
+    for (i, v) in out.iter_mut().enumerate().skip(1) {
+        *v = f(i);
+    }
+    out
 }
 
 /// Where a pair of blocks' int8 activations sit ([`super::activations::slot`]).
@@ -192,8 +261,8 @@ pub(super) unsafe fn pairs<D: Dot, S: Scale, const R: usize>(
     let group_shift = (gs / BLOCK).trailing_zeros();
     let wrow = (w.packed.as_ptr() as *const u8).add(j * k / 2);
     let scales = &w.scales[j * groups..][..groups];
-    let q: [*const i8; R] = std::array::from_fn(|y| a.row_q(r0 + y).as_ptr());
-    let ps: [*const f32; R] = std::array::from_fn(|y| a.pair_scale.as_ptr().add((r0 + y) * (blocks / 2) * 8));
+    let q: [*const i8; R] = each(|y| a.q_ptr(r0 + y));
+    let ps: [*const f32; R] = each(|y| a.pair_scale.as_ptr().add((r0 + y) * (blocks / 2) * 8));
     let low = _mm256_set1_epi8(0x0F);
     for p in pairs {
         let (xe, xo) = match layout {
@@ -219,16 +288,12 @@ pub(super) unsafe fn pairs<D: Dot, S: Scale, const R: usize>(
     }
 }
 
-/// 4-bit column `j` against rows `r0..r0 + R`.
+/// 4-bit column `j`'s sums against rows `r0..r0 + R`, before the bias terms.
 #[inline(always)]
-unsafe fn tile4<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize, sums: &mut [f32; MAX_TILE]) {
+unsafe fn products4<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize) -> [__m256; R] {
     let (k, gs) = (w.k, w.group_size);
     let blocks = k / BLOCK;
     let mut acc = D::quads::<S, R>(w, a, j, r0);
-    if blocks % 4 >= 2 {
-        let p = blocks / 4 * 2;
-        pairs::<D, S, R>(w, a, j, r0, p..p + 1, Layout::Pair, &mut acc);
-    }
     if blocks % 2 == 1 {
         // An odd last block: 16 bytes, its x stored [evens | odds]; the two halves of one
         // register hold the evens' and the odds' products.
@@ -247,14 +312,7 @@ unsafe fn tile4<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activation
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), m, *acc);
         }
     }
-    finish::<S, R>(w, a, j, r0, &acc, false, sums);
-}
-
-/// 8-bit column `j` against rows `r0..r0 + R`.
-#[inline(always)]
-unsafe fn tile8<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize, sums: &mut [f32; MAX_TILE]) {
-    let acc = D::bytes_all::<S, R>(w, a, j, r0);
-    finish::<S, R>(w, a, j, r0, &acc, D::SHIFTED_BYTES, sums);
+    acc
 }
 
 /// The row sums plus the groups' bias terms, and the 8-bit offset when the sums were of
@@ -264,8 +322,8 @@ unsafe fn tile8<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activation
 /// A row's result is the same bit for bit whatever tile it was in (a batched decode step
 /// must give each sequence what it would get alone): lane `i` of the row's accumulator
 /// takes groups `i`, `i + 8`, … in order, bias then offset, each with one rounding, and the
-/// eight lanes are added as [`hsum`] adds them. [`finish_rows`] does the same arithmetic
-/// with the rows in the lanes.
+/// eight lanes are added as [`hsum`] adds them, for 4 rows or more all at once
+/// ([`hsum_rows`]).
 #[inline(always)]
 unsafe fn finish<S: Scale, const R: usize>(
     w: &Weights<S>,
@@ -276,100 +334,75 @@ unsafe fn finish<S: Scale, const R: usize>(
     shifted: bool,
     sums: &mut [f32; MAX_TILE],
 ) {
-    if R >= 4 {
-        return finish_rows::<S, R>(w, a, j, r0, acc, shifted, sums);
-    }
     let groups = w.k / w.group_size;
-    let (scales, biases) = (&w.scales[j * groups..][..groups], &w.biases[j * groups..][..groups]);
-    let body = groups - groups % 8;
-    for y in 0..R {
-        let r = r0 + y;
-        let sums_g = &a.group_sum[r * groups..][..groups];
-        let off = if shifted { &a.offset[r * groups..][..groups] } else { &[][..] };
-        let mut v = acc[y];
-        let mut g = 0;
-        while g < body {
-            v = _mm256_fmadd_ps(S::load8(biases.as_ptr().add(g)), _mm256_loadu_ps(sums_g.as_ptr().add(g)), v);
-            if shifted {
-                v = _mm256_fmadd_ps(S::load8(scales.as_ptr().add(g)), _mm256_loadu_ps(off.as_ptr().add(g)), v);
-            }
-            g += 8;
-        }
-        if body < groups {
-            // The last few groups into the first lanes, as finish_rows does.
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-            for g in body..groups {
-                let l = &mut lanes[g - body];
-                *l = biases[g].to_f32_f16c().mul_add(sums_g[g], *l);
-                if shifted {
-                    *l = scales[g].to_f32_f16c().mul_add(off[g], *l);
-                }
-            }
-            v = _mm256_loadu_ps(lanes.as_ptr());
-        }
-        sums[y] = hsum(v);
-    }
-}
-
-/// [`finish`] for a tile of 4 to 8 rows, with the rows in the lanes: the accumulators
-/// transposed (register `i` holds every row's lane `i`), then each group's bias (and
-/// offset) term for all the rows in one multiply-add against
-/// [`Activations::group_sum_t`] (at 8 rows, a fifth of the instructions of eight rows done
-/// one by one; a long prefill's k = 576 columns spent as long here as in their products).
-#[inline(always)]
-unsafe fn finish_rows<S: Scale, const R: usize>(
-    w: &Weights<S>,
-    a: &Activations,
-    j: usize,
-    r0: usize,
-    acc: &[__m256; R],
-    shifted: bool,
-    sums: &mut [f32; MAX_TILE],
-) {
-    let groups = w.k / w.group_size;
-    let (scales, biases) = (w.scales.as_ptr().add(j * groups), w.biases.as_ptr().add(j * groups));
-    // Rows past R: zero, and not kept.
-    let mut lanes = transpose8(std::array::from_fn(|y| if y < R { acc[y] } else { _mm256_setzero_ps() }));
-    // Lanes y of group g's sums: the rows' block of eight, from row r0 on (lanes past R
-    // read the next group's, and are not kept).
-    let (block, lane) = (r0 / 8, r0 % 8);
-    let at = |g: usize| (block * groups + g) * 8 + lane;
+    let at = j * groups;
+    // Eight groups' sums a load: the arrays end in eight padding values.
+    let sums_g: [*const f32; R] = each(|y| a.group_sum.as_ptr().add((r0 + y) * groups));
+    let off: [*const f32; R] = each(|y| a.offset.as_ptr().add(if shifted { (r0 + y) * groups } else { 0 }));
+    let mut v = *acc;
     let mut g = 0;
     while g < groups {
         let n = (groups - g).min(8);
-        let (b8, s8) = if n == 8 {
-            (S::load8(biases.add(g)), S::load8(scales.add(g)))
-        } else {
-            let (mut b, mut s) = ([0f32; 8], [0f32; 8]);
-            for i in 0..n {
-                b[i] = (*biases.add(g + i)).to_f32_f16c();
-                s[i] = (*scales.add(g + i)).to_f32_f16c();
-            }
-            (_mm256_loadu_ps(b.as_ptr()), _mm256_loadu_ps(s.as_ptr()))
-        };
-        for (i, lane) in lanes.iter_mut().enumerate().take(n) {
-            let pick = _mm256_set1_epi32(i as i32);
-            *lane = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(b8, pick), _mm256_loadu_ps(a.group_sum_t.as_ptr().add(at(g + i))), *lane);
+        let b8 = eight(w.biases, at + g, n);
+        let s8 = if shifted { eight(w.scales, at + g, n) } else { b8 };
+        for y in 0..R {
+            let mut t = _mm256_fmadd_ps(b8, _mm256_loadu_ps(sums_g[y].add(g)), v[y]);
             if shifted {
-                let off = _mm256_loadu_ps(a.offset_t.as_ptr().add(at(g + i)));
-                *lane = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s8, pick), off, *lane);
+                t = _mm256_fmadd_ps(s8, _mm256_loadu_ps(off[y].add(g)), t);
             }
+            // A last few groups go into the first lanes.
+            v[y] = if n == 8 { t } else { _mm256_blendv_ps(v[y], t, first_lanes(n)) };
         }
-        g += n;
+        g += 8;
     }
-    // hsum's order: lanes i and i + 4, then (0, 2) and (1, 3), then the two.
-    let u: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(lanes[i], lanes[i + 4]));
-    let total = _mm256_add_ps(_mm256_add_ps(u[0], u[2]), _mm256_add_ps(u[1], u[3]));
-    let mut out = [0f32; 8];
-    _mm256_storeu_ps(out.as_mut_ptr(), total);
-    sums[..R].copy_from_slice(&out[..R]);
+    if R >= 4 {
+        let total = hsum_rows(each(|y| if y < R { v[y] } else { _mm256_setzero_ps() }));
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), total);
+        sums[..R].copy_from_slice(&out[..R]);
+    } else {
+        for y in 0..R {
+            sums[y] = hsum(v[y]);
+        }
+    }
+}
+
+/// Lanes `0..n` of a scale or bias row's eight values from `at` as float32; the others
+/// are any value. Read as one load except where eight would run past the matrix's end
+/// (its last column's last groups), one value at a time there.
+#[inline(always)]
+unsafe fn eight<S: Scale>(all: &[S], at: usize, n: usize) -> __m256 {
+    if at + 8 <= all.len() {
+        return S::load8(all.as_ptr().add(at));
+    }
+    let mut v = [0f32; 8];
+    for (i, v) in v.iter_mut().enumerate().take(n) {
+        *v = all[at + i].to_f32_f16c();
+    }
+    _mm256_loadu_ps(v.as_ptr())
+}
+
+/// A blend mask of lanes `0..n`.
+#[inline(always)]
+unsafe fn first_lanes(n: usize) -> __m256 {
+    let i = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), i))
+}
+
+/// Lane `y` of the result: the sum of `m[y]`'s eight lanes, added in [`hsum`]'s order
+/// (lanes i and i + 4, then (0, 2) and (1, 3), then the two), for eight rows at once: a
+/// transpose, then three adds where one row alone takes three shuffles and three adds.
+#[inline(always)]
+unsafe fn hsum_rows(m: [__m256; 8]) -> __m256 {
+    let lanes = transpose8(m);
+    let u: [__m256; 4] = each(|i| _mm256_add_ps(lanes[i], lanes[i + 4]));
+    _mm256_add_ps(_mm256_add_ps(u[0], u[2]), _mm256_add_ps(u[1], u[3]))
 }
 
 /// An 8×8 transpose: lane `y` of result `i` is lane `i` of `m[y]`.
 #[inline(always)]
 unsafe fn transpose8(m: [__m256; 8]) -> [__m256; 8] {
-    let t: [__m256; 8] = std::array::from_fn(|i| {
+    let t: [__m256; 8] = each(|i| {
         let (a, b) = (m[i / 2 * 2], m[i / 2 * 2 + 1]);
         if i % 2 == 0 {
             _mm256_unpacklo_ps(a, b)
@@ -378,7 +411,7 @@ unsafe fn transpose8(m: [__m256; 8]) -> [__m256; 8] {
         }
     });
     // u[0..4] from rows 0-3: lanes 0|4, 1|5, 2|6, 3|7 of each half; u[4..8] from rows 4-7.
-    let u: [__m256; 8] = std::array::from_fn(|i| {
+    let u: [__m256; 8] = each(|i| {
         let base = i / 4 * 4;
         let (a, b) = (t[base + (i % 4) / 2], t[base + 2 + (i % 4) / 2]);
         if i % 2 == 0 {
@@ -387,7 +420,7 @@ unsafe fn transpose8(m: [__m256; 8]) -> [__m256; 8] {
             _mm256_shuffle_ps::<0xEE>(a, b)
         }
     });
-    std::array::from_fn(|i| {
+    each(|i| {
         let (a, b) = (u[i % 4], u[4 + i % 4]);
         if i < 4 {
             _mm256_permute2f128_ps::<0x20>(a, b)

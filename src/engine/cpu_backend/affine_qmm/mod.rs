@@ -156,6 +156,13 @@ pub trait Scale: Copy + Send + Sync + 'static {
     /// AVX512F, AVX512VL, AVX512BW and F16C are available; `p` is valid for the masked reads.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load4_masked(p: *const Self, mask: u8) -> std::arch::x86_64::__m128;
+    /// The values of the lanes set in `mask` (of sixteen) from `p` as float32 lanes, the
+    /// rest zero and not read, inside the AVX-512 kernel.
+    ///
+    /// # Safety
+    /// As [`Scale::load4_masked`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16_masked(p: *const Self, mask: u16) -> std::arch::x86_64::__m512;
 }
 
 impl Scale for f32 {
@@ -173,6 +180,11 @@ impl Scale for f32 {
     #[inline(always)]
     unsafe fn load4_masked(p: *const f32, mask: u8) -> std::arch::x86_64::__m128 {
         std::arch::x86_64::_mm_maskz_loadu_ps(mask, p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16_masked(p: *const f32, mask: u16) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_maskz_loadu_ps(mask, p)
     }
 }
 
@@ -200,6 +212,12 @@ impl Scale for half::f16 {
         use std::arch::x86_64::*;
         _mm_cvtph_ps(_mm_maskz_loadu_epi16(mask, p as *const i16))
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16_masked(p: *const half::f16, mask: u16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16))
+    }
 }
 
 impl Scale for half::bf16 {
@@ -220,6 +238,12 @@ impl Scale for half::bf16 {
     unsafe fn load4_masked(p: *const half::bf16, mask: u8) -> std::arch::x86_64::__m128 {
         use std::arch::x86_64::*;
         _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_maskz_loadu_epi16(mask, p as *const i16)), 16))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16_masked(p: *const half::bf16, mask: u16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p as *const i16)), 16))
     }
 }
 
