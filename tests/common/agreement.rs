@@ -45,6 +45,8 @@ pub struct Step {
 pub struct Traced {
     pub text: String,
     pub steps: Vec<Step>,
+    /// Why the answer ended (`stop`, `length`, …), where known.
+    pub finish_reason: Option<String>,
 }
 
 impl Traced {
@@ -64,7 +66,11 @@ impl Traced {
     /// From a non-streamed chat completion.
     pub fn from_answer(answer: &Value) -> Traced {
         let choice = &answer["choices"][0];
-        let mut t = Traced { text: choice["message"]["content"].as_str().unwrap_or_default().to_string(), steps: vec![] };
+        let mut t = Traced {
+            text: choice["message"]["content"].as_str().unwrap_or_default().to_string(),
+            steps: vec![],
+            finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+        };
         t.push_logprobs(&choice["logprobs"]["content"]);
         t
     }
@@ -124,15 +130,18 @@ pub fn assert_agree(got: &Traced, want: &Traced, what: &str) -> Option<usize> {
         println!("{what}: parted at step {i}, a near-tie ({:?} vs {second:?}, {gap:.3} apart)", w.token);
         return Some(i);
     }
-    // One path ended where the other went on: at the step after the shorter one's last,
-    // the longer path's top two must be a near-tie of its token and an end token (the
-    // shorter path took the end, which logprobs do not list as a step).
-    let i = got.steps.len().min(want.steps.len());
-    if let Some(step) = want.steps.get(i).or(got.steps.get(i)) {
-        if let Some((second, second_logprob)) = &step.runner_up {
-            let gap = step.logprob - second_logprob;
+    // One path ended where the other went on: the shorter answer stopped (an end of turn,
+    // which logprobs do not list as a step) and is the start of the longer, and at the
+    // step after its last the longer path's top two were its own token and an end of turn
+    // within the near-tie margin (the reference's figures where it is the longer; where
+    // the reference ended, this path's, the only ones there are).
+    let (short, long) = if got.steps.len() < want.steps.len() { (got, want) } else { (want, got) };
+    let i = short.steps.len();
+    if short.finish_reason.as_deref() == Some("stop") && long.text.starts_with(&short.text) {
+        if let Some(Step { token, logprob, runner_up: Some((second, second_logprob)) }) = long.steps.get(i) {
+            let gap = logprob - second_logprob;
             if gap < TIE_MARGIN && is_end_token(second) {
-                println!("{what}: parted at step {i}, one path ending at a near-tie ({:?} vs {second:?}, {gap:.3} apart)", step.token);
+                println!("{what}: parted at step {i}, one path ending at a near-tie ({token:?} vs {second:?}, {gap:.3} apart)");
                 return Some(i);
             }
         }
@@ -140,8 +149,7 @@ pub fn assert_agree(got: &Traced, want: &Traced, what: &str) -> Option<usize> {
     panic!("{what}: the texts differ but every compared step agrees:\n  reference: {:?}\n  this path: {:?}", want.text, got.text)
 }
 
-/// Whether a token's text is a special token's, as an end of turn is reported
-/// (`<|im_end|>`, `</s>`, `<end_of_turn>`, …).
+/// Whether a token's text is an end of turn as the served families report it.
 fn is_end_token(text: &str) -> bool {
-    text.len() > 2 && text.starts_with('<') && text.ends_with('>')
+    ["<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "<|return|>"].contains(&text)
 }

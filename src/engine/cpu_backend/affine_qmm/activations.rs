@@ -21,7 +21,8 @@
 
 use super::Prologue;
 
-/// Zeros after `group_sum` and `offset`.
+/// Zeros after `group_sum` and `offset`: the 256-bit kernels read a row's group sums
+/// eight at a time, its last few with the next row's (or these) beside them.
 pub const PAD: usize = 8;
 
 /// Elements per activation block (every supported group size is a multiple).
@@ -395,12 +396,21 @@ mod tests {
             (seed >> 33) as u32
         };
         for case in 0..2000 {
-            let block: [f32; BLOCK] = std::array::from_fn(|i| match (case % 6, i) {
+            let block: [f32; BLOCK] = std::array::from_fn(|i| match (case % 8, i) {
                 (0, _) => 0.0,
-                (5, i) => [f32::INFINITY, f32::NAN, -1.0, f32::NEG_INFINITY][i % 4],
-                (1, i) => (i as f32 - 16.0) * 0.5 + if i % 2 == 0 { -0.0 } else { 0.0 },
+                // Negative zeros beside halves.
+                (1, i) if i % 2 == 0 => -0.0,
+                (1, i) => (i as f32 - 16.0) * 0.5,
+                // Ties: 127 steps over 254, x.5 values.
+                (2, 0) => 254.0,
                 (2, i) => (next() % 255) as f32 - 127.0 + 0.5 * (i % 2) as f32,
-                (3, _) => f32::from_bits(next() & 0x807f_ffff | 0x0080_0000),
+                // Subnormal values: a subnormal scale with an infinite inverse.
+                (3, _) => f32::from_bits(next() & 0x807f_ffff),
+                // The smallest normal values.
+                (4, _) => f32::from_bits(next() & 0x807f_ffff | 0x0080_0000),
+                // A subnormal scale with a finite inverse (amax / 127 above 2⁻¹²⁸).
+                (5, i) => (i as f32 - 16.0) * 5e-38,
+                (6, i) => [f32::INFINITY, f32::NAN, -1.0, f32::NEG_INFINITY][i % 4],
                 _ => (next() as f32 / u32::MAX as f32 - 0.5) * 1e4,
             });
             for split in [false, true] {

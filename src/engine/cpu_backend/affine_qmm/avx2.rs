@@ -5,7 +5,8 @@
 //! - 4-bit, two blocks (64 values) at a time: one 32-byte load split into low and high
 //!   nibbles (the pair's even and odd values, the order [`super::activations`] stores `x`
 //!   in), the integer sums scaled per lane by the two blocks' activation scales and
-//!   weight-group scales ([`Dot::quads`] may take four blocks at a time instead);
+//!   weight-group scales (the AVX512-VNNI kernel runs 4-bit weights four blocks at a time
+//!   on a path of its own, [`super::vnni`]);
 //! - 8-bit, a block at a time: the integer sums scaled by the block's scale, then the
 //!   group's at the group's end ([`Dot::bytes_all`] may take two blocks at a time).
 //!
@@ -21,7 +22,8 @@ use super::activations::{self, Activations, BLOCK};
 use super::{Out, Scale, Weights};
 
 /// Bytes ahead of the weights being read that are asked for early (the rows of the next
-/// columns follow in memory: one step streams every matrix once).
+/// columns follow in memory: one step streams every matrix once). Past a matrix's end the
+/// address is computed with `wrapping_add` (a prefetch reads nothing and cannot fault).
 pub(super) const PREFETCH: usize = 4096;
 
 /// The widest tile of rows any [`Dot`] takes.
@@ -35,6 +37,9 @@ pub(super) trait Dot {
     /// Whether [`Dot::bytes`] sums `(w - 128) · x` (so the 8-bit offset term is added
     /// afterwards) rather than `w · x`.
     const SHIFTED_BYTES: bool;
+    /// Whether 4-bit weights go through [`columns_with`] ([`Dot::nibbles`]); the
+    /// AVX512-VNNI kernel runs them on a path of its own.
+    const NIBBLES: bool = true;
     /// 8-bit weights as [`Dot::bytes`] takes them, prepared once for every row.
     type Bytes: Copy;
     /// Each lane: `Σ lo·xe + hi·xo` over its four bytes (nibbles of 0..15 against int8).
@@ -43,25 +48,6 @@ pub(super) trait Dot {
     /// Each lane: the sum over its four bytes of the weight (shifted, see
     /// [`Dot::SHIFTED_BYTES`]) times `x`.
     unsafe fn bytes(w: Self::Bytes, x: __m256i) -> __m256i;
-
-    /// 4-bit column `j`'s sums over the row's whole pairs of blocks (its quads, then a
-    /// last pair if any), per row of the tile (eight lanes to add up, scaled), a pair of
-    /// blocks at a time (the AVX512-VNNI kernel takes four at a time on a path of its own,
-    /// [`super::vnni`]).
-    #[inline(always)]
-    unsafe fn quads<S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize) -> [__m256; R]
-    where
-        Self: Sized,
-    {
-        let blocks = w.k / BLOCK;
-        let mut acc = [_mm256_setzero_ps(); R];
-        pairs::<Self, S, R>(w, a, j, r0, 0..blocks / 4 * 2, Layout::Quads, &mut acc);
-        if blocks % 4 >= 2 {
-            let p = blocks / 4 * 2;
-            pairs::<Self, S, R>(w, a, j, r0, p..p + 1, Layout::Pair, &mut acc);
-        }
-        acc
-    }
 
     /// 8-bit column `j`'s sums over every block, per row of the tile (eight lanes to add
     /// up), scaled by the blocks' activation scales and the groups' scales: a block at a
@@ -82,7 +68,7 @@ pub(super) trait Dot {
         for (g, scale) in scales.iter().enumerate() {
             let mut group = [_mm256_setzero_ps(); R];
             for b in g * per_group..(g + 1) * per_group {
-                _mm_prefetch::<_MM_HINT_T0>(wrow.add(b * 32 + PREFETCH) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(wrow.wrapping_add(b * 32 + PREFETCH) as *const i8);
                 let v = Self::prepare_bytes(_mm256_loadu_si256(wrow.add(b * 32) as *const __m256i));
                 for y in 0..R {
                     let p = Self::bytes(v, _mm256_loadu_si256(q[y].add(b * BLOCK) as *const __m256i));
@@ -154,6 +140,7 @@ pub(super) unsafe fn columns_with<D: Dot, S: Scale>(w: &Weights<S>, a: &Activati
         macro_rules! tile {
             ($($rows:literal)*) => {
                 match (w.bits, n) {
+                    (4, _) if !D::NIBBLES => unreachable!("4-bit weights take this kernel's own path"),
                     $((4, $rows) => tile::<D, S, $rows, true>(w, a, out, columns.clone(), r),)*
                     $((_, $rows) => tile::<D, S, $rows, false>(w, a, out, columns.clone(), r),)*
                     _ => unreachable!("tiles have 1 to {MAX_TILE} rows"),
@@ -244,6 +231,21 @@ pub(super) enum Layout {
     Pair,
 }
 
+/// 4-bit column `j`'s sums over the row's whole pairs of blocks (its quads, then a last
+/// pair if any), per row of the tile (eight lanes to add up, scaled), a pair of blocks at
+/// a time.
+#[inline(always)]
+unsafe fn quads<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize) -> [__m256; R] {
+    let blocks = w.k / BLOCK;
+    let mut acc = [_mm256_setzero_ps(); R];
+    pairs::<D, S, R>(w, a, j, r0, 0..blocks / 4 * 2, Layout::Quads, &mut acc);
+    if blocks % 4 >= 2 {
+        let p = blocks / 4 * 2;
+        pairs::<D, S, R>(w, a, j, r0, p..p + 1, Layout::Pair, &mut acc);
+    }
+    acc
+}
+
 /// Pairs `pairs` of 4-bit column `j` against rows `r0..r0 + R`, added to `acc`.
 #[inline(always)]
 pub(super) unsafe fn pairs<D: Dot, S: Scale, const R: usize>(
@@ -270,7 +272,7 @@ pub(super) unsafe fn pairs<D: Dot, S: Scale, const R: usize>(
             Layout::Pair => (p * 64, p * 64 + 32),
         };
         // 32 bytes = blocks 2p and 2p+1; low nibbles are their even values, high the odd.
-        _mm_prefetch::<_MM_HINT_T0>(wrow.add(p * 32 + PREFETCH) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(wrow.wrapping_add(p * 32 + PREFETCH) as *const i8);
         let v = _mm256_loadu_si256(wrow.add(p * 32) as *const __m256i);
         let lo = _mm256_and_si256(v, low);
         let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
@@ -293,7 +295,7 @@ pub(super) unsafe fn pairs<D: Dot, S: Scale, const R: usize>(
 unsafe fn products4<D: Dot, S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize) -> [__m256; R] {
     let (k, gs) = (w.k, w.group_size);
     let blocks = k / BLOCK;
-    let mut acc = D::quads::<S, R>(w, a, j, r0);
+    let mut acc = quads::<D, S, R>(w, a, j, r0);
     if blocks % 2 == 1 {
         // An odd last block: 16 bytes, its x stored [evens | odds]; the two halves of one
         // register hold the evens' and the odds' products.
@@ -391,7 +393,8 @@ unsafe fn first_lanes(n: usize) -> __m256 {
 
 /// Lane `y` of the result: the sum of `m[y]`'s eight lanes, added in [`hsum`]'s order
 /// (lanes i and i + 4, then (0, 2) and (1, 3), then the two), for eight rows at once: a
-/// transpose, then three adds where one row alone takes three shuffles and three adds.
+/// transpose (24 shuffles), then seven adds, where each row alone takes three shuffles
+/// and three adds.
 #[inline(always)]
 unsafe fn hsum_rows(m: [__m256; 8]) -> __m256 {
     let lanes = transpose8(m);

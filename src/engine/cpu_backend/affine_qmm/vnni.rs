@@ -1,4 +1,5 @@
-//! VNNI's `vpdpbusd` for [`super::avx2`]'s kernel (and, with AVX-512, its 512-bit loops): four unsigned-byte × int8
+//! VNNI's `vpdpbusd` for [`super::avx2`]'s kernel (and, with AVX-512, 512-bit loops, and a
+//! path of its own for 4-bit weights, [`columns4`]): four unsigned-byte × int8
 //! products summed into each int32 lane in one instruction, where AVX2 takes three
 //! (`maddubs`, an add, `madd`). Unsigned 8-bit weights meet `x` as they are (no shift to
 //! signed, no offset term), and 4-bit nibbles go straight in.
@@ -12,8 +13,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::activations;
-use super::activations::{Activations, BLOCK};
+use super::activations::{self, Activations, BLOCK};
 use super::avx2::{columns_with, each, Dot, PREFETCH};
 use super::{Out, Scale, Weights};
 
@@ -41,19 +41,19 @@ impl Dot for AvxVnni {
     }
 }
 
-/// `vpdpbusd` in its EVEX encoding (AVX512-VNNI): 4-bit quads and 8-bit pairs of blocks
-/// on 512-bit registers, the rest (a 4-bit last pair, an odd last block) on 256-bit ones
-/// (AVX512VL).
+/// `vpdpbusd` in its EVEX encoding (AVX512-VNNI) for 8-bit weights: pairs of blocks on
+/// 512-bit registers, an odd last block on 256-bit ones (AVX512VL). Its 4-bit weights take
+/// [`columns4`].
 struct Avx512Vnni;
 
 impl Dot for Avx512Vnni {
     const TILE: usize = 8;
     const SHIFTED_BYTES: bool = false;
+    const NIBBLES: bool = false;
     type Bytes = __m256i;
 
-    #[inline(always)]
-    unsafe fn nibbles(lo: __m256i, xe: __m256i, hi: __m256i, xo: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xe), hi, xo)
+    unsafe fn nibbles(_: __m256i, _: __m256i, _: __m256i, _: __m256i) -> __m256i {
+        unreachable!("4-bit weights take columns4")
     }
 
     #[inline(always)]
@@ -85,7 +85,7 @@ impl Dot for Avx512Vnni {
         let mask = if group_shift == 0 { 0b11 } else { 0b1 };
         let mut acc = [_mm512_setzero_ps(); R];
         for v in 0..blocks / 2 {
-            _mm_prefetch::<_MM_HINT_T0>(wrow.add(v * 64 + PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(wrow.wrapping_add(v * 64 + PREFETCH) as *const i8);
             let wv = _mm512_loadu_si512(wrow.add(v * 64) as *const __m512i);
             // The pair's groups lie in column j's scales; the mask reads no others.
             let g = S::load4_masked(scales.add((2 * v) >> group_shift), mask);
@@ -115,9 +115,8 @@ impl Dot for Avx512Vnni {
 /// quad's four activation scales are one 16-lane load and its weight groups' scales
 /// (one to four, by group size) one masked load spread over the lanes. A last pair
 /// takes one product too, its low nibbles in one half of the register and its high in
-/// the other against its 64 values of `x` as they are stored (evens, then odds): at
-/// k = 576, 4.5 quads, the pair on 256-bit registers took a sixth of an 8-row tile's
-/// time.
+/// the other against its 64 values of `x` as they are stored (evens, then odds), one
+/// product a row where two 256-bit ones took two.
 #[inline(always)]
 unsafe fn quads16<S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: usize, r0: usize) -> [__m512; R] {
     let (k, gs) = (w.k, w.group_size);
@@ -134,7 +133,7 @@ unsafe fn quads16<S: Scale, const R: usize>(w: &Weights<S>, a: &Activations, j: 
     let mask = (1u8 << (4 >> group_shift)) - 1;
     let mut acc = [_mm512_setzero_ps(); R];
     for u in 0..blocks / 4 {
-        _mm_prefetch::<_MM_HINT_T0>(wrow.add(u * 64 + PREFETCH) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(wrow.wrapping_add(u * 64 + PREFETCH) as *const i8);
         let v = _mm512_loadu_si512(wrow.add(u * 64) as *const __m512i);
         let lo = _mm512_and_si512(v, low);
         let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
