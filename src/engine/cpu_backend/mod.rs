@@ -26,7 +26,7 @@ mod primitive_call;
 #[cfg(target_os = "linux")]
 pub mod rope;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-mod simd;
+pub(crate) mod simd;
 #[cfg(target_os = "linux")]
 pub mod small_m;
 

@@ -37,12 +37,18 @@ Dense<T> dense(const mlx::core::array& a, std::vector<T>& copy) {
   const auto& shape = a.shape();
   const auto& strides = a.strides();
   const int nd = a.ndim();
-  std::vector<int64_t> idx(nd, 0);
-  for (size_t i = 0; i < a.size(); i++) {
+  if (a.size() == 0) return {copy.data(), 0};
+  // A run of the last dimension is contiguous when its stride is 1 (a slice of columns,
+  // such as q, k and v split from one projection's rows): copied a run at a time.
+  const bool runs = nd > 0 && strides[nd - 1] == 1;
+  const int64_t run = runs ? shape[nd - 1] : 1;
+  const int outer = runs ? nd - 1 : nd;
+  std::vector<int64_t> idx(outer, 0);
+  for (size_t i = 0; i < a.size(); i += run) {
     int64_t off = 0;
-    for (int d = 0; d < nd; d++) off += idx[d] * strides[d];
-    copy[i] = src[off];
-    for (int d = nd - 1; d >= 0; d--) {
+    for (int d = 0; d < outer; d++) off += idx[d] * strides[d];
+    std::memcpy(copy.data() + i, src + off, run * sizeof(T));
+    for (int d = outer - 1; d >= 0; d--) {
       if (++idx[d] < shape[d]) break;
       idx[d] = 0;
     }

@@ -299,22 +299,46 @@ impl Prologue<'_> {
             }
             Prologue::SwiGlu => {
                 let (gate, up) = x.split_at(buf.len());
-                for ((o, g), u) in buf.iter_mut().zip(gate).zip(up) {
-                    *o = g / (1.0 + (-g).exp()) * u;
-                }
+                silu_mul(gate, up, buf);
                 buf
             }
         }
     }
 }
 
+/// `out = silu(gate) · up`: eight values at a time where the CPU has AVX2 and FMA
+/// ([`simd::silu_mul`](super::simd::silu_mul); libm's scalar `exp` was a fifth of an
+/// 8-row down projection's time), else one at a time.
+fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA detected just now; silu_mul checks the lengths.
+        return unsafe { super::simd::silu_mul(gate, up, out) };
+    }
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
 /// `out = x · rsqrt(mean(x²) + eps) · weight`, MLX's `fast::rms_norm` on one row.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let mean = sum_of_squares(x) / x.len() as f32;
     let inv = 1.0 / (mean + eps).sqrt();
     for ((o, v), w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * inv * w;
     }
+}
+
+/// `Σ x²`: in eight lanes where the CPU has AVX2 and FMA
+/// ([`simd::sum_of_squares`](super::simd::sum_of_squares): in order, a row's 576 values
+/// are a chain of 576 dependent adds), else in order.
+fn sum_of_squares(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA detected just now.
+        return unsafe { super::simd::sum_of_squares(x) };
+    }
+    x.iter().map(|v| v * v).sum()
 }
 
 /// The output matrix (`rows × n`, row-major) plus the residual it adds; tasks write

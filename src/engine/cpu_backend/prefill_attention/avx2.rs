@@ -1,21 +1,23 @@
 //! The AVX2 + FMA form of [`super::portable_block`]: each key loaded once for the four
 //! queries' dot products (their sums reduced together), the softmax's `exp` eight values
-//! at a time ([`exp`]), each value row loaded once for the four queries' weighted sums.
+//! at a time ([`exp`], shared with SwiGLU), each value row loaded once for the four
+//! queries' weighted sums.
 use std::arch::x86_64::*;
 
-use super::super::simd::hsum;
+use super::super::simd::{exp, hsum};
 use super::QUERIES;
 
-/// See [`super::portable_block`]; `hd` a multiple of 8 or not (a scalar tail).
+/// See [`super::portable_block`], for `N` rows of `q` (1 to [`QUERIES`]: a decode step's
+/// group of three query heads, the default model's, takes three rows' work, not four);
+/// `hd` a multiple of 8 or not (a scalar tail).
 ///
 /// # Safety
-/// AVX2 and FMA are available; `q` holds `n` rows of `hd`, `k` and `v` at least
-/// `seen[n - 1]` rows, `p` `QUERIES × seen[n - 1]` values, `o` `n` rows.
+/// AVX2 and FMA are available; `q` holds `N` rows of `hd`, `k` and `v` at least
+/// `seen[N - 1]` rows, `p` `QUERIES × seen[N - 1]` values, `o` `N` rows.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn block(
+pub unsafe fn block<const N: usize>(
     q: &[f32],
-    n: usize,
     k: &[f32],
     v: &[f32],
     seen: &[usize; QUERIES],
@@ -24,29 +26,34 @@ pub unsafe fn block(
     p: &mut [f32],
     o: &mut [f32],
 ) {
+    let n = N;
     let width = seen[n - 1];
     let body = hd - hd % 8;
-    // A missing row repeats the last one (its results are not kept).
-    let qr: [*const f32; QUERIES] = std::array::from_fn(|r| q.as_ptr().add(r.min(n - 1) * hd));
+    let mut qr = [q.as_ptr(); N];
+    for (r, p) in qr.iter_mut().enumerate() {
+        *p = q.as_ptr().add(r * hd);
+    }
     let (kp, vp, pp) = (k.as_ptr(), v.as_ptr(), p.as_mut_ptr());
-    // Scores: every key the last row sees, for all four rows (a row's later keys are
-    // masked below).
+    // Scores: every key the last row sees, for every row (a row's later keys are masked
+    // below).
     for t in 0..width {
         let kt = kp.add(t * hd);
-        let mut acc = [_mm256_setzero_ps(); QUERIES];
+        let mut acc = [_mm256_setzero_ps(); N];
         let mut c = 0;
         while c < body {
             let kv = _mm256_loadu_ps(kt.add(c));
-            for r in 0..QUERIES {
+            for r in 0..N {
                 acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qr[r].add(c)), kv, acc[r]);
             }
             c += 8;
         }
-        // The four rows' sums in one reduction: lane r of the halves' sum is row r's.
-        let h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        // Up to four rows' sums in one reduction: lane r of the halves' sum is row r's (a
+        // missing row's lane repeats the last row, and is not kept).
+        let (a1, a2, a3) = (acc[1.min(N - 1)], acc[2.min(N - 1)], acc[3.min(N - 1)]);
+        let h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], a1), _mm256_hadd_ps(a2, a3));
         let mut s = [0f32; QUERIES];
         _mm_storeu_ps(s.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-        for (r, mut s) in s.into_iter().enumerate() {
+        for (r, mut s) in s.into_iter().take(N).enumerate() {
             for c in body..hd {
                 s += *qr[r].add(c) * *kt.add(c);
             }
@@ -74,44 +81,48 @@ pub unsafe fn block(
         }
         inv[r] = 1.0 / total;
     }
-    // Values: sixteen columns at a time (eight chains of multiply-adds), every key once
-    // for the four rows; then eight, then the rest.
-    let rows = |r: usize| r.min(n - 1) * width;
-    let store = |acc: &[__m256; QUERIES], c: usize, lanes: usize, o: &mut [f32]| {
-        for r in 0..n {
-            let mut lane = [0f32; 8];
-            _mm256_storeu_ps(lane.as_mut_ptr(), _mm256_mul_ps(acc[r], _mm256_set1_ps(inv[r])));
-            o[r * hd + c..][..lanes].copy_from_slice(&lane[..lanes]);
-        }
-    };
+    // Values: sixteen columns at a time (up to eight chains of multiply-adds), every key
+    // once for all the rows; then eight, then the rest.
     let mut c = 0;
     while c + 16 <= hd {
-        let (mut lo, mut hi) = ([_mm256_setzero_ps(); QUERIES], [_mm256_setzero_ps(); QUERIES]);
+        let (mut lo, mut hi) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
         for t in 0..width {
             let vt = vp.add(t * hd + c);
             let (x0, x1) = (_mm256_loadu_ps(vt), _mm256_loadu_ps(vt.add(8)));
-            for r in 0..QUERIES {
-                let w = _mm256_set1_ps(*pp.add(rows(r) + t));
+            for r in 0..N {
+                let w = _mm256_set1_ps(*pp.add(r * width + t));
                 lo[r] = _mm256_fmadd_ps(w, x0, lo[r]);
                 hi[r] = _mm256_fmadd_ps(w, x1, hi[r]);
             }
         }
-        store(&lo, c, 8, o);
-        store(&hi, c + 8, 8, o);
+        store(&lo, &inv, hd, c, 8, o);
+        store(&hi, &inv, hd, c + 8, 8, o);
         c += 16;
     }
     while c < hd {
         let lanes = (hd - c).min(8);
-        let mut acc = [_mm256_setzero_ps(); QUERIES];
+        let mut acc = [_mm256_setzero_ps(); N];
         for t in 0..width {
             let vt = vp.add(t * hd + c);
             let x = if lanes == 8 { _mm256_loadu_ps(vt) } else { load_partial(vt, lanes) };
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(_mm256_set1_ps(*pp.add(rows(r) + t)), x, *a);
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(*pp.add(r * width + t)), x, *a);
             }
         }
-        store(&acc, c, lanes, o);
+        store(&acc, &inv, hd, c, lanes, o);
         c += lanes;
+    }
+}
+
+/// Each row's weighted values in columns `c..c + lanes` (`acc[r]`, its first `lanes`
+/// lanes) scaled by the row's softmax denominator `inv[r]` into `o`. A function, not a
+/// closure: a closure here would keep its intrinsics out of line.
+#[inline(always)]
+unsafe fn store<const N: usize>(acc: &[__m256; N], inv: &[f32; QUERIES], hd: usize, c: usize, lanes: usize, o: &mut [f32]) {
+    for r in 0..N {
+        let mut lane = [0f32; 8];
+        _mm256_storeu_ps(lane.as_mut_ptr(), _mm256_mul_ps(acc[r], _mm256_set1_ps(inv[r])));
+        o[r * hd + c..][..lanes].copy_from_slice(&lane[..lanes]);
     }
 }
 
@@ -121,24 +132,4 @@ unsafe fn load_partial(p: *const f32, lanes: usize) -> __m256 {
     let mut buf = [0f32; 8];
     std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), lanes);
     _mm256_loadu_ps(buf.as_ptr())
-}
-
-/// `e^x` per lane for `x <= 0` (softmax's shifted scores), Cephes' `expf`: `x = n·ln 2 + f`
-/// with |f| <= ln 2 / 2, a degree-5 polynomial for `e^f`, `2^n` built in the exponent bits.
-/// Within 2 ulp of libm's; below -87.3 (where float32's normal range ends) it gives
-/// `e^-87.3`, ~1e-38: nothing beside the row's largest weight of 1.
-#[inline(always)]
-unsafe fn exp(x: __m256) -> __m256 {
-    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.3));
-    let n =
-        _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)));
-    let f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let f = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), f);
-    let mut y = _mm256_set1_ps(1.987_569_1e-4);
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-        y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(c));
-    }
-    let y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(f, f), f), _mm256_set1_ps(1.0));
-    let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
-    _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
 }

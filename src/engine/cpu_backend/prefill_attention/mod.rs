@@ -103,7 +103,14 @@ pub(super) fn queries(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and FMA were detected (asserted above); the slices have the shapes the
         // block reads (checked above).
-        true => unsafe { avx2::block(q, n, k, v, seen, hd, scale, &mut p, o) },
+        true => unsafe {
+            match n {
+                1 => avx2::block::<1>(q, k, v, seen, hd, scale, &mut p, o),
+                2 => avx2::block::<2>(q, k, v, seen, hd, scale, &mut p, o),
+                3 => avx2::block::<3>(q, k, v, seen, hd, scale, &mut p, o),
+                _ => avx2::block::<QUERIES>(q, k, v, seen, hd, scale, &mut p, o),
+            }
+        },
         _ => portable_block(q, n, k, v, seen, hd, scale, &mut p, o),
     }
 }
