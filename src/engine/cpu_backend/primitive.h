@@ -37,6 +37,7 @@ Dense<T> dense(const mlx::core::array& a, std::vector<T>& copy) {
   const auto& shape = a.shape();
   const auto& strides = a.strides();
   const int nd = a.ndim();
+  // Nothing to copy (and a zero-length last dimension would make the loop below step by 0).
   if (a.size() == 0) return {copy.data(), 0};
   // A run of the last dimension is contiguous when its stride is 1 (a slice of columns,
   // such as q, k and v split from one projection's rows): copied a run at a time.

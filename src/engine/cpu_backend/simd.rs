@@ -25,7 +25,7 @@ pub unsafe fn hsum(v: __m256) -> f32 {
 /// AVX2 and FMA are available (the callers' `#[target_feature]` entry points enable them).
 #[inline(always)]
 pub unsafe fn exp(x: __m256) -> __m256 {
-    // max/min return their second operand for a NaN first: the input is kept as the
+    // max/min return their second operand when either is NaN: the input is kept as the
     // second so a NaN reaches the result.
     let x = _mm256_min_ps(_mm256_set1_ps(88.7), _mm256_max_ps(_mm256_set1_ps(-87.3), x));
     let n =
@@ -95,7 +95,10 @@ pub unsafe fn sum_of_squares(x: &[f32]) -> f32 {
 }
 
 /// `out[i] = e^((logits[i] - max) / temperature)` eight values at a time (a last partial
-/// eight through a padded copy), and their sum: the sampler's softmax weights.
+/// eight through a padded copy), and their sum: the sampler's softmax weights. A weight
+/// whose exponent is below `exp`'s range (a grammar's `-inf`, or beyond e^-87.3 of the
+/// largest) is exactly 0, as libm's would be for `-inf`: `exp` alone would give it
+/// e^-87.3, and a draw could then land on a forbidden token. NaN weighs 0 too.
 ///
 /// # Safety
 /// AVX2 and FMA are available.
@@ -109,7 +112,7 @@ pub unsafe fn softmax_weights(logits: &[f32], max: f32, temperature: f32, out: &
     let mut total = _mm256_setzero_ps();
     let body = out.len() - out.len() % 8;
     for c in (0..body).step_by(8) {
-        let e = exp(_mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(logits.as_ptr().add(c)), m), t));
+        let e = weight8(_mm256_loadu_ps(logits.as_ptr().add(c)), m, t);
         _mm256_storeu_ps(out.as_mut_ptr().add(c), e);
         total = _mm256_add_ps(total, e);
     }
@@ -118,11 +121,19 @@ pub unsafe fn softmax_weights(logits: &[f32], max: f32, temperature: f32, out: &
         let tail = out.len() - body;
         let (mut l, mut o) = ([max; 8], [0f32; 8]);
         l[..tail].copy_from_slice(&logits[body..]);
-        _mm256_storeu_ps(o.as_mut_ptr(), exp(_mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(l.as_ptr()), m), t)));
+        _mm256_storeu_ps(o.as_mut_ptr(), weight8(_mm256_loadu_ps(l.as_ptr()), m, t));
         out[body..].copy_from_slice(&o[..tail]);
         total += o[..tail].iter().sum::<f32>();
     }
     total
+}
+
+/// Eight lanes of [`softmax_weights`]: 0 where the exponent is below -87.3 or NaN.
+#[inline(always)]
+unsafe fn weight8(l: __m256, max: __m256, temperature: __m256) -> __m256 {
+    let x = _mm256_div_ps(_mm256_sub_ps(l, max), temperature);
+    let in_range = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(-87.3));
+    _mm256_and_ps(exp(x), in_range)
 }
 
 /// Eight lanes of [`silu_mul`] (a helper, not a closure: closures inside `#[target_feature]`
@@ -147,9 +158,10 @@ mod tests {
         if !simd() {
             return;
         }
-        let mut xs: Vec<f32> = (0..200_001).map(|i| -87.3 + 175.6 * i as f32 / 200_000.0).collect();
-        xs.extend([0.0, -0.0, 1e-30, -1e-30, 88.3, -87.3]);
-        xs.truncate(xs.len() / 8 * 8);
+        let mut xs: Vec<f32> = (0..200_000).map(|i| -87.3 + 175.6 * i as f32 / 200_000.0).collect();
+        // The edges, eight of them (whole registers: none is dropped).
+        xs.extend([0.0, -0.0, 1e-30, -1e-30, 88.3, -87.3, 1.0, -1.0]);
+        assert_eq!(xs.len() % 8, 0);
         for chunk in xs.chunks_exact(8) {
             let mut got = [0f32; 8];
             // SAFETY: AVX2 and FMA detected above.
@@ -206,6 +218,38 @@ mod tests {
             let got = unsafe { sum_of_squares(&x) } as f64;
             assert!((got - want).abs() <= 1e-6 * want, "{len} values: {got} vs {want}");
         }
+    }
+
+    /// The sampler's weights against float64's, at a length with a padded tail; a grammar's
+    /// `-inf`, a logit far below the largest, and NaN weigh exactly 0.
+    #[test]
+    fn softmax_weights_match_float64_and_masked_tokens_weigh_nothing() {
+        if !simd() {
+            return;
+        }
+        let mut logits: Vec<f32> = (0..1003).map(|i| ((i * 37 % 101) as f32 - 50.0) / 5.0).collect();
+        logits[3] = f32::NEG_INFINITY;
+        logits[1001] = f32::NEG_INFINITY;
+        logits[500] = -1000.0;
+        logits[7] = f32::NAN;
+        let (max, t) = (10.0f32, 0.7f32);
+        let mut out = vec![1f32; logits.len()];
+        // SAFETY: AVX2 and FMA detected above.
+        let total = unsafe { softmax_weights(&logits, max, t, &mut out) };
+        for i in [3, 1001, 500, 7] {
+            assert_eq!(out[i].to_bits(), 0, "token {i} ({}) weighs {}", logits[i], out[i]);
+        }
+        let mut want_total = 0f64;
+        for (i, (l, o)) in logits.iter().zip(&out).enumerate() {
+            let x = (*l as f64 - max as f64) / t as f64;
+            let want = if l.is_nan() { 0.0 } else { x.exp() };
+            want_total += want;
+            // exp's 2 ulp, and the float32 argument's rounding, which e^x turns into a
+            // relative error of |x| ulp.
+            let ulps = 4.0 + if x.is_finite() { x.abs() } else { 0.0 };
+            assert!((*o as f64 - want).abs() <= ulps * f32::EPSILON as f64 * want + 1e-37, "token {i}: {o} vs {want}");
+        }
+        assert!((total as f64 - want_total).abs() <= 1e-5 * want_total, "{total} vs {want_total}");
     }
 
     /// SwiGLU's rows against float64's `g / (1 + e^-g) · u`, a ragged length (the padded

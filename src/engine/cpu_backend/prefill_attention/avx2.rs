@@ -1,6 +1,6 @@
-//! The AVX2 + FMA form of [`super::portable_block`]: each key loaded once for the four
+//! The AVX2 + FMA form of [`super::portable_block`]: each key loaded once for up to four
 //! queries' dot products (their sums reduced together), the softmax's `exp` eight values
-//! at a time ([`exp`], shared with SwiGLU), each value row loaded once for the four
+//! at a time ([`exp`], shared with SwiGLU), each value row loaded once for all the
 //! queries' weighted sums.
 use std::arch::x86_64::*;
 
