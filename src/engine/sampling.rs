@@ -195,7 +195,7 @@ fn nucleus(weights: &[f32], total: f32, top_p: f32) -> usize {
 /// `out[i] = e^((logits[i] - max) / temperature)`, and their sum.
 fn softmax_weights(logits: &[f32], max: f32, temperature: f32, out: &mut [f32]) -> f32 {
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if super::cpu_backend::simd::available() {
         // SAFETY: AVX2 and FMA detected just now; the function checks the lengths.
         return unsafe { super::cpu_backend::simd::softmax_weights(logits, max, temperature, out) };
     }

@@ -1,7 +1,13 @@
 //! Small x86 SIMD helpers the CPU kernels share: a horizontal sum, a vectorized `exp`
-//! (attention's softmax, SwiGLU's sigmoid, the sampler's weights), and the fused
-//! prologues' row arithmetic: SwiGLU's `silu(gate) · up` and RMS norm's sum of squares.
+//! (attention's softmax, SwiGLU's sigmoid, the sampler's weights, logprobs' normalizer),
+//! and the fused prologues' row arithmetic: SwiGLU's `silu(gate) · up` and RMS norm's sum
+//! of squares. Each caller checks [`available`] first and keeps a portable form.
 use std::arch::x86_64::*;
+
+/// Whether this CPU runs the helpers here (AVX2 and FMA; std caches the detection).
+pub fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
 
 /// The sum of a vector's eight lanes.
 ///
@@ -128,6 +134,35 @@ pub unsafe fn softmax_weights(logits: &[f32], max: f32, temperature: f32, out: &
     total
 }
 
+/// `Σ e^((logits[i] - max) / temperature)` as [`softmax_weights`] weighs each value
+/// (masked and NaN logits weigh 0), summed in float64 lanes: logprobs' normalizer, over
+/// tens of thousands of mostly tiny terms.
+///
+/// # Safety
+/// AVX2 and FMA are available.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_sum(logits: &[f32], max: f32, temperature: f32) -> f64 {
+    let (m, t) = (_mm256_set1_ps(max), _mm256_set1_ps(temperature));
+    let (mut low, mut high) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    let body = logits.len() - logits.len() % 8;
+    for c in (0..body).step_by(8) {
+        let e = weight8(_mm256_loadu_ps(logits.as_ptr().add(c)), m, t);
+        low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    let mut lanes = [0f64; 4];
+    _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(low, high));
+    let mut total = lanes.iter().sum::<f64>();
+    if body < logits.len() {
+        let mut l = [f32::NEG_INFINITY; 8];
+        l[..logits.len() - body].copy_from_slice(&logits[body..]);
+        let mut o = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), weight8(_mm256_loadu_ps(l.as_ptr()), m, t));
+        total += o.iter().map(|&w| w as f64).sum::<f64>();
+    }
+    total
+}
+
 /// Eight lanes of [`softmax_weights`]: 0 where the exponent is below -87.3 or NaN.
 #[inline(always)]
 unsafe fn weight8(l: __m256, max: __m256, temperature: __m256) -> __m256 {
@@ -148,14 +183,10 @@ unsafe fn silu_mul8(g: __m256, u: __m256) -> __m256 {
 mod tests {
     use super::*;
 
-    fn simd() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-
     /// `exp` against float64's over the range it claims, and at its edges.
     #[test]
     fn exp_is_within_two_ulp() {
-        if !simd() {
+        if !available() {
             return;
         }
         let mut xs: Vec<f32> = (0..200_000).map(|i| -87.3 + 175.6 * i as f32 / 200_000.0).collect();
@@ -186,7 +217,7 @@ mod tests {
     /// Past its range `exp` saturates as it says: `+inf` high, `e^-87.3` low, NaN kept.
     #[test]
     fn exp_saturates() {
-        if !simd() {
+        if !available() {
             return;
         }
         let x = [88.5, 100.0, 1e30, f32::INFINITY, -100.0, f32::NEG_INFINITY, f32::NAN, 0.0];
@@ -208,7 +239,7 @@ mod tests {
     /// The sum of squares against float64's, at lengths that leave each kind of remainder.
     #[test]
     fn sum_of_squares_matches_float64() {
-        if !simd() {
+        if !available() {
             return;
         }
         for len in [0, 1, 7, 8, 31, 32, 33, 576, 1536, 1543] {
@@ -224,7 +255,7 @@ mod tests {
     /// `-inf`, a logit far below the largest, and NaN weigh exactly 0.
     #[test]
     fn softmax_weights_match_float64_and_masked_tokens_weigh_nothing() {
-        if !simd() {
+        if !available() {
             return;
         }
         let mut logits: Vec<f32> = (0..1003).map(|i| ((i * 37 % 101) as f32 - 50.0) / 5.0).collect();
@@ -257,7 +288,7 @@ mod tests {
     /// either sign, infinities and NaN.
     #[test]
     fn silu_mul_matches_float64() {
-        if !simd() {
+        if !available() {
             return;
         }
         let mut gate: Vec<f32> = (0..4003).map(|i| -30.0 + 60.0 * i as f32 / 4003.0).collect();

@@ -11,7 +11,7 @@ const COLUMNS_PER_TASK: usize = 96;
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        super::simd::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -311,7 +311,7 @@ impl Prologue<'_> {
 /// 8-row down projection's time), else one at a time.
 fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if super::simd::available() {
         // SAFETY: AVX2 and FMA detected just now; silu_mul checks the lengths.
         return unsafe { super::simd::silu_mul(gate, up, out) };
     }
@@ -334,7 +334,7 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// are a chain of 576 dependent adds), else in order.
 fn sum_of_squares(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if super::simd::available() {
         // SAFETY: AVX2 and FMA detected just now.
         return unsafe { super::simd::sum_of_squares(x) };
     }

@@ -47,7 +47,7 @@ pub fn attend(s: Shape, q: &[f32], k: &[f32], v: &[f32], scale: f32, out: &mut [
 pub fn simd() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        super::simd::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
