@@ -39,9 +39,10 @@ fn exp_sum(logits: &[f32], max: f32, t: f32) -> f64 {
 }
 
 /// The `top` largest finite logits' ids, largest first (ties: the lower id first), from
-/// one scan that keeps the best so far in order.
+/// one scan that keeps the best so far in order: an insertion costs up to `top` moves, a
+/// few for the API's at most 20 (`inference::run` refuses more).
 fn best(logits: &[f32], top: usize) -> Vec<u32> {
-    let mut best: Vec<u32> = Vec::with_capacity(top + 1);
+    let mut best: Vec<u32> = Vec::with_capacity(top.min(logits.len()) + 1);
     if top == 0 {
         return best;
     }

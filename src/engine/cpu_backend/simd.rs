@@ -125,9 +125,7 @@ pub unsafe fn softmax_weights(logits: &[f32], max: f32, temperature: f32, out: &
     let mut total = hsum(total);
     if body < out.len() {
         let tail = out.len() - body;
-        let (mut l, mut o) = ([max; 8], [0f32; 8]);
-        l[..tail].copy_from_slice(&logits[body..]);
-        _mm256_storeu_ps(o.as_mut_ptr(), weight8(_mm256_loadu_ps(l.as_ptr()), m, t));
+        let o = tail_weights(&logits[body..], m, t);
         out[body..].copy_from_slice(&o[..tail]);
         total += o[..tail].iter().sum::<f32>();
     }
@@ -154,13 +152,20 @@ pub unsafe fn exp_sum(logits: &[f32], max: f32, temperature: f32) -> f64 {
     _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(low, high));
     let mut total = lanes.iter().sum::<f64>();
     if body < logits.len() {
-        let mut l = [f32::NEG_INFINITY; 8];
-        l[..logits.len() - body].copy_from_slice(&logits[body..]);
-        let mut o = [0f32; 8];
-        _mm256_storeu_ps(o.as_mut_ptr(), weight8(_mm256_loadu_ps(l.as_ptr()), m, t));
-        total += o.iter().map(|&w| w as f64).sum::<f64>();
+        total += tail_weights(&logits[body..], m, t).iter().map(|&w| w as f64).sum::<f64>();
     }
     total
+}
+
+/// [`weight8`] of a last partial eight (`tail`, fewer than eight logits), padded with
+/// `-inf`, which weighs exactly 0.
+#[inline(always)]
+unsafe fn tail_weights(tail: &[f32], max: __m256, temperature: __m256) -> [f32; 8] {
+    let mut l = [f32::NEG_INFINITY; 8];
+    l[..tail.len()].copy_from_slice(tail);
+    let mut o = [0f32; 8];
+    _mm256_storeu_ps(o.as_mut_ptr(), weight8(_mm256_loadu_ps(l.as_ptr()), max, temperature));
+    o
 }
 
 /// Eight lanes of [`softmax_weights`]: 0 where the exponent is below -87.3 or NaN.
