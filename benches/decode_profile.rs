@@ -12,8 +12,8 @@
 //! - the step taken apart, at each row count: each projection's matmuls over the 30 layers
 //!   (random weights of the same shapes and format), the head, the attention op (mlxbar's
 //!   CPU op: RoPE, the cache write and attention, 30 layers), and what is left: the
-//!   embedding, the q|k|v split, the final norm, and MLX's graph building and dispatch for
-//!   every op;
+//!   embedding (for the float32 format also the final norm and the q|k|v split) and MLX's
+//!   graph building and dispatch for every op;
 //! - sampling one token from the vocabulary's logits, greedy, at the API's defaults
 //!   (temperature 1, top_p 1) and with a nucleus (top_p 0.9);
 //! - a step's quantized projections through each kernel this CPU runs (AMX, AVX512-VNNI,
@@ -144,7 +144,7 @@ fn attention_ms(rows: i32, position: i32, iters: usize) -> Option<f64> {
         a.eval().unwrap();
         a
     };
-    let (q, k) = (normal(&[1, rows, HEADS * HEAD_DIM]), normal(&[1, rows, KV_HEADS * HEAD_DIM]));
+    let qkv = normal(&[1, rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM]);
     let caches: Vec<_> = (0..LAYERS)
         .map(|_| (normal(&[rows, KV_HEADS, position + 1, HEAD_DIM]), normal(&[rows, KV_HEADS, position + 1, HEAD_DIM])))
         .collect();
@@ -155,9 +155,7 @@ fn attention_ms(rows: i32, position: i32, iters: usize) -> Option<f64> {
             .iter()
             .map(|(keys, values)| {
                 let a = DecodeAttention {
-                    q: &q,
-                    k: &k,
-                    v: &k,
+                    qkv: &qkv,
                     keys,
                     values,
                     positions: &positions,

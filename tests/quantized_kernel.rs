@@ -20,7 +20,7 @@
 //! The prefill attention op against MLX's own causal attention, on cached prefixes and
 //! grouped heads.
 //! The decode step's attention op (norms, RoPE, the in-place cache write, attention)
-//! against a float64 reference, with the strided inputs the model gives it; refusing cache
+//! against a float64 reference, its q|k|v input a strided view (which the op gathers); refusing cache
 //! buffers it cannot write in place. Both ops on shapes past int32's reach: a packed row of
 //! 2^26 words (its bit count, 2^31, overflowed an `int` in the primitive) computed for
 //! real, and a decode-attention output row of 2^31 values refused before anything is
@@ -396,8 +396,10 @@ fn decode_attention_case((rows, heads, kv_heads, capacity, hd, dims): (usize, us
     let kv_shape = dim(&[rows, kv_heads, capacity, hd]);
     let (ka, va) = (Array::from_slice(&keys, &kv_shape), Array::from_slice(&vals, &kv_shape));
     mlx_rs::transforms::eval([&ka, &va]).unwrap();
-    let projected = Array::from_slice(&qkv, &dim(&[1, rows, width]));
-    let parts = ops::split_at_indices(&projected, &[(heads * hd) as i32, ((heads + kv_heads) * hd) as i32], -1).unwrap();
+    // The projection's output as a strided view (every other row of a wider matrix), which
+    // the op gathers before it reads.
+    let wider: Vec<f32> = qkv.chunks_exact(width).flat_map(|r| r.iter().chain(r.iter()).copied()).collect();
+    let projected = Array::from_slice(&wider, &dim(&[1, rows, 2, width])).index((.., .., 0, ..));
     // positions as column 0 of [rows, 2] (the other column holds 0, a valid position that
     // reading the buffer raw would take).
     let pairs: Vec<i32> = positions.iter().flat_map(|&p| [p, 0]).collect();
@@ -405,9 +407,7 @@ fn decode_attention_case((rows, heads, kv_heads, capacity, hd, dims): (usize, us
     let (qn, kn) = (Array::from_slice(&q_norm, &[hd as i32]), Array::from_slice(&k_norm, &[hd as i32]));
     let rope = cpu_backend::RopeParams { dims: dims as i32, traditional: false, base: 10000.0, position_scale: 1.0, input_scale: 1.0 };
     let out = cpu_backend::decode_attention(&cpu_backend::DecodeAttention {
-        q: &parts[0],
-        k: &parts[1],
-        v: &parts[2],
+        qkv: &projected,
         keys: &ka,
         values: &va,
         positions: &p_view,
@@ -471,9 +471,7 @@ fn decode_attention_refuses_what_it_cannot_write_or_shape() {
         let positions = Array::from_slice(&[0i32], &[1]);
         let rope = cpu_backend::RopeParams { dims: hd.min(64), traditional: false, base: 10000.0, position_scale: 1.0, input_scale: 1.0 };
         cpu_backend::decode_attention(&cpu_backend::DecodeAttention {
-            q,
-            k: q,
-            v: q,
+            qkv: q,
             keys: kv,
             values: kv,
             positions: &positions,
@@ -488,7 +486,7 @@ fn decode_attention_refuses_what_it_cannot_write_or_shape() {
         .unwrap_err()
         .to_string()
     };
-    let q = Array::from_slice(&[0.5f32; 8], &[1, 1, 8]);
+    let q = Array::from_slice(&[0.5f32; 24], &[1, 1, 24]);
     let lazy = Array::from_slice(&[0.5f32; 16], &[1, 1, 2, 8]).multiply(Array::from_f32(2.0)).unwrap();
     assert!(call(&q, &lazy, 1, 8).contains("must be evaluated and dense"));
     let zero = Array::from_f32(0.0);

@@ -91,6 +91,24 @@ struct Ring {
     stats: Arc<ClusterStats>,
 }
 
+/// A decode step's logits, evaluated, `[rows, vocab]` in the batch's row order, read by
+/// the step's own row order without copying the whole (the caller copies each row once,
+/// into the buffer its sequence keeps).
+pub struct StepLogits {
+    logits: Array,
+    /// The batch row of each of the step's rows.
+    order: Vec<usize>,
+}
+
+impl StepLogits {
+    /// Row `i`'s logits (as `decode` was given the rows).
+    pub fn row(&self, i: usize) -> &[f32] {
+        let all = self.logits.as_slice::<f32>();
+        let vocab = all.len() / self.order.len();
+        &all[self.order[i] * vocab..][..vocab]
+    }
+}
+
 impl Executor {
     pub fn new(model: Model, prefix: PrefixCache, link: Option<Link>) -> Executor {
         let rank = link.as_ref().map_or(0, Link::rank);
@@ -138,29 +156,26 @@ impl Executor {
         self.model.head_of_parts(&h, &lens, false)
     }
 
-    /// One decode step: `(id, token)` rows; the logits of each row in that order,
-    /// `[rows * vocab]`. Sequences in the batch but not in `rows` leave it first.
-    pub fn decode(&mut self, rows: &[(u64, u32)]) -> Result<Vec<f32>> {
+    /// One decode step: `(id, token)` rows; their logits ([`StepLogits::row`] by the
+    /// rows' order here). Sequences in the batch but not in `rows` leave it first.
+    pub fn decode(&mut self, rows: &[(u64, u32)]) -> Result<StepLogits> {
         let ids: Vec<u64> = rows.iter().map(|r| r.0).collect();
         self.step_ids = ids.clone();
-        let step = self.arrange(&ids).and_then(|()| {
-            // The batch's row order (sequences that stayed, then those that joined).
-            let order: Vec<usize> = self.batch.ids().iter().map(|id| ids.iter().position(|i| i == id).unwrap()).collect();
-            let tokens: Vec<u32> = order.iter().map(|&i| rows[i].1).collect();
-            let h = self.model.embed_parts(&[&tokens])?;
-            let h = self.pass(Op::Decode { ids: self.batch.ids().to_vec() }, h)?;
-            let logits = self.model.head(&h.reshape(&[rows.len() as i32, self.model.config.hidden_size])?)?;
-            logits.eval()?;
-            Ok((order, logits))
-        });
-        let (order, logits) = step?;
-        let all = logits.as_slice::<f32>();
-        let vocab = all.len() / rows.len();
-        let mut out = vec![0f32; all.len()];
-        for (row, &i) in order.iter().enumerate() {
-            out[i * vocab..(i + 1) * vocab].copy_from_slice(&all[row * vocab..(row + 1) * vocab]);
+        self.arrange(&ids)?;
+        // The batch's row order (sequences that stayed, then those that joined).
+        let at: Vec<usize> = self.batch.ids().iter().map(|id| ids.iter().position(|i| i == id).unwrap()).collect();
+        let tokens: Vec<u32> = at.iter().map(|&i| rows[i].1).collect();
+        let h = self.model.embed_parts(&[&tokens])?;
+        let h = self.pass(Op::Decode { ids: self.batch.ids().to_vec() }, h)?;
+        let logits = self.model.head(&h.reshape(&[rows.len() as i32, self.model.config.hidden_size])?)?;
+        logits.eval()?;
+        // Checked here, inside the caller's guard: `row` then reads it without failing.
+        logits.try_as_slice::<f32>()?;
+        let mut order = vec![0; rows.len()];
+        for (batch_row, &i) in at.iter().enumerate() {
+            order[i] = batch_row;
         }
-        Ok(out)
+        Ok(StepLogits { logits, order })
     }
 
     /// Runs `tokens` after what sequence `id` holds; every position's logits

@@ -325,10 +325,13 @@ pub fn run(mut exec: Executor, codec: Arc<TextCodec>, jobs: mpsc::Receiver<Job>,
                 Ok(logits)
             });
             match result {
-                Ok(all) => {
-                    let vocab = all.len() / rows.len();
-                    for (&(i, token), row) in next.iter().zip(all.chunks(vocab)) {
-                        running[i].logits = row.to_vec();
+                Ok(step) => {
+                    for (row, &(i, token)) in next.iter().enumerate() {
+                        // The sequence's buffer is reused: a fresh vocabulary-sized vector
+                        // each token came from fresh pages.
+                        let logits = &mut running[i].logits;
+                        logits.clear();
+                        logits.extend_from_slice(step.row(row));
                         running[i].tokens.push(token);
                     }
                 }

@@ -114,11 +114,10 @@ pub fn has_decode_attention() -> bool {
 
 /// One decode step's attention for a batch of rows ([`decode_attention`]).
 pub struct DecodeAttention<'a> {
-    /// The new tokens' q `[1, rows, heads·head_dim]`, k and v `[1, rows,
-    /// kv_heads·head_dim]`, as the projection gives them (before norms and RoPE).
-    pub q: &'a Array,
-    pub k: &'a Array,
-    pub v: &'a Array,
+    /// The new tokens' q|k|v `[1, rows, (heads + 2·kv_heads)·head_dim]`: each row's q,
+    /// then k, then v, as the fused projection gives them (before norms and RoPE; one op
+    /// fewer a layer than splitting them first).
+    pub qkv: &'a Array,
     /// The layer's cache buffers `[rows, kv_heads, capacity, head_dim]`, evaluated and
     /// dense: each row's k and v are written at its position, in place.
     pub keys: &'a Array,

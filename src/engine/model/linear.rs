@@ -31,6 +31,15 @@ impl Weight {
         })
     }
 
+    /// `apply(rms_norm(x, norm, eps))`: one op where the CPU kernel runs the weight (the
+    /// norm in its prologue), else MLX's norm first.
+    pub fn apply_normed(&self, x: &Array, norm: &Array, eps: f32) -> Result<Array> {
+        match self {
+            Weight::Quantized(q) if q.cpu_kernel => q.cpu_matmul(x, Prologue::RmsNorm(norm, eps), None),
+            _ => self.apply(&fast::rms_norm(x, Some(norm), eps)?),
+        }
+    }
+
     pub fn out_features(&self) -> i32 {
         match self {
             Weight::Dense(w) => w.shape()[0],
@@ -188,9 +197,9 @@ impl Linear {
 
     /// `forward(rms_norm(x, norm, eps))`.
     pub fn forward_normed(&self, x: &Array, norm: &Array, eps: f32) -> Result<Array> {
-        match self.fusable() {
-            Some(q) => q.cpu_matmul(x, Prologue::RmsNorm(norm, eps), None),
-            None => self.forward(&fast::rms_norm(x, Some(norm), eps)?),
+        match &self.bias {
+            None => self.weight.apply_normed(x, norm, eps),
+            Some(_) => self.forward(&fast::rms_norm(x, Some(norm), eps)?),
         }
     }
 
@@ -250,8 +259,81 @@ impl Embedding {
         })
     }
 
+    /// Rows for `ids` (`[L, hidden]`, float32) dequantized here, where the CPU kernel
+    /// holds the table packed (4 or 8 bits, row-contiguous): MLX's gather and unpacking
+    /// are ~40 ops a step, each a dispatch that costs more than this arithmetic. The same
+    /// values as [`Embedding::lookup`] (`scale · q + bias` in float32, the scales widened
+    /// first); None where it does not apply.
+    pub fn lookup_on_host(&self, ids: &[u32]) -> Result<Option<Array>> {
+        let Weight::Quantized(q) = &self.0 else { return Ok(None) };
+        let Some(biases) = &q.biases else { return Ok(None) };
+        if !q.cpu_kernel || !matches!(q.bits, 4 | 8) || q.weight.ndim() != 2 {
+            return Ok(None);
+        }
+        let Ok(packed) = q.weight.try_as_slice::<u32>() else { return Ok(None) };
+        let (Some(scales), Some(biases)) = (GroupValues::of(&q.scales), GroupValues::of(biases)) else { return Ok(None) };
+        let (vocab, words) = (q.weight.shape()[0] as usize, q.weight.shape()[1] as usize);
+        let (bits, group_size) = (q.bits as usize, q.group_size as usize);
+        let per_word = 32 / bits;
+        let hidden = words * per_word;
+        ensure!(hidden % group_size == 0, "embedding: {hidden} values a row, groups of {group_size}");
+        let groups = hidden / group_size;
+        ensure!(scales.len() == vocab * groups && biases.len() == scales.len(), "embedding: scales for {vocab} × {groups} groups");
+        let mask = (1u32 << bits) - 1;
+        let mut out = vec![0f32; ids.len() * hidden];
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(hidden)) {
+            let id = id as usize;
+            ensure!(id < vocab, "token id {id} outside the vocabulary of {vocab}");
+            let row_words = &packed[id * words..][..words];
+            for (g, values) in row.chunks_exact_mut(group_size).enumerate() {
+                let (scale, bias) = (scales.get(id * groups + g), biases.get(id * groups + g));
+                for (j, v) in values.iter_mut().enumerate() {
+                    let i = g * group_size + j;
+                    let level = (row_words[i / per_word] >> ((i % per_word) * bits)) & mask;
+                    *v = scale * level as f32 + bias;
+                }
+            }
+        }
+        Ok(Some(Array::from_slice(&out, &[ids.len() as i32, hidden as i32])))
+    }
+
     pub fn vocab_size(&self) -> i32 {
         self.0.out_features()
+    }
+}
+
+/// A quantized table's scales or biases as stored, read one at a time as float32.
+enum GroupValues<'a> {
+    F32(&'a [f32]),
+    F16(&'a [half::f16]),
+    Bf16(&'a [half::bf16]),
+}
+
+impl<'a> GroupValues<'a> {
+    /// None for another type or a layout not row-contiguous.
+    fn of(a: &'a Array) -> Option<GroupValues<'a>> {
+        match a.dtype() {
+            Dtype::Float32 => a.try_as_slice().ok().map(GroupValues::F32),
+            Dtype::Float16 => a.try_as_slice().ok().map(GroupValues::F16),
+            Dtype::Bfloat16 => a.try_as_slice().ok().map(GroupValues::Bf16),
+            _ => None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            GroupValues::F32(v) => v.len(),
+            GroupValues::F16(v) => v.len(),
+            GroupValues::Bf16(v) => v.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            GroupValues::F32(v) => v[i],
+            GroupValues::F16(v) => v[i].to_f32(),
+            GroupValues::Bf16(v) => v[i].to_f32(),
+        }
     }
 }
 
@@ -259,4 +341,42 @@ impl Embedding {
 pub fn expect_shape(name: &str, w: &Weight, out_features: i32) -> Result<()> {
     ensure!(w.out_features() == out_features, "{name}: {} output rows, config says {out_features}", w.out_features());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx_rs::{ops, random, Array, Device, Dtype};
+
+    use super::{Embedding, Quantized, Weight};
+    use crate::engine::model::quantized::QuantSpec;
+
+    /// The host lookup gives MLX's dequantized rows bit for bit (so a step's embedding does
+    /// not depend on which path took it), for 4 and 8 bits, each group size and each stored
+    /// scale type, and refuses an id outside the vocabulary.
+    #[test]
+    fn host_lookup_equals_mlx_dequantize() {
+        Device::set_default(&Device::cpu());
+        let table = random::normal::<f32>(&[40, 256][..], 0.0, 0.05, None).unwrap();
+        for (bits, group_size, dtype) in
+            [(4, 32, Dtype::Float16), (8, 32, Dtype::Float16), (4, 64, Dtype::Bfloat16), (8, 128, Dtype::Float32), (4, 128, Dtype::Float32)]
+        {
+            let (wq, scales, biases) = ops::quantize(&table, group_size, bits).unwrap();
+            let (scales, biases) = (scales.as_dtype(dtype).unwrap(), biases.as_dtype(dtype).unwrap());
+            let q = Quantized::new(wq, scales, Some(biases), QuantSpec::affine(group_size, bits)).unwrap();
+            let Weight::Quantized(q) = Weight::Quantized(q).for_cpu().unwrap() else { panic!("stays quantized") };
+            if !q.cpu_kernel {
+                return; // no CPU kernel on this machine: the host path does not apply
+            }
+            let embedding = Embedding(Weight::Quantized(q));
+            let ids = [0u32, 39, 7, 7, 22];
+            let host = embedding.lookup_on_host(&ids).unwrap().expect("the host path applies");
+            let mlx = embedding.lookup(&Array::from_slice(&ids, &[ids.len() as i32])).unwrap();
+            assert_eq!(host.shape(), mlx.shape());
+            let (h, m) = (host.as_slice::<f32>(), mlx.as_slice::<f32>());
+            for (i, (a, b)) in h.iter().zip(m).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{bits} bits, groups of {group_size}, {dtype:?}: value {i}: {a} vs {b}");
+            }
+            assert!(embedding.lookup_on_host(&[40]).unwrap_err().to_string().contains("outside the vocabulary"));
+        }
+    }
 }

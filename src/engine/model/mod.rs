@@ -150,6 +150,16 @@ impl Projections {
         }
     }
 
+    /// [`Projections::forward_normed`]'s outputs side by side on the last axis, as the fused
+    /// projection gives them (no split; projections that could not be fused are joined, one
+    /// op where they took none).
+    fn forward_normed_joined(&self, x: &Array, norm: &Array, eps: f32) -> Result<Array> {
+        match self {
+            Projections::Fused { linear, .. } => linear.forward_normed(x, norm, eps),
+            Projections::Separate(_) => Ok(ops::concatenate(&self.forward_normed(x, norm, eps)?, -1)?),
+        }
+    }
+
     fn linears(&self) -> Vec<&Linear> {
         match self {
             Projections::Fused { linear, .. } => vec![linear],
@@ -548,7 +558,10 @@ impl Model {
     pub fn embed_parts(&self, parts: &[&[u32]]) -> Result<Array> {
         let ids: Vec<u32> = parts.concat();
         anyhow::ensure!(!ids.is_empty(), "no tokens");
-        let h = self.embed(&Array::from_slice(&ids, &[ids.len() as i32]))?;
+        let h = match self.ends()?.embed.lookup_on_host(&ids)? {
+            Some(rows) => self.scale_embedding(rows)?,
+            None => self.embed(&Array::from_slice(&ids, &[ids.len() as i32]))?,
+        };
         Ok(h.reshape(&[1, ids.len() as i32, self.config.hidden_size])?)
     }
 
@@ -605,11 +618,8 @@ impl Model {
     /// Final norm and head over `h` `[rows, hidden]`: logits `[rows, vocab]` (float32, lazy).
     pub fn head(&self, h: &Array) -> Result<Array> {
         let ends = self.ends()?;
-        let h = fast::rms_norm(h, Some(&ends.norm), self.config.rms_norm_eps)?;
-        let logits = match &ends.lm_head {
-            Some(head) => head.apply(&h)?,
-            None => ends.embed.0.apply(&h)?,
-        };
+        let head = ends.lm_head.as_ref().unwrap_or(&ends.embed.0);
+        let logits = head.apply_normed(h, &ends.norm, self.config.rms_norm_eps)?;
         Ok(logits.as_dtype(Dtype::Float32)?)
     }
 
@@ -728,16 +738,13 @@ impl Model {
     fn batched_attention(&self, b: &Block, h: &Array, kv: &mut BatchKv, layer: usize, positions: &Array, mask: &Array) -> Result<Array> {
         let c = &self.config;
         let n = positions.shape()[0];
-        let qkv = b.qkv.forward_normed(h, &b.attn_norm, c.rms_norm_eps)?;
         let scale = self.attn_scale();
         let global = self.slice.layers.start + layer;
         let o = if self.cpu_attention {
             let r = self.layer_rope(global);
             let (keys, values) = kv.buffers(layer);
             super::cpu_backend::decode_attention(&super::cpu_backend::DecodeAttention {
-                q: &qkv[0],
-                k: &qkv[1],
-                v: &qkv[2],
+                qkv: &b.qkv.forward_normed_joined(h, &b.attn_norm, c.rms_norm_eps)?,
                 keys,
                 values,
                 positions,
@@ -751,6 +758,7 @@ impl Model {
             })?
         } else {
             // The batch as n sequences of one token, each row rotated by its own position.
+            let qkv = b.qkv.forward_normed(h, &b.attn_norm, c.rms_norm_eps)?;
             let (q, k, v) = self.heads(b, &qkv, [n, 1], |a| self.rope_rows(a, positions, global))?;
             let (keys, values) = kv.update(layer, &k, &v, positions)?;
             let o = fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, b.sinks.as_ref())?;
@@ -872,7 +880,11 @@ impl Model {
 
     /// Token embeddings, scaled as the family scales them (in their own dtype).
     fn embed(&self, ids: &Array) -> Result<Array> {
-        let h = self.ends()?.embed.lookup(ids)?;
+        self.scale_embedding(self.ends()?.embed.lookup(ids)?)
+    }
+
+    /// The family's embedding scale (Gemma's √hidden) applied to looked-up rows.
+    fn scale_embedding(&self, h: Array) -> Result<Array> {
         Ok(match self.config.style.embed_scale {
             Some(s) => h.multiply(Array::from_f32(s).as_dtype(h.dtype())?)?,
             None => h,

@@ -1,5 +1,5 @@
 //! One decode step's attention on the CPU, as one MLX op (primitive.cpp): for each row of
-//! the batch its new token's q, k and v (straight from the q|k|v projection), the per-head
+//! the batch its new token's q, k and v (the q|k|v projection's output as it is), the per-head
 //! norms when the family has them, RoPE at the row's position, k and v written into the
 //! row's slot of the layer's cache buffers, and the one query attending over the row's
 //! cached keys and values. MLX's composed ops for the same (three slices, three reshapes,
@@ -57,18 +57,19 @@ pub struct Cache<'a> {
 /// `0..=positions[row]` of the row's cache, after the row's new k and v (norm and RoPE
 /// applied to k, as to q) are written at `positions[row]`.
 ///
-/// `q` is `[rows, heads·head_dim]`, `k` and `v` `[rows, kv_heads·head_dim]`.
+/// `qkv` is `[rows, (heads + 2·kv_heads)·head_dim]`: each row's q, then k, then v.
 ///
 /// # Panics
 /// On inconsistent shapes or a position outside the cache (checked first).
 #[allow(clippy::too_many_arguments)]
-pub fn step(s: Shape, prep: Prep, q: &[f32], k: &[f32], v: &[f32], positions: &[i32], scale: f32, cache: Cache, out: &mut [f32]) {
+pub fn step(s: Shape, prep: Prep, qkv: &[f32], positions: &[i32], scale: f32, cache: Cache, out: &mut [f32]) {
     let hd = s.head_dim;
     let dims = usize::try_from(prep.rope.dims).unwrap_or(0);
     assert!(s.kv_heads > 0 && s.heads.is_multiple_of(s.kv_heads) && hd > 0);
     assert!(dims % 2 == 0 && dims > 0 && dims <= hd, "rope: dims {dims} for head_dim {hd}");
-    assert!(q.len() == s.rows * s.heads * hd && out.len() == q.len() && positions.len() == s.rows);
-    assert!(k.len() == s.rows * s.kv_heads * hd && v.len() == k.len());
+    let (qw, kw) = (s.heads * hd, s.kv_heads * hd);
+    let width = qw + 2 * kw;
+    assert!(qkv.len() == s.rows * width && out.len() == s.rows * qw && positions.len() == s.rows);
     assert!(cache.keys.len() == s.rows * s.kv_heads * s.capacity * hd && cache.values.len() == cache.keys.len());
     assert!(positions.iter().all(|&p| p >= 0 && (p as usize) < s.capacity), "a position outside the cache");
     assert!(prep.q_norm.is_none_or(|w| w.len() == hd) && prep.k_norm.is_none_or(|w| w.len() == hd), "a norm of head_dim values");
@@ -83,17 +84,19 @@ pub fn step(s: Shape, prep: Prep, q: &[f32], k: &[f32], v: &[f32], positions: &[
         }
         None => rope::apply(prep.rope, cs, x, out),
     };
-    let mut q_rot = vec![0f32; q.len()];
+    let mut q_rot = vec![0f32; out.len()];
     for row in 0..s.rows {
         let pos = positions[row] as usize;
+        let (q, kv) = qkv[row * width..][..width].split_at(qw);
+        let (k, v) = kv.split_at(kw);
         rope::angles(positions[row] as f32 * prep.rope.position_scale, &inv_freqs, &mut cs);
-        for (x, o) in q[row * s.heads * hd..][..s.heads * hd].chunks_exact(hd).zip(q_rot[row * s.heads * hd..].chunks_exact_mut(hd)) {
+        for (x, o) in q.chunks_exact(hd).zip(q_rot[row * qw..].chunks_exact_mut(hd)) {
             prepare(x, prep.q_norm, &cs, o);
         }
         for h in 0..s.kv_heads {
-            let (src, slot) = ((row * s.kv_heads + h) * hd, ((row * s.kv_heads + h) * s.capacity + pos) * hd);
-            prepare(&k[src..][..hd], prep.k_norm, &cs, &mut cache.keys[slot..][..hd]);
-            cache.values[slot..][..hd].copy_from_slice(&v[src..][..hd]);
+            let slot = ((row * s.kv_heads + h) * s.capacity + pos) * hd;
+            prepare(&k[h * hd..][..hd], prep.k_norm, &cs, &mut cache.keys[slot..][..hd]);
+            cache.values[slot..][..hd].copy_from_slice(&v[h * hd..][..hd]);
         }
     }
     let (keys, values) = (&*cache.keys, &*cache.values);
@@ -148,9 +151,7 @@ pub struct Buffer<T> {
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxbar_decode_attention_run(
     p: &StepParams,
-    q: Buffer<f32>,
-    k: Buffer<f32>,
-    v: Buffer<f32>,
+    qkv: Buffer<f32>,
     positions: Buffer<i32>,
     periods: Buffer<f32>,
     q_norm: Buffer<f32>,
@@ -185,7 +186,7 @@ pub unsafe extern "C" fn mlxbar_decode_attention_run(
             periods: optional(&periods, count(p.rope_dims) / 2, "periods"),
         };
         let n = elems(&[s.rows, s.heads, hd]);
-        let nk = elems(&[s.rows, s.kv_heads, hd]);
+        let nqkv = elems(&[s.rows, s.heads + 2 * s.kv_heads, hd]);
         let kv = elems(&[s.rows, s.kv_heads, s.capacity, hd]);
         let cache = Cache {
             keys: primitive_call::output(keys.ptr.cast_mut(), keys.len, kv, "keys"),
@@ -194,9 +195,7 @@ pub unsafe extern "C" fn mlxbar_decode_attention_run(
         step(
             s,
             prep,
-            primitive_call::input(q.ptr, q.len, n, "q"),
-            primitive_call::input(k.ptr, k.len, nk, "k"),
-            primitive_call::input(v.ptr, v.len, nk, "v"),
+            primitive_call::input(qkv.ptr, qkv.len, nqkv, "qkv"),
             primitive_call::input(positions.ptr, positions.len, s.rows, "positions"),
             p.scale,
             cache,

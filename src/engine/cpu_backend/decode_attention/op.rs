@@ -11,9 +11,7 @@ use crate::engine::cpu_backend::{primitive_call, DecodeAttention};
 extern "C" {
     fn mlxbar_decode_attention(
         res: *mut mlx_array,
-        q: mlx_array,
-        k: mlx_array,
-        v: mlx_array,
+        qkv: mlx_array,
         keys: mlx_array,
         values: mlx_array,
         positions: mlx_array,
@@ -44,9 +42,7 @@ pub fn decode_attention(a: &DecodeAttention) -> Result<Array> {
         primitive_call::new_array(|res, stream, err, err_len| {
             mlxbar_decode_attention(
                 res,
-                a.q.as_ptr(),
-                a.k.as_ptr(),
-                a.v.as_ptr(),
+                a.qkv.as_ptr(),
                 a.keys.as_ptr(),
                 a.values.as_ptr(),
                 a.positions.as_ptr(),

@@ -1,6 +1,6 @@
 // A decode step's attention as an MLX primitive (see decode_attention/mod.rs): inputs the
-// new token's q `[1, rows, heads·head_dim]`, k and v `[1, rows, kv_heads·head_dim]` (any
-// strides), the layer's key and value buffers `[rows, kv_heads, capacity, head_dim]`
+// new token's q|k|v projection `[1, rows, (heads + 2·kv_heads)·head_dim]` (q, then k, then
+// v in each row; any strides), the layer's key and value buffers `[rows, kv_heads, capacity, head_dim]`
 // (evaluated and dense: they are written in place), each row's position (int32 `[rows]`)
 // and, optionally, RoPE's periods `[dims/2]` and the q and k norms' weights
 // `[head_dim]`; output `[1, rows, heads·head_dim]`, the layout the output projection
@@ -41,9 +41,7 @@ struct StepParams {
 // absent one is null. The Rust side checks them against the shapes before it reads.
 extern "C" void mlxbar_decode_attention_run(
     const StepParams* p,
-    mlxbar::Dense<float> q,
-    mlxbar::Dense<float> k,
-    mlxbar::Dense<float> v,
+    mlxbar::Dense<float> qkv,
     mlxbar::Dense<int32_t> positions,
     mlxbar::Dense<float> periods,
     mlxbar::Dense<float> q_norm,
@@ -65,8 +63,7 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
-// Inputs in order: q, k, v, keys, values, positions, then periods, q_norm, k_norm as
-// present.
+// Inputs in order: qkv, keys, values, positions, then periods, q_norm, k_norm as present.
 class DecodeAttention : public mx::UnaryPrimitive {
  public:
   DecodeAttention(mx::Stream stream, Config c) : mx::UnaryPrimitive(stream), c_(c) {}
@@ -77,11 +74,10 @@ class DecodeAttention : public mx::UnaryPrimitive {
     for (const auto& in : inputs) enc.set_input_array(in);
     enc.set_output_array(out);
     enc.dispatch([inputs, c = c_, op = out.data<float>(), out_len = static_cast<int64_t>(out.size())]() {
-      // Row-major data of the inputs read, gathered when a view is strided (q, k and v are
-      // columns of the q|k|v projection's output).
-      std::vector<float> qc, kc, vc, fc, qnc, knc;
+      // Row-major data of the inputs read, gathered when a view is strided.
+      std::vector<float> qkvc, fc, qnc, knc;
       std::vector<int32_t> pc;
-      size_t next = 6;
+      size_t next = 4;
       auto optional = [&](bool present, std::vector<float>& copy) {
         return present ? mlxbar::dense(inputs[next++], copy) : mlxbar::Dense<float>{nullptr, 0};
       };
@@ -94,9 +90,8 @@ class DecodeAttention : public mx::UnaryPrimitive {
         return mlxbar::Dense<float>{a.data<float>(), static_cast<int64_t>(a.data_size())};
       };
       mlxbar_decode_attention_run(
-          &c.step, mlxbar::dense(inputs[0], qc), mlxbar::dense(inputs[1], kc), mlxbar::dense(inputs[2], vc),
-          mlxbar::dense(inputs[5], pc), periods, q_norm, k_norm, buffer(inputs[3]), buffer(inputs[4]),
-          mlxbar::Dense<float>{op, out_len});
+          &c.step, mlxbar::dense(inputs[0], qkvc), mlxbar::dense(inputs[3], pc), periods, q_norm, k_norm,
+          buffer(inputs[1]), buffer(inputs[2]), mlxbar::Dense<float>{op, out_len});
     });
   }
 
@@ -113,7 +108,7 @@ class DecodeAttention : public mx::UnaryPrimitive {
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
+    return {{1, inputs[0].shape(1), static_cast<int>(c_.step.heads * c_.step.head_dim)}};
   }
 
  private:
@@ -129,9 +124,7 @@ void check_buffer(const mx::array& a, const char* what) {
 }
 
 mx::array decode_attention(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
+    const mx::array& qkv,
     const mx::array& keys,
     const mx::array& values,
     const mx::array& positions,
@@ -140,12 +133,12 @@ mx::array decode_attention(
     const mx::array* k_norm,
     Config c,
     mx::Stream s) {
-  std::vector<mx::array> inputs = {q, k, v, keys, values, positions};
+  std::vector<mx::array> inputs = {qkv, keys, values, positions};
   for (const auto* a : {periods, q_norm, k_norm}) {
     if (a) inputs.push_back(*a);
   }
   for (const auto& a : inputs) {
-    if (a.dtype() != (&a == &inputs[5] ? mx::int32 : mx::float32)) {
+    if (a.dtype() != (&a == &inputs[3] ? mx::int32 : mx::float32)) {
       throw std::invalid_argument("decode_attention: positions must be int32, every other input float32");
     }
   }
@@ -158,12 +151,12 @@ mx::array decode_attention(
   const auto is_token = [&](const mx::array& a, int64_t w) {
     return a.ndim() == 3 && a.shape(0) == 1 && a.shape(1) == rows && a.shape(2) == w;
   };
-  if (rows < 1 || values.shape() != keys.shape() || kv_heads < 1 || c.step.heads % kv_heads != 0 || !is_token(q, width) ||
-      !is_token(k, kv_heads * hd) || !is_token(v, kv_heads * hd) || positions.ndim() != 1 || positions.shape(0) != rows ||
+  if (rows < 1 || values.shape() != keys.shape() || kv_heads < 1 || c.step.heads % kv_heads != 0 ||
+      !is_token(qkv, width + 2 * kv_heads * hd) || positions.ndim() != 1 || positions.shape(0) != rows ||
       c.step.rope_dims <= 0 || c.step.rope_dims % 2 != 0 || c.step.rope_dims > hd ||
       (periods && periods->size() != size_t(c.step.rope_dims / 2)) ||
       (q_norm && q_norm->size() != size_t(hd)) || (k_norm && k_norm->size() != size_t(hd))) {
-    throw std::invalid_argument("decode_attention: shapes of q, k, v, the cache, positions, periods and norms disagree");
+    throw std::invalid_argument("decode_attention: shapes of q|k|v, the cache, positions, periods and norms disagree");
   }
   check_buffer(keys, "keys");
   check_buffer(values, "values");
@@ -174,7 +167,7 @@ mx::array decode_attention(
   c.has_periods = periods != nullptr;
   c.has_q_norm = q_norm != nullptr;
   c.has_k_norm = k_norm != nullptr;
-  return mx::array(q.shape(), mx::float32, std::make_shared<DecodeAttention>(s, c), std::move(inputs));
+  return mx::array({1, static_cast<int>(rows), static_cast<int>(width)}, mx::float32, std::make_shared<DecodeAttention>(s, c), std::move(inputs));
 }
 
 const mx::array* optional(const mlx_array& a) {
@@ -187,9 +180,7 @@ const mx::array* optional(const mlx_array& a) {
 // `q_norm` and `k_norm` may be empty handles (ctx null).
 extern "C" int mlxbar_decode_attention(
     mlx_array* res,
-    mlx_array q,
-    mlx_array k,
-    mlx_array v,
+    mlx_array qkv,
     mlx_array keys,
     mlx_array values,
     mlx_array positions,
@@ -211,7 +202,7 @@ extern "C" int mlxbar_decode_attention(
     // The shapes are filled in from the cache buffers'.
     Config c = {{0, heads, 0, 0, 0, rope_dims, traditional, base, position_scale, input_scale, eps, scale}, false, false, false};
     return decode_attention(
-        mlx_array_get_(q), mlx_array_get_(k), mlx_array_get_(v), mlx_array_get_(keys), mlx_array_get_(values),
+        mlx_array_get_(qkv), mlx_array_get_(keys), mlx_array_get_(values),
         mlx_array_get_(positions), optional(periods), optional(q_norm), optional(k_norm), c, mlx_stream_get_(stream));
   });
 }
