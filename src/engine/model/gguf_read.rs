@@ -178,7 +178,7 @@ mod tests {
         let d = f16::from_f32(0.375);
         let m = f16::from_f32(-1.25);
         let kvalues = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
-        let signed: [i8; 32] = std::array::from_fn(|j| (j as i8 * 9) - 100);
+        let signed: [i8; 32] = std::array::from_fn(|j| (j as i8).wrapping_mul(9).wrapping_sub(100));
         let cases: Vec<(&'static str, u32, Vec<u8>, Vec<f32>)> = vec![
             ("Q4_0", 2, [&d.to_le_bytes()[..], &qs].concat(), (0..32).map(|j| (nibble(j) - 8) as f32 * 0.375).collect()),
             ("Q4_1", 3, [&d.to_le_bytes()[..], &m.to_le_bytes(), &qs].concat(), (0..32).map(|j| nibble(j) as f32 * 0.375 - 1.25).collect()),
