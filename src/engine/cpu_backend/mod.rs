@@ -50,6 +50,58 @@ pub fn quantized_kernel(bits: i32, group_size: i32) -> Option<&'static str> {
     None
 }
 
+/// Rows `ids` of a packed affine-quantized table (`packed` `[vocab, k·bits/32]`, `scales`
+/// and `biases` `[vocab, k/group_size]` as stored) dequantized on the host, `[ids, k]`
+/// float32, the values MLX's `dequantize` gives: for a step's embedding, where MLX's gather
+/// and unpacking are ~40 ops, each a dispatch that costs more than this arithmetic. None
+/// where [`quantized_kernel`] does not hold such a table (another platform, bits or group
+/// size, a scale type other than float32, float16 and bfloat16, a layout not
+/// row-contiguous); an error for an id outside the table.
+pub fn dequantize_rows(packed: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32, ids: &[u32]) -> Result<Option<Array>> {
+    #[cfg(target_os = "linux")]
+    {
+        fn rows<S: affine_qmm::Scale + mlx_rs::ArrayElement>(
+            packed: &[u32],
+            scales: &Array,
+            biases: &Array,
+            shape: [usize; 4],
+            ids: &[u32],
+        ) -> Result<Option<Array>> {
+            let [n, k, group_size, bits] = shape;
+            let (Ok(scales), Ok(biases)) = (scales.try_as_slice::<S>(), biases.try_as_slice::<S>()) else { return Ok(None) };
+            anyhow::ensure!(k % group_size == 0, "{k} values a row, groups of {group_size}");
+            anyhow::ensure!(
+                packed.len() == n * k * bits / 32 && scales.len() == n * k / group_size && biases.len() == scales.len(),
+                "a quantized table's parts disagree"
+            );
+            let w = affine_qmm::Weights { packed, scales, biases, n, k, group_size, bits: bits as u32 };
+            let mut out = vec![0f32; ids.len() * k];
+            for (&id, row) in ids.iter().zip(out.chunks_exact_mut(k)) {
+                anyhow::ensure!((id as usize) < n, "token id {id} outside the vocabulary of {n}");
+                w.dequantize_row(id as usize, row);
+            }
+            Ok(Some(Array::from_slice(&out, &[ids.len() as i32, k as i32])))
+        }
+        if !affine_qmm::supports(bits, group_size) || packed.ndim() != 2 {
+            return Ok(None);
+        }
+        let Ok(words) = packed.try_as_slice::<u32>() else { return Ok(None) };
+        let (n, k) = (packed.shape()[0] as usize, packed.shape()[1] as usize * 32 / bits as usize);
+        let shape = [n, k, group_size as usize, bits as usize];
+        match scales.dtype() {
+            mlx_rs::Dtype::Float32 => rows::<f32>(words, scales, biases, shape, ids),
+            mlx_rs::Dtype::Float16 => rows::<half::f16>(words, scales, biases, shape, ids),
+            mlx_rs::Dtype::Bfloat16 => rows::<half::bf16>(words, scales, biases, shape, ids),
+            _ => Ok(None),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (packed, scales, biases, group_size, bits, ids);
+        Ok(None)
+    }
+}
+
 /// Whether [`quantized_kernel`] beats float32 weights with BLAS on this machine: the SIMD
 /// kernel reads a quarter to an eighth of the bytes at the same arithmetic, the portable
 /// one does not, so that one is measured against float32 once.

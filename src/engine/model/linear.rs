@@ -259,81 +259,21 @@ impl Embedding {
         })
     }
 
-    /// Rows for `ids` (`[L, hidden]`, float32) dequantized here, where the CPU kernel
-    /// holds the table packed (4 or 8 bits, row-contiguous): MLX's gather and unpacking
-    /// are ~40 ops a step, each a dispatch that costs more than this arithmetic. The same
-    /// values as [`Embedding::lookup`] (`scale · q + bias` in float32, the scales widened
-    /// first); None where it does not apply.
+    /// Rows for `ids` (`[L, hidden]`, float32) dequantized on the host where the CPU
+    /// kernel holds the table packed ([`crate::engine::cpu_backend::dequantize_rows`]): the
+    /// same values as [`Embedding::lookup`] without MLX's ~40 ops; None where it does not
+    /// apply.
     pub fn lookup_on_host(&self, ids: &[u32]) -> Result<Option<Array>> {
-        let Weight::Quantized(q) = &self.0 else { return Ok(None) };
-        let Some(biases) = &q.biases else { return Ok(None) };
-        if !q.cpu_kernel || !matches!(q.bits, 4 | 8) || q.weight.ndim() != 2 {
-            return Ok(None);
-        }
-        let Ok(packed) = q.weight.try_as_slice::<u32>() else { return Ok(None) };
-        let (Some(scales), Some(biases)) = (GroupValues::of(&q.scales), GroupValues::of(biases)) else { return Ok(None) };
-        let (vocab, words) = (q.weight.shape()[0] as usize, q.weight.shape()[1] as usize);
-        let (bits, group_size) = (q.bits as usize, q.group_size as usize);
-        let per_word = 32 / bits;
-        let hidden = words * per_word;
-        ensure!(hidden % group_size == 0, "embedding: {hidden} values a row, groups of {group_size}");
-        let groups = hidden / group_size;
-        ensure!(scales.len() == vocab * groups && biases.len() == scales.len(), "embedding: scales for {vocab} × {groups} groups");
-        let mask = (1u32 << bits) - 1;
-        let mut out = vec![0f32; ids.len() * hidden];
-        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(hidden)) {
-            let id = id as usize;
-            ensure!(id < vocab, "token id {id} outside the vocabulary of {vocab}");
-            let row_words = &packed[id * words..][..words];
-            for (g, values) in row.chunks_exact_mut(group_size).enumerate() {
-                let (scale, bias) = (scales.get(id * groups + g), biases.get(id * groups + g));
-                for (j, v) in values.iter_mut().enumerate() {
-                    let i = g * group_size + j;
-                    let level = (row_words[i / per_word] >> ((i % per_word) * bits)) & mask;
-                    *v = scale * level as f32 + bias;
-                }
+        match &self.0 {
+            Weight::Quantized(Quantized { weight, scales, biases: Some(biases), group_size, bits, cpu_kernel: true, .. }) => {
+                crate::engine::cpu_backend::dequantize_rows(weight, scales, biases, *group_size, *bits, ids)
             }
+            _ => Ok(None),
         }
-        Ok(Some(Array::from_slice(&out, &[ids.len() as i32, hidden as i32])))
     }
 
     pub fn vocab_size(&self) -> i32 {
         self.0.out_features()
-    }
-}
-
-/// A quantized table's scales or biases as stored, read one at a time as float32.
-enum GroupValues<'a> {
-    F32(&'a [f32]),
-    F16(&'a [half::f16]),
-    Bf16(&'a [half::bf16]),
-}
-
-impl<'a> GroupValues<'a> {
-    /// None for another type or a layout not row-contiguous.
-    fn of(a: &'a Array) -> Option<GroupValues<'a>> {
-        match a.dtype() {
-            Dtype::Float32 => a.try_as_slice().ok().map(GroupValues::F32),
-            Dtype::Float16 => a.try_as_slice().ok().map(GroupValues::F16),
-            Dtype::Bfloat16 => a.try_as_slice().ok().map(GroupValues::Bf16),
-            _ => None,
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            GroupValues::F32(v) => v.len(),
-            GroupValues::F16(v) => v.len(),
-            GroupValues::Bf16(v) => v.len(),
-        }
-    }
-
-    fn get(&self, i: usize) -> f32 {
-        match self {
-            GroupValues::F32(v) => v[i],
-            GroupValues::F16(v) => v[i].to_f32(),
-            GroupValues::Bf16(v) => v[i].to_f32(),
-        }
     }
 }
 

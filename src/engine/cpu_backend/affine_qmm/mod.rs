@@ -260,6 +260,22 @@ pub struct Weights<'a, S: Scale = f32> {
     pub bits: u32,
 }
 
+impl<S: Scale> Weights<'_, S> {
+    /// Row `j` dequantized into `out` (`k` values): `scale · q + bias` per group in
+    /// float32, as MLX's `dequantize` computes it (the same bits).
+    pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
+        let (k, gs) = (self.k, self.group_size);
+        let (groups, words) = (k / gs, k * self.bits as usize / 32);
+        let row = &self.packed[j * words..][..words];
+        for (g, values) in out[..k].chunks_exact_mut(gs).enumerate() {
+            let (scale, bias) = (self.scales[j * groups + g].to_f32(), self.biases[j * groups + g].to_f32());
+            for (i, v) in values.iter_mut().enumerate() {
+                *v = scale * scalar::value(row, g * gs + i, self.bits) as f32 + bias;
+            }
+        }
+    }
+}
+
 /// What the product does to its input first and its output last.
 #[derive(Clone, Copy, Default)]
 pub struct Fusion<'a> {

@@ -7,7 +7,7 @@ use super::activations::{slot, Activations, Layout, BLOCK};
 use super::{Out, Scale, Weights};
 
 /// Value `i` of a packed weight row.
-fn value(row: &[u32], i: usize, bits: u32) -> i32 {
+pub(super) fn value(row: &[u32], i: usize, bits: u32) -> i32 {
     let per_word = (32 / bits) as usize;
     ((row[i / per_word] >> ((i % per_word) as u32 * bits)) & ((1 << bits) - 1)) as i32
 }
