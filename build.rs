@@ -18,6 +18,7 @@ fn compile_primitives() {
     const SRC: &[&str] = &[
         "src/engine/cpu_backend/affine_qmm/primitive.cpp",
         "src/engine/cpu_backend/decode_attention/primitive.cpp",
+        "src/engine/cpu_backend/decode_block/primitive.cpp",
         "src/engine/cpu_backend/prefill_attention/primitive.cpp",
         "src/engine/cpu_backend/rope/primitive.cpp",
         "src/engine/cpu_backend/primitive.h",

@@ -156,16 +156,18 @@ fn attention_ms(rows: i32, position: i32, iters: usize) -> Option<f64> {
             .map(|(keys, values)| {
                 let a = DecodeAttention {
                     qkv: &qkv,
-                    keys,
-                    values,
-                    positions: &positions,
-                    heads: HEADS,
-                    q_norm: None,
-                    k_norm: None,
-                    eps: 1e-5,
-                    rope,
-                    periods: None,
-                    scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+                    step: cpu::AttentionStep {
+                        keys,
+                        values,
+                        positions: &positions,
+                        heads: HEADS,
+                        q_norm: None,
+                        k_norm: None,
+                        eps: 1e-5,
+                        rope,
+                        periods: None,
+                        scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+                    },
                 };
                 cpu::decode_attention(&a).unwrap()
             })

@@ -21,7 +21,8 @@
 //! grouped heads.
 //! The decode step's attention op (norms, RoPE, the in-place cache write, attention)
 //! against a float64 reference, its q|k|v input a strided view (which the op gathers); refusing cache
-//! buffers it cannot write in place. Both ops on shapes past int32's reach: a packed row of
+//! buffers it cannot write in place. A dense block's decode step as one op against its five
+//! ops apart, bit for bit. Both ops on shapes past int32's reach: a packed row of
 //! 2^26 words (its bit count, 2^31, overflowed an `int` in the primitive) computed for
 //! real, and a decode-attention output row of 2^31 values refused before anything is
 //! allocated.
@@ -408,16 +409,18 @@ fn decode_attention_case((rows, heads, kv_heads, capacity, hd, dims): (usize, us
     let rope = cpu_backend::RopeParams { dims: dims as i32, traditional: false, base: 10000.0, position_scale: 1.0, input_scale: 1.0 };
     let out = cpu_backend::decode_attention(&cpu_backend::DecodeAttention {
         qkv: &projected,
-        keys: &ka,
-        values: &va,
-        positions: &p_view,
-        heads: heads as i32,
-        q_norm: Some(&qn),
-        k_norm: Some(&kn),
-        eps: 1e-6,
-        rope,
-        periods: None,
-        scale,
+        step: cpu_backend::AttentionStep {
+            keys: &ka,
+            values: &va,
+            positions: &p_view,
+            heads: heads as i32,
+            q_norm: Some(&qn),
+            k_norm: Some(&kn),
+            eps: 1e-6,
+            rope,
+            periods: None,
+            scale,
+        },
     })
     .unwrap();
     out.eval().unwrap();
@@ -472,16 +475,18 @@ fn decode_attention_refuses_what_it_cannot_write_or_shape() {
         let rope = cpu_backend::RopeParams { dims: hd.min(64), traditional: false, base: 10000.0, position_scale: 1.0, input_scale: 1.0 };
         cpu_backend::decode_attention(&cpu_backend::DecodeAttention {
             qkv: q,
-            keys: kv,
-            values: kv,
-            positions: &positions,
-            heads,
-            q_norm: None,
-            k_norm: None,
-            eps: 1e-6,
-            rope,
-            periods: None,
-            scale: 1.0,
+            step: cpu_backend::AttentionStep {
+                keys: kv,
+                values: kv,
+                positions: &positions,
+                heads,
+                q_norm: None,
+                k_norm: None,
+                eps: 1e-6,
+                rope,
+                periods: None,
+                scale: 1.0,
+            },
         })
         .unwrap_err()
         .to_string()
@@ -572,4 +577,123 @@ fn doctor_names_the_kernels() {
     let amx = ["amx_tile", "amx_int8"].iter().all(|f| flags.split_whitespace().any(|w| w == *f));
     assert_eq!(line.contains("AMX int8 tiles"), amx && want == "AVX512-VNNI", "AMX flags {amx}: {line}");
     assert!(line.contains("decode attention: mlxbar's"), "{line}");
+}
+
+/// A dense block's decode step as one op (`decode_block`) gives what its five ops apart
+/// give (the q|k|v, o, gate|up and down projections with their fusions, and the decode
+/// attention), bit for bit, in its output and in the cache it writes; with and without the
+/// per-head q and k norms, projections of mixed formats (4 and 8 bits, groups of 32 and
+/// 64, float16, bfloat16 and float32 scales), rows at different positions. Refused when a
+/// projection does not fit the block.
+#[test]
+fn decode_block_equals_its_five_ops() {
+    Device::set_default(&Device::cpu());
+    let (rows, heads, kv_heads, hd, capacity, hidden, ff) = (3i32, 4i32, 2i32, 32i32, 8i32, 128i32, 96i32);
+    let width = heads * hd;
+    let mut draw = uniform(21);
+    let mut array = |shape: &[i32]| Array::from_slice(&draw(shape.iter().product::<i32>() as usize), shape);
+    // (rows out, columns in, bits, group size, scale type) of q|k|v, o, gate|up, down.
+    let formats = [
+        (width + 2 * kv_heads * hd, hidden, 4, 64, Dtype::Float16),
+        (hidden, width, 8, 32, Dtype::Bfloat16),
+        (2 * ff, hidden, 4, 32, Dtype::Float16),
+        (hidden, ff, 4, 32, Dtype::Float32),
+    ];
+    let weights: Vec<(Array, Array, Array, i32, i32)> = formats
+        .iter()
+        .map(|&(n, k, bits, gs, dtype)| {
+            let (w, s, b) = ops::quantize(array(&[n, k]).multiply(Array::from_f32(0.1)).unwrap(), gs, bits).unwrap();
+            let (s, b) = (s.as_dtype(dtype).unwrap(), b.as_dtype(dtype).unwrap());
+            mlx_rs::transforms::eval([&w, &s, &b]).unwrap();
+            (w, s, b, gs, bits)
+        })
+        .collect();
+    let arrays = |i: usize| {
+        let (w, s, b, group_size, bits) = &weights[i];
+        cpu_backend::QuantizedArrays { weight: w, scales: s, biases: b, group_size: *group_size, bits: *bits }
+    };
+    let (attn_norm, mlp_norm) = (array(&[hidden]).add(Array::from_f32(1.5)).unwrap(), array(&[hidden]).add(Array::from_f32(1.5)).unwrap());
+    let (q_norm, k_norm) = (array(&[hd]).add(Array::from_f32(1.5)).unwrap(), array(&[hd]).add(Array::from_f32(1.5)).unwrap());
+    let h = array(&[1, rows, hidden]);
+    let positions = Array::from_slice(&[0i32, 5, 7], &[rows]);
+    let cache_data = draw((rows * kv_heads * capacity * hd * 2) as usize);
+    let cache = |half: usize| {
+        let n = cache_data.len() / 2;
+        let a = Array::from_slice(&cache_data[half * n..][..n], &[rows, kv_heads, capacity, hd]);
+        a.eval().unwrap();
+        a
+    };
+    mlx_rs::transforms::eval([&attn_norm, &mlp_norm, &q_norm, &k_norm, &h]).unwrap();
+    let rope = cpu_backend::RopeParams { dims: hd, traditional: false, base: 10000.0, position_scale: 1.0, input_scale: 1.0 };
+    for norms in [false, true] {
+        let (fused_keys, fused_values, apart_keys, apart_values) = (cache(0), cache(1), cache(0), cache(1));
+        let step = |keys, values| cpu_backend::AttentionStep {
+            keys,
+            values,
+            positions: &positions,
+            heads,
+            q_norm: norms.then_some(&q_norm),
+            k_norm: norms.then_some(&k_norm),
+            eps: 1e-5,
+            rope,
+            periods: None,
+            scale: 0.2,
+        };
+        let fused = cpu_backend::decode_block(&cpu_backend::DecodeBlock {
+            h: &h,
+            attn_norm: &attn_norm,
+            mlp_norm: &mlp_norm,
+            qkv: arrays(0),
+            o: arrays(1),
+            gate_up: arrays(2),
+            down: arrays(3),
+            attention: step(&fused_keys, &fused_values),
+        })
+        .unwrap();
+        fused.eval().unwrap();
+        let qmm = |x: &Array, i: usize, prologue, residual| {
+            let (w, s, b, gs, bits) = &weights[i];
+            cpu_backend::quantized_matmul(x, w, s, b, *gs, *bits, prologue, residual).unwrap()
+        };
+        let qkv = qmm(&h, 0, Prologue::RmsNorm(&attn_norm, 1e-5), None);
+        let attention =
+            cpu_backend::decode_attention(&cpu_backend::DecodeAttention { qkv: &qkv, step: step(&apart_keys, &apart_values) }).unwrap();
+        let h1 = qmm(&attention, 1, Prologue::None, Some(&h));
+        let gate_up = qmm(&h1, 2, Prologue::RmsNorm(&mlp_norm, 1e-5), None);
+        let apart = qmm(&gate_up, 3, Prologue::SwiGlu, Some(&h1));
+        apart.eval().unwrap();
+        assert_eq!(fused.shape(), &[1, rows, hidden]);
+        // The first element whose bits differ, if any.
+        let differ =
+            |a: &Array, b: &Array| a.as_slice::<f32>().iter().zip(b.as_slice::<f32>()).position(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(differ(&fused, &apart), None, "the block's output (q and k norms: {norms})");
+        assert_eq!(differ(&fused_keys, &apart_keys), None, "the keys written (q and k norms: {norms})");
+        assert_eq!(differ(&fused_values, &apart_values), None, "the values written (q and k norms: {norms})");
+        assert!(differ(&fused_keys, &cache(0)).is_some(), "the step wrote its keys");
+    }
+    // o with the MLP's width where the attention's goes.
+    let (keys, values) = (cache(0), cache(1));
+    let err = cpu_backend::decode_block(&cpu_backend::DecodeBlock {
+        h: &h,
+        attn_norm: &attn_norm,
+        mlp_norm: &mlp_norm,
+        qkv: arrays(0),
+        o: arrays(3),
+        gate_up: arrays(2),
+        down: arrays(3),
+        attention: cpu_backend::AttentionStep {
+            keys: &keys,
+            values: &values,
+            positions: &positions,
+            heads,
+            q_norm: None,
+            k_norm: None,
+            eps: 1e-5,
+            rope,
+            periods: None,
+            scale: 0.2,
+        },
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("the o projection's weight"), "{err}");
 }

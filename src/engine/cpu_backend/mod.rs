@@ -6,7 +6,8 @@
 //! affine-quantized weights is naive and single-threaded, so quantized projections run
 //! [`affine_qmm`] instead, an MLX primitive of our own; a decode step's attention is one
 //! op of ours too ([`decode_attention`]: norms, RoPE, the cache write and attention, where
-//! MLX's composed ops make about twenty a layer), and so is prefill's RoPE ([`rope`]: one
+//! MLX's composed ops make about twenty a layer), as is a dense block's whole decode step
+//! ([`decode_block`]: those five ops as one), and so is prefill's RoPE ([`rope`]: one
 //! op where the fallback makes about 28), and a prefill chunk's attention
 //! ([`prefill_attention`]: MLX's fallback materializes the scores and runs a scalar
 //! `exp`). They split their work across the cores with [`pool`]. macOS runs Metal as MLX
@@ -16,7 +17,11 @@ pub mod affine_qmm;
 #[cfg(target_os = "linux")]
 pub mod decode_attention;
 #[cfg(target_os = "linux")]
+pub mod decode_block;
+#[cfg(target_os = "linux")]
 pub mod gemv_forward;
+#[cfg(target_os = "linux")]
+pub mod huge_pages;
 #[cfg(target_os = "linux")]
 pub mod pool;
 #[cfg(target_os = "linux")]
@@ -102,6 +107,22 @@ pub fn dequantize_rows(packed: &Array, scales: &Array, biases: &Array, group_siz
     }
 }
 
+/// Moves the backing of `arrays`' buffers (a loaded model's weights, evaluated) onto 2 MiB
+/// pages where the kernel allows ([`huge_pages`]): what a decode step streams then costs a
+/// TLB miss per 2 MiB instead of per 4 KiB. Bytes placed and their total; None off Linux.
+pub fn weights_on_huge_pages(arrays: &[&Array]) -> Option<(usize, usize)> {
+    #[cfg(target_os = "linux")]
+    {
+        let placed = huge_pages::place(arrays);
+        Some((placed.huge, placed.total))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = arrays;
+        None
+    }
+}
+
 /// Whether [`quantized_kernel`] beats float32 weights with BLAS on this machine: the SIMD
 /// kernel reads a quarter to an eighth of the bytes at the same arithmetic, the portable
 /// one does not, so that one is measured against float32 once.
@@ -170,6 +191,12 @@ pub struct DecodeAttention<'a> {
     /// then k, then v, as the fused projection gives them (before norms and RoPE; one op
     /// fewer a layer than splitting them first).
     pub qkv: &'a Array,
+    pub step: AttentionStep<'a>,
+}
+
+/// What a decode step's attention needs besides q|k|v: the cache, the positions, the
+/// norms and RoPE of q and k.
+pub struct AttentionStep<'a> {
     /// The layer's cache buffers `[rows, kv_heads, capacity, head_dim]`, evaluated and
     /// dense: each row's k and v are written at its position, in place.
     pub keys: &'a Array,
@@ -185,6 +212,47 @@ pub struct DecodeAttention<'a> {
     /// Per-pair periods replacing RoPE's base.
     pub periods: Option<&'a Array>,
     pub scale: f32,
+}
+
+/// A projection's arrays as MLX's affine quantization holds them, for [`decode_block`].
+pub struct QuantizedArrays<'a> {
+    pub weight: &'a Array,
+    pub scales: &'a Array,
+    pub biases: &'a Array,
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+/// One decode step's whole dense block for a batch of rows ([`decode_block`]).
+pub struct DecodeBlock<'a> {
+    /// The block's input `[1, rows, hidden]`.
+    pub h: &'a Array,
+    /// The RMS norms before the attention and the MLP (`[hidden]`; epsilon the attention's).
+    pub attn_norm: &'a Array,
+    pub mlp_norm: &'a Array,
+    /// q|k|v fused, o, gate|up fused (`[gate | up]`), down; each one [`quantized_kernel`]
+    /// runs.
+    pub qkv: QuantizedArrays<'a>,
+    pub o: QuantizedArrays<'a>,
+    pub gate_up: QuantizedArrays<'a>,
+    pub down: QuantizedArrays<'a>,
+    pub attention: AttentionStep<'a>,
+}
+
+/// `h' + down(silu(gate) · up)` of `rms_norm(h')`, `h' = h + o(attention)` of
+/// `rms_norm(h)`'s q|k|v: a dense block's decode step as one op (`[1, rows, hidden]`), the
+/// same work and bits as its five ops apart ([`decode_attention`] and four
+/// [`quantized_matmul`]s). Only where [`has_decode_attention`].
+pub fn decode_block(b: &DecodeBlock) -> Result<Array> {
+    #[cfg(target_os = "linux")]
+    {
+        decode_block::op::decode_block(b)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = b;
+        anyhow::bail!("no CPU decode block on this platform")
+    }
 }
 
 /// Norms, RoPE, the cache write and attention of one decode step as one op: `[1, rows,

@@ -16,6 +16,25 @@
 #include "mlx/array.h"
 #include "mlx/c/private/array.h"
 
+// A decode step's attention shapes and constants, the Rust side's
+// `decode_attention::StepParams` (repr(C)): decode_attention's op and decode_block's.
+struct StepParams {
+  int64_t rows;
+  int64_t heads;
+  int64_t kv_heads;
+  int64_t capacity;
+  int64_t head_dim;
+  int64_t rope_dims;
+  bool traditional;
+  float base;
+  float position_scale;
+  float input_scale;
+  float eps;
+  float scale;
+
+  bool operator==(const StepParams&) const = default;
+};
+
 namespace mlxbar {
 
 // Row-major data and how many elements of T the pointer may be read for.
@@ -64,6 +83,48 @@ inline int dim(int64_t v, const char* what) {
     throw std::invalid_argument(std::string(what) + ": a dimension of " + std::to_string(v) + " does not fit in int32");
   }
   return static_cast<int>(v);
+}
+
+// A decode step's attention inputs checked against `step`'s heads and RoPE, and the shapes
+// filled in from the cache's: `keys` and `values` `[rows, kv_heads, capacity, head_dim]`,
+// evaluated and dense (the ops write them in place), int32 `positions` `[rows]`, float32
+// `periods` `[rope_dims/2]` and norms `[head_dim]` when present. `op` names the op in errors.
+inline void attention_step(
+    StepParams& step,
+    const mlx::core::array& keys,
+    const mlx::core::array& values,
+    const mlx::core::array& positions,
+    const mlx::core::array* periods,
+    const mlx::core::array* q_norm,
+    const mlx::core::array* k_norm,
+    const std::string& op) {
+  const bool float32 = keys.dtype() == mlx::core::float32 && values.dtype() == mlx::core::float32 &&
+      (!periods || periods->dtype() == mlx::core::float32) && (!q_norm || q_norm->dtype() == mlx::core::float32) &&
+      (!k_norm || k_norm->dtype() == mlx::core::float32);
+  if (!float32 || positions.dtype() != mlx::core::int32) {
+    throw std::invalid_argument(op + ": positions must be int32, the cache, periods and norms float32");
+  }
+  const int64_t rows = keys.ndim() == 4 ? keys.shape(0) : -1;
+  const int64_t kv_heads = rows >= 0 ? keys.shape(1) : 0;
+  const int64_t hd = rows >= 0 ? keys.shape(3) : 0;
+  // int64: heads × head_dim is q's width, refused past int32.
+  dim(step.heads * hd, op.c_str());
+  if (rows < 1 || values.shape() != keys.shape() || kv_heads < 1 || step.heads % kv_heads != 0 || positions.ndim() != 1 ||
+      positions.shape(0) != rows || step.rope_dims <= 0 || step.rope_dims % 2 != 0 || step.rope_dims > hd ||
+      (periods && periods->size() != size_t(step.rope_dims / 2)) || (q_norm && q_norm->size() != size_t(hd)) ||
+      (k_norm && k_norm->size() != size_t(hd))) {
+    throw std::invalid_argument(op + ": shapes of the cache, positions, periods and norms disagree");
+  }
+  for (const auto* a : {&keys, &values}) {
+    if (a->status() == mlx::core::array::Status::unscheduled || !a->flags().row_contiguous || a->data_size() != a->size()) {
+      throw std::invalid_argument(
+          op + ": the " + (a == &keys ? "keys" : "values") + " buffer must be evaluated and dense (it is written in place)");
+    }
+  }
+  step.rows = rows;
+  step.kv_heads = kv_heads;
+  step.capacity = keys.shape(2);
+  step.head_dim = hd;
 }
 
 // Runs `build` (which returns the op's array) into `*res`: 0 on success; otherwise 1 and

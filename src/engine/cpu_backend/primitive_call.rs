@@ -10,6 +10,40 @@ use anyhow::{bail, Result};
 use mlx_rs::Array;
 use mlx_sys::{mlx_array, mlx_stream};
 
+/// A buffer and the number of elements it may be read (or written) for: `mlxbar::Dense`
+/// in primitive.h; a null pointer for an absent input.
+#[repr(C)]
+pub struct Buffer<T> {
+    pub ptr: *const T,
+    pub len: i64,
+}
+
+impl<T> Buffer<T> {
+    /// The first `need` elements ([`input`]).
+    ///
+    /// # Safety
+    /// As [`input`]'s, for this buffer.
+    pub unsafe fn input<'a>(&self, need: usize, what: &str) -> &'a [T] {
+        input(self.ptr, self.len, need, what)
+    }
+
+    /// The first `need` elements, for writing ([`output`]).
+    ///
+    /// # Safety
+    /// As [`output`]'s, for this buffer.
+    pub unsafe fn output<'a>(&self, need: usize, what: &str) -> &'a mut [T] {
+        output(self.ptr.cast_mut(), self.len, need, what)
+    }
+
+    /// [`Buffer::input`], None for an absent buffer (a null pointer).
+    ///
+    /// # Safety
+    /// As [`Buffer::input`]'s.
+    pub unsafe fn optional<'a>(&self, need: usize, what: &str) -> Option<&'a [T]> {
+        (!self.ptr.is_null()).then(|| self.input(need, what))
+    }
+}
+
 /// Runs `entry(result, stream, err, err_len)` on the current stream and owns its result.
 ///
 /// # Safety

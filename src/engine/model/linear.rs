@@ -188,7 +188,9 @@ impl Linear {
         self.fusable().is_some()
     }
 
-    fn fusable(&self) -> Option<&Quantized> {
+    /// The quantized weight mlxbar's CPU kernel runs with its prologues and residual (no
+    /// bias to add), None otherwise.
+    pub(super) fn fusable(&self) -> Option<&Quantized> {
         match &self.weight {
             Weight::Quantized(q) if q.cpu_kernel && self.bias.is_none() => Some(q),
             _ => None,

@@ -34,6 +34,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{fast, ops, Array, Dtype};
 
 use super::batch_kv::BatchKv;
+use super::cpu_backend::{AttentionStep, QuantizedArrays};
 use super::experts::{ExpertStats, ExpertStore, StreamSpec};
 use super::kv_cache::KvCache;
 use config::{LocalAttention, ModelConfig};
@@ -213,6 +214,35 @@ impl Block {
             (None, Some(sum)) => Ok(h.add(sum(&self.o.forward(o)?)?)?),
             (Some([post, _]), reduce) => Ok(h.add(fast::rms_norm(&summed(self.o.forward(o)?, reduce)?, Some(post), eps)?)?),
         }
+    }
+}
+
+impl Block {
+    /// The four projections as [`super::cpu_backend::decode_block`] takes them: a dense
+    /// SwiGLU block with q|k|v and gate|up fused, each projection run by the CPU kernel, no
+    /// sandwich norms or sinks; None for any other block.
+    fn fused_projections(&self) -> Option<[QuantizedArrays<'_>; 4]> {
+        if self.post_norms.is_some() || self.sinks.is_some() {
+            return None;
+        }
+        let Mlp::Dense { gate_up, down, activation: config::Activation::Silu } = &self.mlp else { return None };
+        fn arrays(l: &Linear) -> Option<QuantizedArrays<'_>> {
+            let q = l.fusable()?;
+            Some(QuantizedArrays {
+                weight: &q.weight,
+                scales: &q.scales,
+                biases: q.biases.as_ref()?,
+                group_size: q.group_size,
+                bits: q.bits,
+            })
+        }
+        fn fused(p: &Projections) -> Option<QuantizedArrays<'_>> {
+            match p {
+                Projections::Fused { linear, .. } => arrays(linear),
+                Projections::Separate(_) => None,
+            }
+        }
+        Some([fused(&self.qkv)?, arrays(&self.o)?, fused(gate_up)?, arrays(down)?])
     }
 }
 
@@ -460,6 +490,9 @@ impl Model {
         let model =
             Model { config, dtype, format, slice, ends, blocks, rope_periods, cpu_attention, cpu_rope, experts: streamed, reduce: None };
         model.eval_weights(progress)?;
+        if !on_gpu {
+            model.weights_on_huge_pages();
+        }
         Ok(model)
     }
 
@@ -484,6 +517,24 @@ impl Model {
             progress(0.1 + 0.85 * (i + 1) as f64 / layers);
         }
         Ok(())
+    }
+
+    /// On the CPU, the weights' buffers onto 2 MiB pages
+    /// ([`super::cpu_backend::weights_on_huge_pages`]): a decode step reads each of them.
+    fn weights_on_huge_pages(&self) {
+        let mut all: Vec<&Array> = vec![];
+        if let Some(e) = &self.ends {
+            all.extend(e.embed.0.arrays());
+            all.extend(e.lm_head.iter().flat_map(|h| h.arrays()));
+        }
+        for b in &self.blocks {
+            all.extend(b.qkv.arrays());
+            all.extend(b.o.weight.arrays());
+            all.extend(b.mlp.arrays());
+        }
+        if let Some((huge, total)) = super::cpu_backend::weights_on_huge_pages(&all) {
+            tracing::info!("weights on 2 MiB pages: {} of {} MB", huge >> 20, total >> 20);
+        }
     }
 
     /// Bytes of all weights as held in memory.
@@ -727,11 +778,62 @@ impl Model {
                 (Some(m), Some(_)) => m,
                 _ => &mask,
             };
+            if let Some(out) = self.fused_block(b, &h, kv, i, &positions)? {
+                h = out;
+                continue;
+            }
             h = self.batched_attention(b, &h, kv, i, &positions, mask)?;
             h = b.mlp(&h, c.rms_norm_eps, self.reduce.as_ref())?;
         }
         kv.advance();
         Ok(h)
+    }
+
+    /// `b`'s whole step over `h` as one op of mlxbar's on the CPU
+    /// ([`super::cpu_backend::decode_block`]: the attention and the MLP with their norms
+    /// and residuals, one op where they take five), where the block allows; None elsewhere.
+    fn fused_block(&self, b: &Block, h: &Array, kv: &mut BatchKv, layer: usize, positions: &Array) -> Result<Option<Array>> {
+        if !self.cpu_attention || self.reduce.is_some() {
+            return Ok(None);
+        }
+        let Some([qkv, o, gate_up, down]) = b.fused_projections() else { return Ok(None) };
+        let r = self.layer_rope(self.slice.layers.start + layer);
+        let (keys, values) = kv.buffers(layer);
+        let block = super::cpu_backend::DecodeBlock {
+            h,
+            attn_norm: &b.attn_norm,
+            mlp_norm: &b.mlp_norm,
+            qkv,
+            o,
+            gate_up,
+            down,
+            attention: self.attention_step(b, keys, values, positions, &r),
+        };
+        Ok(Some(super::cpu_backend::decode_block(&block)?))
+    }
+
+    /// What mlxbar's CPU decode attention takes for block `b` besides q|k|v.
+    fn attention_step<'a>(
+        &self,
+        b: &'a Block,
+        keys: &'a Array,
+        values: &'a Array,
+        positions: &'a Array,
+        r: &LayerRope<'a>,
+    ) -> AttentionStep<'a> {
+        let c = &self.config;
+        AttentionStep {
+            keys,
+            values,
+            positions,
+            heads: c.num_heads,
+            q_norm: b.q_norm.as_ref(),
+            k_norm: b.k_norm.as_ref(),
+            eps: c.rms_norm_eps,
+            rope: self.rope_params(r),
+            periods: r.periods,
+            scale: self.attn_scale(),
+        }
     }
 
     /// `h` plus the attention of `rms_norm(h)` over the batch cache.
@@ -745,16 +847,7 @@ impl Model {
             let (keys, values) = kv.buffers(layer);
             super::cpu_backend::decode_attention(&super::cpu_backend::DecodeAttention {
                 qkv: &b.qkv.forward_normed_joined(h, &b.attn_norm, c.rms_norm_eps)?,
-                keys,
-                values,
-                positions,
-                heads: c.num_heads,
-                q_norm: b.q_norm.as_ref(),
-                k_norm: b.k_norm.as_ref(),
-                eps: c.rms_norm_eps,
-                rope: self.rope_params(&r),
-                periods: r.periods,
-                scale,
+                step: self.attention_step(b, keys, values, positions, &r),
             })?
         } else {
             // The batch as n sequences of one token, each row rotated by its own position.

@@ -276,6 +276,75 @@ impl<S: Scale> Weights<'_, S> {
     }
 }
 
+/// A weight whose scales' type is known at run time only (what the primitives hand over:
+/// `scale_type` is its [`Scale::CODE`]).
+pub enum AnyWeights<'a> {
+    F32(Weights<'a, f32>),
+    F16(Weights<'a, half::f16>),
+    Bf16(Weights<'a, half::bf16>),
+}
+
+impl<'a> AnyWeights<'a> {
+    /// The weight `[n, k]` from a primitive's buffers, each with the number of elements it
+    /// holds (checked here against the shapes: see [`primitive_call::input`]).
+    ///
+    /// # Panics
+    /// On an unknown scale type, an unsupported format, or a buffer shorter than the shapes.
+    ///
+    /// # Safety
+    /// Each buffer is valid for reads of its stated length for `'a`, `scales` and `biases`
+    /// of values of the type `scale_type` names.
+    pub unsafe fn from_raw(
+        (packed, packed_len): (*const u32, i64),
+        scales: (*const std::ffi::c_void, i64),
+        biases: (*const std::ffi::c_void, i64),
+        scale_type: i32,
+        (n, k, group_size, bits): (usize, usize, usize, usize),
+    ) -> AnyWeights<'a> {
+        assert!(supports(bits as i32, group_size as i32) && k.is_multiple_of(group_size), "{bits} bits, groups of {group_size}, k {k}");
+        let groups = elems(&[n, k / group_size]);
+        let packed = primitive_call::input(packed, packed_len, elems(&[n, k, bits]) / 32, "w");
+        /// # Safety
+        /// As the caller's, for `S`.
+        unsafe fn typed<'a, S: Scale>(
+            packed: &'a [u32],
+            (s, sl): (*const std::ffi::c_void, i64),
+            (b, bl): (*const std::ffi::c_void, i64),
+            groups: usize,
+            (n, k, group_size, bits): (usize, usize, usize, usize),
+        ) -> Weights<'a, S> {
+            let scales = primitive_call::input(s as *const S, sl, groups, "scales");
+            let biases = primitive_call::input(b as *const S, bl, groups, "biases");
+            Weights { packed, scales, biases, n, k, group_size, bits: bits as u32 }
+        }
+        let shape = (n, k, group_size, bits);
+        match scale_type {
+            <f32 as Scale>::CODE => AnyWeights::F32(typed(packed, scales, biases, groups, shape)),
+            <half::f16 as Scale>::CODE => AnyWeights::F16(typed(packed, scales, biases, groups, shape)),
+            <half::bf16 as Scale>::CODE => AnyWeights::Bf16(typed(packed, scales, biases, groups, shape)),
+            other => panic!("unknown scale type {other}"),
+        }
+    }
+
+    /// [`matmul`] with this weight.
+    pub fn matmul(&self, kernel: Kernel, x: &[f32], rows: usize, fusion: Fusion, out: &mut [f32]) {
+        match self {
+            AnyWeights::F32(w) => matmul(kernel, x, rows, w, fusion, out),
+            AnyWeights::F16(w) => matmul(kernel, x, rows, w, fusion, out),
+            AnyWeights::Bf16(w) => matmul(kernel, x, rows, w, fusion, out),
+        }
+    }
+
+    /// Output columns (`n`).
+    pub fn n(&self) -> usize {
+        match self {
+            AnyWeights::F32(w) => w.n,
+            AnyWeights::F16(w) => w.n,
+            AnyWeights::Bf16(w) => w.n,
+        }
+    }
+}
+
 /// What the product does to its input first and its output last.
 #[derive(Clone, Copy, Default)]
 pub struct Fusion<'a> {
@@ -487,43 +556,9 @@ pub unsafe extern "C" fn mlxbar_affine_qmm_run(
         let residual = (!residual.is_null()).then(|| primitive_call::input(residual, residual_len, elems(&[rows, n]), "residual"));
         let fusion = Fusion { prologue, residual };
         let x = primitive_call::input(x, x_len, elems(&[rows, prologue.input_columns(k)]), "x");
-        let packed = primitive_call::input(packed, packed_len, elems(&[n, k, b]) / 32, "w");
         let out = primitive_call::output(out, out_len, elems(&[rows, n]), "out");
-        /// The product with scales and biases of type `S`.
-        ///
-        /// # Safety
-        /// As the caller's: `scales` and `biases` hold `S` values.
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn with<S: Scale>(
-            shape: (usize, usize, usize, usize, usize),
-            x: &[f32],
-            packed: &[u32],
-            (scales, scales_len): (*const std::ffi::c_void, i64),
-            (biases, biases_len): (*const std::ffi::c_void, i64),
-            fusion: Fusion,
-            out: &mut [f32],
-        ) {
-            let (rows, k, n, gs, bits) = shape;
-            let groups = elems(&[n, k / gs]);
-            let w = Weights {
-                packed,
-                scales: primitive_call::input(scales as *const S, scales_len, groups, "scales"),
-                biases: primitive_call::input(biases as *const S, biases_len, groups, "biases"),
-                n,
-                k,
-                group_size: gs,
-                bits: bits as u32,
-            };
-            matmul(kernel(), x, rows, &w, fusion, out);
-        }
-        let shape = (rows, k, n, gs, b);
-        let (s, bi) = ((scales, scales_len), (biases, biases_len));
-        match scale_type {
-            <f32 as Scale>::CODE => with::<f32>(shape, x, packed, s, bi, fusion, out),
-            <half::f16 as Scale>::CODE => with::<half::f16>(shape, x, packed, s, bi, fusion, out),
-            <half::bf16 as Scale>::CODE => with::<half::bf16>(shape, x, packed, s, bi, fusion, out),
-            other => panic!("unknown scale type {other}"),
-        }
+        let w = AnyWeights::from_raw((packed, packed_len), (scales, scales_len), (biases, biases_len), scale_type, (n, k, gs, b));
+        w.matmul(kernel(), x, rows, fusion, out);
     };
     // A panic must not unwind into MLX's C++ scheduler thread.
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {

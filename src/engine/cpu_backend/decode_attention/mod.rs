@@ -19,7 +19,7 @@ pub mod op;
 use super::affine_qmm::rms_norm;
 use super::pool;
 use super::prefill_attention::{self, QUERIES};
-use super::primitive_call::{self, count, elems};
+use super::primitive_call::{count, elems, Buffer};
 use super::rope;
 use super::RopeParams;
 
@@ -115,7 +115,8 @@ pub fn step(s: Shape, prep: Prep, qkv: &[f32], positions: &[i32], scale: f32, ca
     });
 }
 
-/// The op's shapes and constants as primitive.cpp passes them (`StepParams` there).
+/// The op's shapes and constants as the primitives pass them (`StepParams` in primitive.h;
+/// decode_block's op too).
 #[repr(C)]
 pub struct StepParams {
     pub rows: i64,
@@ -132,12 +133,47 @@ pub struct StepParams {
     pub scale: f32,
 }
 
-/// A buffer and the number of elements it may be read (or written) for: `mlxbar::Dense`
-/// in primitive.h; a null pointer for an absent input.
-#[repr(C)]
-pub struct Buffer<T> {
-    pub ptr: *const T,
-    pub len: i64,
+impl StepParams {
+    /// The step's shapes, what happens to q and k, and the layer's cache, from the buffers
+    /// a primitive hands over (each checked against the shapes here).
+    ///
+    /// # Safety
+    /// Each buffer is valid for reads of its stated length for `'a` (`keys` and `values` for
+    /// writes too, and nothing else uses them meanwhile).
+    pub unsafe fn parts<'a>(
+        &self,
+        periods: &Buffer<f32>,
+        q_norm: &Buffer<f32>,
+        k_norm: &Buffer<f32>,
+        keys: &Buffer<f32>,
+        values: &Buffer<f32>,
+    ) -> (Shape, Prep<'a>, Cache<'a>) {
+        let s = Shape {
+            rows: count(self.rows),
+            heads: count(self.heads),
+            kv_heads: count(self.kv_heads),
+            capacity: count(self.capacity),
+            head_dim: count(self.head_dim),
+        };
+        let hd = s.head_dim;
+        let rope = RopeParams {
+            dims: i32::try_from(self.rope_dims).unwrap_or(-1),
+            traditional: self.traditional,
+            base: self.base,
+            position_scale: self.position_scale,
+            input_scale: self.input_scale,
+        };
+        let prep = Prep {
+            q_norm: q_norm.optional(hd, "q_norm"),
+            k_norm: k_norm.optional(hd, "k_norm"),
+            eps: self.eps,
+            rope,
+            periods: periods.optional(count(self.rope_dims) / 2, "periods"),
+        };
+        let kv = elems(&[s.rows, s.kv_heads, s.capacity, hd]);
+        let cache = Cache { keys: keys.output(kv, "keys"), values: values.output(kv, "values") };
+        (s, prep, cache)
+    }
 }
 
 /// Called by the MLX primitive's CPU task (primitive.cpp) with the evaluated arrays.
@@ -161,45 +197,16 @@ pub unsafe extern "C" fn mlxbar_decode_attention_run(
     out: Buffer<f32>,
 ) {
     let run = || {
-        let s = Shape {
-            rows: count(p.rows),
-            heads: count(p.heads),
-            kv_heads: count(p.kv_heads),
-            capacity: count(p.capacity),
-            head_dim: count(p.head_dim),
-        };
-        let hd = s.head_dim;
-        let optional =
-            |b: &Buffer<f32>, need: usize, what: &str| (!b.ptr.is_null()).then(|| primitive_call::input(b.ptr, b.len, need, what));
-        let rope = RopeParams {
-            dims: i32::try_from(p.rope_dims).unwrap_or(-1),
-            traditional: p.traditional,
-            base: p.base,
-            position_scale: p.position_scale,
-            input_scale: p.input_scale,
-        };
-        let prep = Prep {
-            q_norm: optional(&q_norm, hd, "q_norm"),
-            k_norm: optional(&k_norm, hd, "k_norm"),
-            eps: p.eps,
-            rope,
-            periods: optional(&periods, count(p.rope_dims) / 2, "periods"),
-        };
-        let n = elems(&[s.rows, s.heads, hd]);
-        let nqkv = elems(&[s.rows, s.heads + 2 * s.kv_heads, hd]);
-        let kv = elems(&[s.rows, s.kv_heads, s.capacity, hd]);
-        let cache = Cache {
-            keys: primitive_call::output(keys.ptr.cast_mut(), keys.len, kv, "keys"),
-            values: primitive_call::output(values.ptr.cast_mut(), values.len, kv, "values"),
-        };
+        let (s, prep, cache) = p.parts(&periods, &q_norm, &k_norm, &keys, &values);
+        let nqkv = elems(&[s.rows, s.heads + 2 * s.kv_heads, s.head_dim]);
         step(
             s,
             prep,
-            primitive_call::input(qkv.ptr, qkv.len, nqkv, "qkv"),
-            primitive_call::input(positions.ptr, positions.len, s.rows, "positions"),
+            qkv.input(nqkv, "qkv"),
+            positions.input(s.rows, "positions"),
             p.scale,
             cache,
-            primitive_call::output(out.ptr.cast_mut(), out.len, n, "out"),
+            out.output(elems(&[s.rows, s.heads, s.head_dim]), "out"),
         );
     };
     // A panic must not unwind into MLX's C++ scheduler thread.

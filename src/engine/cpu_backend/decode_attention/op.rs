@@ -6,7 +6,8 @@ use anyhow::Result;
 use mlx_rs::Array;
 use mlx_sys::{mlx_array, mlx_stream};
 
-use crate::engine::cpu_backend::{primitive_call, DecodeAttention};
+use super::StepParams;
+use crate::engine::cpu_backend::{primitive_call, AttentionStep, DecodeAttention};
 
 extern "C" {
     fn mlxbar_decode_attention(
@@ -18,14 +19,7 @@ extern "C" {
         periods: mlx_array,
         q_norm: mlx_array,
         k_norm: mlx_array,
-        heads: c_int,
-        rope_dims: c_int,
-        traditional: bool,
-        base: f32,
-        position_scale: f32,
-        input_scale: f32,
-        eps: f32,
-        scale: f32,
+        step: *const StepParams,
         stream: mlx_stream,
         err: *mut c_char,
         err_len: usize,
@@ -35,32 +29,45 @@ extern "C" {
 /// See [`crate::engine::cpu_backend::decode_attention`].
 pub fn decode_attention(a: &DecodeAttention) -> Result<Array> {
     let handle = |x: Option<&Array>| x.map_or_else(primitive_call::none, Array::as_ptr);
-    let r = a.rope;
+    let (qkv, a) = (a.qkv, &a.step);
     // SAFETY: every handle is alive for the call (an empty one owns nothing); the cache
     // buffers are written by the op's task only, which the op's C++ side checks they allow.
     unsafe {
         primitive_call::new_array(|res, stream, err, err_len| {
             mlxbar_decode_attention(
                 res,
-                a.qkv.as_ptr(),
+                qkv.as_ptr(),
                 a.keys.as_ptr(),
                 a.values.as_ptr(),
                 a.positions.as_ptr(),
                 handle(a.periods),
                 handle(a.q_norm),
                 handle(a.k_norm),
-                a.heads,
-                r.dims,
-                r.traditional,
-                r.base,
-                r.position_scale,
-                r.input_scale,
-                a.eps,
-                a.scale,
+                &step_params(a),
                 stream,
                 err,
                 err_len,
             )
         })
+    }
+}
+
+/// `a`'s constants as the primitives take them (the shapes left 0: the C++ side reads them
+/// from the cache's).
+pub(in crate::engine::cpu_backend) fn step_params(a: &AttentionStep) -> StepParams {
+    let r = a.rope;
+    StepParams {
+        rows: 0,
+        heads: a.heads.into(),
+        kv_heads: 0,
+        capacity: 0,
+        head_dim: 0,
+        rope_dims: r.dims.into(),
+        traditional: r.traditional,
+        base: r.base,
+        position_scale: r.position_scale,
+        input_scale: r.input_scale,
+        eps: a.eps,
+        scale: a.scale,
     }
 }

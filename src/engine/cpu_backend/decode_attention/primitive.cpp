@@ -19,24 +19,6 @@
 
 namespace mx = mlx::core;
 
-// The Rust side's `StepParams` (repr(C)).
-struct StepParams {
-  int64_t rows;
-  int64_t heads;
-  int64_t kv_heads;
-  int64_t capacity;
-  int64_t head_dim;
-  int64_t rope_dims;
-  bool traditional;
-  float base;
-  float position_scale;
-  float input_scale;
-  float eps;
-  float scale;
-
-  bool operator==(const StepParams&) const = default;
-};
-
 // Each buffer comes with the number of elements it may be read for (see mlxbar::Dense); an
 // absent one is null. The Rust side checks them against the shapes before it reads.
 extern "C" void mlxbar_decode_attention_run(
@@ -115,14 +97,6 @@ class DecodeAttention : public mx::UnaryPrimitive {
   Config c_;
 };
 
-// A cache buffer the op may write: evaluated (its layout is final) and row-contiguous.
-void check_buffer(const mx::array& a, const char* what) {
-  if (a.status() == mx::array::Status::unscheduled || !a.flags().row_contiguous || a.data_size() != a.size()) {
-    throw std::invalid_argument(
-        std::string("decode_attention: the ") + what + " buffer must be evaluated and dense (it is written in place)");
-  }
-}
-
 mx::array decode_attention(
     const mx::array& qkv,
     const mx::array& keys,
@@ -137,33 +111,12 @@ mx::array decode_attention(
   for (const auto* a : {periods, q_norm, k_norm}) {
     if (a) inputs.push_back(*a);
   }
-  for (const auto& a : inputs) {
-    if (a.dtype() != (&a == &inputs[3] ? mx::int32 : mx::float32)) {
-      throw std::invalid_argument("decode_attention: positions must be int32, every other input float32");
-    }
+  mlxbar::attention_step(c.step, keys, values, positions, periods, q_norm, k_norm, "decode_attention");
+  const int64_t rows = c.step.rows, width = c.step.heads * c.step.head_dim;
+  if (qkv.dtype() != mx::float32 || qkv.ndim() != 3 || qkv.shape(0) != 1 || qkv.shape(1) != rows ||
+      qkv.shape(2) != width + 2 * c.step.kv_heads * c.step.head_dim) {
+    throw std::invalid_argument("decode_attention: q|k|v must be float32 [1, rows, (heads + 2·kv_heads)·head_dim] for the cache's shapes");
   }
-  const int64_t rows = keys.ndim() == 4 ? keys.shape(0) : -1;
-  const int64_t kv_heads = rows >= 0 ? keys.shape(1) : 0;
-  const int64_t hd = rows >= 0 ? keys.shape(3) : 0;
-  // int64: heads × head_dim is q's width, refused past int32.
-  const int64_t width = c.step.heads * hd;
-  mlxbar::dim(width, "decode_attention");
-  const auto is_token = [&](const mx::array& a, int64_t w) {
-    return a.ndim() == 3 && a.shape(0) == 1 && a.shape(1) == rows && a.shape(2) == w;
-  };
-  if (rows < 1 || values.shape() != keys.shape() || kv_heads < 1 || c.step.heads % kv_heads != 0 ||
-      !is_token(qkv, width + 2 * kv_heads * hd) || positions.ndim() != 1 || positions.shape(0) != rows ||
-      c.step.rope_dims <= 0 || c.step.rope_dims % 2 != 0 || c.step.rope_dims > hd ||
-      (periods && periods->size() != size_t(c.step.rope_dims / 2)) ||
-      (q_norm && q_norm->size() != size_t(hd)) || (k_norm && k_norm->size() != size_t(hd))) {
-    throw std::invalid_argument("decode_attention: shapes of q|k|v, the cache, positions, periods and norms disagree");
-  }
-  check_buffer(keys, "keys");
-  check_buffer(values, "values");
-  c.step.rows = rows;
-  c.step.kv_heads = kv_heads;
-  c.step.capacity = keys.shape(2);
-  c.step.head_dim = hd;
   c.has_periods = periods != nullptr;
   c.has_q_norm = q_norm != nullptr;
   c.has_k_norm = k_norm != nullptr;
@@ -177,7 +130,8 @@ const mx::array* optional(const mlx_array& a) {
 }  // namespace
 
 // 0 on success; otherwise 1 and the reason in `err` (see mlxbar::guarded). `periods`,
-// `q_norm` and `k_norm` may be empty handles (ctx null).
+// `q_norm` and `k_norm` may be empty handles (ctx null); `step`'s shapes are ignored (taken
+// from the cache's).
 extern "C" int mlxbar_decode_attention(
     mlx_array* res,
     mlx_array qkv,
@@ -187,20 +141,13 @@ extern "C" int mlxbar_decode_attention(
     mlx_array periods,
     mlx_array q_norm,
     mlx_array k_norm,
-    int heads,
-    int rope_dims,
-    bool traditional,
-    float base,
-    float position_scale,
-    float input_scale,
-    float eps,
-    float scale,
+    const StepParams* step,
     mlx_stream stream,
     char* err,
     size_t err_len) {
   return mlxbar::guarded(res, err, err_len, [&] {
     // The shapes are filled in from the cache buffers'.
-    Config c = {{0, heads, 0, 0, 0, rope_dims, traditional, base, position_scale, input_scale, eps, scale}, false, false, false};
+    Config c = {*step, false, false, false};
     return decode_attention(
         mlx_array_get_(qkv), mlx_array_get_(keys), mlx_array_get_(values),
         mlx_array_get_(positions), optional(periods), optional(q_norm), optional(k_norm), c, mlx_stream_get_(stream));
