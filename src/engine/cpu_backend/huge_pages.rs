@@ -1,34 +1,48 @@
-//! A loaded model's weights on 2 MiB pages (Linux, the CPU backend).
+//! A loaded model's weights on huge pages (Linux, the CPU backend).
 //!
 //! A decode step streams every weight once: ~98 MB for the default model, ~24,000 pages of
 //! 4 KiB, each a TLB miss, and on a virtual machine each miss walks two page tables. A
 //! step's projections called directly ran 0.75× the time with their weights on 2 MiB pages
-//! (AMD EPYC VM, `decode_profile`'s shapes). Linux gives anonymous memory huge pages where
-//! a range asks for them (`transparent_hugepage` set to `madvise`, the common default), and
-//! `MADV_COLLAPSE` (Linux 6.1) moves pages already written onto them in place: the weights'
-//! buffers stay MLX's own (its allocator's accounting unchanged), only their backing moves.
-//! Where the kernel refuses (older, THP off, no free huge pages), the weights stay as they
-//! were: nothing else changes.
-use mlx_rs::Array;
+//! (AMD EPYC VM, `decode_profile`'s shapes). `MADV_COLLAPSE` (Linux 6.1) moves pages already
+//! written onto the kernel's transparent huge pages in place: the weights' buffers stay
+//! MLX's own (its allocator's accounting unchanged, the resident size too), only their
+//! backing moves, and nothing is flagged for later (no `MADV_HUGEPAGE`: the heap those
+//! buffers return to when the model unloads faults and trims in small pages as before).
+//! Skipped where the administrator turned transparent huge pages off (`never`: the collapse
+//! itself would ignore that); where the kernel refuses (older, no free huge page), the
+//! weights stay as they were.
+use std::time::{Duration, Instant};
 
-/// 2 MiB, x86_64's and aarch64's (4 KiB base pages) transparent huge page.
-const HUGE: usize = 2 << 20;
+use mlx_rs::Array;
 
 /// `madvise`'s advice to collapse a range onto huge pages now (Linux's uapi value, on every
 /// architecture; not in every libc's bindings).
 const MADV_COLLAPSE: libc::c_int = 25;
 
-/// Bytes of the given arrays' buffers now on huge pages, out of their total.
+/// Bytes of the given arrays' buffers now on huge pages, out of their total, and the time
+/// that took.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Placed {
     pub huge: usize,
     pub total: usize,
+    pub took: Duration,
 }
 
-/// Asks for the huge pages under `arrays`' buffers (evaluated; their data is not moved):
-/// the whole 2 MiB pages that their buffers cover, counting buffers a few KiB apart as one
+/// The transparent huge page's size, None where they are off (`never`) or not offered.
+fn huge_page_size() -> Option<usize> {
+    let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    if enabled.contains("[never]") {
+        return None;
+    }
+    let size = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").ok()?;
+    size.trim().parse().ok().filter(|s: &usize| s.is_power_of_two())
+}
+
+/// Moves the backing of `arrays`' buffers (evaluated; their data is not moved) onto huge
+/// pages: the whole huge pages their buffers cover, counting buffers a few KiB apart as one
 /// run (the allocator's headers between consecutive buffers are all that separates them).
 pub fn place(arrays: &[&Array]) -> Placed {
+    let started = Instant::now();
     let mut ranges: Vec<(usize, usize)> = arrays
         .iter()
         .filter_map(|a| {
@@ -38,6 +52,7 @@ pub fn place(arrays: &[&Array]) -> Placed {
         })
         .collect();
     let total = ranges.iter().map(|(s, e)| e - s).sum();
+    let Some(page) = huge_page_size() else { return Placed { huge: 0, total, took: started.elapsed() } };
     ranges.sort_unstable();
     let mut runs: Vec<(usize, usize)> = Vec::new();
     for (s, e) in ranges {
@@ -47,43 +62,53 @@ pub fn place(arrays: &[&Array]) -> Placed {
             _ => runs.push((s, e)),
         }
     }
-    let huge = runs.iter().map(|&(s, e)| collapse(s.next_multiple_of(HUGE), e / HUGE * HUGE)).sum();
-    Placed { huge, total }
+    let huge = runs.iter().map(|&(s, e)| collapse(s.next_multiple_of(page), e / page * page, page)).sum();
+    Placed { huge, total, took: started.elapsed() }
 }
 
-/// Collapses the whole 2 MiB pages of `start..end` (both multiples of [`HUGE`]) that the
+/// Collapses each whole huge page (`page` bytes) of `start..end` (multiples of it) that the
 /// kernel lets it; returns the bytes it did.
-fn collapse(start: usize, end: usize) -> usize {
-    let mut done = 0;
-    let mut at = start;
-    while at < end {
-        let p = at as *mut libc::c_void;
-        // SAFETY: madvise with these two advices changes only how memory is backed, never
-        // its contents or mapping, whatever the range holds (the caller's buffers and the
-        // allocator's headers between them); a range not mapped is refused with an error.
-        let ok = unsafe { libc::madvise(p, HUGE, libc::MADV_HUGEPAGE) == 0 && libc::madvise(p, HUGE, MADV_COLLAPSE) == 0 };
-        if ok {
-            done += HUGE;
-        }
-        at += HUGE;
-    }
-    done
+fn collapse(start: usize, end: usize, page: usize) -> usize {
+    (start..end)
+        .step_by(page.max(1))
+        .filter(|&at| {
+            // SAFETY: MADV_COLLAPSE changes only how memory is backed, never its contents or
+            // its mapping, whatever the range holds (the caller's buffers and the
+            // allocator's headers between them); a range not mapped is refused with an error.
+            unsafe { libc::madvise(at as *mut libc::c_void, page, MADV_COLLAPSE) == 0 }
+        })
+        .count()
+        * page
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Whether this machine's kernel gives anonymous memory huge pages where asked
-    /// (`transparent_hugepage` not `never`).
-    fn huge_pages_allowed() -> bool {
-        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|s| !s.contains("[never]"))
+    /// Whether this machine's kernel collapses anonymous memory onto huge pages, tried on a
+    /// mapping of this test's own (none where they are off, or before Linux 6.1).
+    fn collapse_works() -> bool {
+        let Some(page) = huge_page_size() else { return false };
+        // SAFETY: a fresh private anonymous mapping of 2 pages, written, advised and unmapped
+        // here only.
+        unsafe {
+            let len = 2 * page;
+            let p =
+                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            let at = (p as usize).next_multiple_of(page);
+            let end = p as usize + len;
+            std::ptr::write_bytes(p as *mut u8, 1, len);
+            let ok = at + page <= end && libc::madvise(at as *mut libc::c_void, page, MADV_COLLAPSE) == 0;
+            libc::munmap(p, len);
+            ok
+        }
     }
 
     /// An 8 MiB weight-sized buffer (MLX's own, from its allocator) is moved onto huge pages
     /// with its values unchanged: its whole 2 MiB pages (at least three of its four, as it
-    /// may start anywhere in a page) where the kernel allows, as `/proc/self/smaps` then
-    /// shows them; none where it does not.
+    /// may start anywhere in a page) where the kernel collapses pages, as `/proc/self/smaps`
+    /// then shows them; none where transparent huge pages are off.
     #[test]
     fn a_weight_buffer_moves_onto_huge_pages_unchanged() {
         mlx_rs::Device::set_default(&mlx_rs::Device::cpu());
@@ -93,11 +118,12 @@ mod tests {
         let placed = place(&[&a]);
         assert_eq!(placed.total, values.len() * 4);
         assert_eq!(a.as_slice::<u32>(), &values[..], "the values moved with their pages");
-        if !huge_pages_allowed() {
-            assert_eq!(placed.huge, 0);
+        if huge_page_size() != Some(2 << 20) || !collapse_works() {
+            eprintln!("this kernel does not collapse onto 2 MiB pages: only the values were checked");
+            assert!(huge_page_size().is_some() || placed.huge == 0, "collapsed with huge pages off: {placed:?}");
             return;
         }
-        assert!(placed.huge >= 3 * HUGE, "{placed:?}");
+        assert!(placed.huge >= 3 * (2 << 20), "{placed:?}");
         // The mappings that hold the buffer (madvise splits one at the advised range's
         // edges) report at least that much on huge pages.
         let (start, end) = (a.as_slice::<u32>().as_ptr() as usize, a.as_slice::<u32>().as_ptr() as usize + placed.total);

@@ -107,14 +107,15 @@ pub fn dequantize_rows(packed: &Array, scales: &Array, biases: &Array, group_siz
     }
 }
 
-/// Moves the backing of `arrays`' buffers (a loaded model's weights, evaluated) onto 2 MiB
+/// Moves the backing of `arrays`' buffers (a loaded model's weights, evaluated) onto huge
 /// pages where the kernel allows ([`huge_pages`]): what a decode step streams then costs a
-/// TLB miss per 2 MiB instead of per 4 KiB. Bytes placed and their total; None off Linux.
-pub fn weights_on_huge_pages(arrays: &[&Array]) -> Option<(usize, usize)> {
+/// TLB miss per 2 MiB instead of per 4 KiB. Bytes moved, their total and the time it took;
+/// None off Linux.
+pub fn weights_on_huge_pages(arrays: &[&Array]) -> Option<(usize, usize, std::time::Duration)> {
     #[cfg(target_os = "linux")]
     {
-        let placed = huge_pages::place(arrays);
-        Some((placed.huge, placed.total))
+        let p = huge_pages::place(arrays);
+        Some((p.huge, p.total, p.took))
     }
     #[cfg(not(target_os = "linux"))]
     {

@@ -519,7 +519,7 @@ impl Model {
         Ok(())
     }
 
-    /// On the CPU, the weights' buffers onto 2 MiB pages
+    /// On the CPU, the weights' buffers onto huge pages
     /// ([`super::cpu_backend::weights_on_huge_pages`]): a decode step reads each of them.
     fn weights_on_huge_pages(&self) {
         let mut all: Vec<&Array> = vec![];
@@ -532,8 +532,8 @@ impl Model {
             all.extend(b.o.weight.arrays());
             all.extend(b.mlp.arrays());
         }
-        if let Some((huge, total)) = super::cpu_backend::weights_on_huge_pages(&all) {
-            tracing::info!("weights on 2 MiB pages: {} of {} MB", huge >> 20, total >> 20);
+        if let Some((huge, total, took)) = super::cpu_backend::weights_on_huge_pages(&all) {
+            tracing::info!("weights on huge pages: {} of {} MiB ({took:.0?})", huge >> 20, total >> 20);
         }
     }
 
@@ -740,8 +740,10 @@ impl Model {
     /// One decode step for every sequence in `kv`: `tokens[i]` follows what row i holds.
     /// Token-wise work (embedding, norms, projections, MLP, head) runs on all of them as
     /// one `[1, B, hidden]` batch, so each weight is read once per step whatever the batch
-    /// size; attention is one op of mlxbar's per layer on the CPU (norms, RoPE, the cache
-    /// write and attention), one masked SDPA over the padded batch cache on Metal. Returns
+    /// size; on the CPU a dense block's whole step is one op of mlxbar's
+    /// ([`super::cpu_backend::decode_block`]), other blocks' attention one op a layer (norms,
+    /// RoPE, the cache write and attention), one masked SDPA over the padded batch cache on
+    /// Metal. Returns
     /// the logits `[B, vocab]` (float32), evaluated.
     pub fn decode(&self, tokens: &[u32], kv: &mut BatchKv) -> Result<Array> {
         let logits = self.decode_graph(tokens, kv)?;

@@ -1,11 +1,11 @@
-// A decode step's attention as an MLX primitive (see decode_attention/mod.rs): inputs the
-// new token's q|k|v projection `[1, rows, (heads + 2·kv_heads)·head_dim]` (q, then k, then
-// v in each row; any strides), the layer's key and value buffers `[rows, kv_heads, capacity, head_dim]`
-// (evaluated and dense: they are written in place), each row's position (int32 `[rows]`)
-// and, optionally, RoPE's periods `[dims/2]` and the q and k norms' weights
-// `[head_dim]`; output `[1, rows, heads·head_dim]`, the layout the output projection
-// takes. The work is a task on the CPU stream's queue, like MLX's own kernels. Built by
-// build.rs on Linux.
+//! A decode step's attention as an MLX primitive (see decode_attention/mod.rs): inputs the
+//! new token's q|k|v projection `[1, rows, (heads + 2·kv_heads)·head_dim]` (q, then k, then
+//! v in each row; any strides), the layer's key and value buffers `[rows, kv_heads, capacity, head_dim]`
+//! (evaluated and dense: they are written in place), each row's position (int32 `[rows]`)
+//! and, optionally, RoPE's periods `[dims/2]` and the q and k norms' weights
+//! `[head_dim]`; output `[1, rows, heads·head_dim]`, the layout the output projection
+//! takes. The work is a task on the CPU stream's queue, like MLX's own kernels. Built by
+//! build.rs on Linux.
 
 #include <cstdint>
 #include <vector>

@@ -1,12 +1,12 @@
-// A decode step's whole transformer block as one MLX primitive (see decode_block/mod.rs):
-// inputs the step's hidden state `[1, rows, hidden]`, the layer's key and value buffers
-// `[rows, kv_heads, capacity, head_dim]` (evaluated and dense: written in place), each
-// row's position (int32 `[rows]`), the two RMS norms' weights `[hidden]`, the four
-// projections' packed weights, scales and biases (q|k|v, o, gate|up, down), then,
-// optionally, RoPE's periods `[dims/2]` and the q and k norms' weights `[head_dim]`; output
-// the block's output `[1, rows, hidden]`. One op where the same work as separate ops is
-// five (four quantized matmuls and the attention), each a dispatch on the CPU stream.
-// Built by build.rs on Linux.
+//! A decode step's whole transformer block as one MLX primitive (see decode_block/mod.rs):
+//! inputs the step's hidden state `[1, rows, hidden]`, the layer's key and value buffers
+//! `[rows, kv_heads, capacity, head_dim]` (evaluated and dense: written in place), each
+//! row's position (int32 `[rows]`), the two RMS norms' weights `[hidden]`, the four
+//! projections' packed weights, scales and biases (q|k|v, o, gate|up, down), then,
+//! optionally, RoPE's periods `[dims/2]` and the q and k norms' weights `[head_dim]`; output
+//! the block's output `[1, rows, hidden]`. One op where the same work as separate ops is
+//! five (four quantized matmuls and the attention), each a dispatch on the CPU stream.
+//! Built by build.rs on Linux.
 
 #include <cstdint>
 #include <vector>
@@ -196,10 +196,11 @@ mx::array decode_block(std::vector<mx::array> inputs, const mx::array* periods, 
   c.has_periods = periods != nullptr;
   c.has_q_norm = q_norm != nullptr;
   c.has_k_norm = k_norm != nullptr;
+  // Taken before the pushes below, which may move `inputs` (and `h` with it).
+  const auto shape = h.shape();
   for (const auto* a : {periods, q_norm, k_norm}) {
     if (a) inputs.push_back(*a);
   }
-  const auto shape = h.shape();
   return mx::array(shape, mx::float32, std::make_shared<DecodeBlock>(s, c), std::move(inputs));
 }
 
