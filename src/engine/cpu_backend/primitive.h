@@ -76,6 +76,37 @@ Dense<T> dense(const mlx::core::array& a, std::vector<T>& copy) {
   return {copy.data(), static_cast<int64_t>(copy.size())};
 }
 
+// A cache buffer the op writes in place: its own memory (row-contiguous, checked when the op
+// was built by `attention_step`).
+inline Dense<float> cache_buffer(const mlx::core::array& a) {
+  return {a.data<float>(), static_cast<int64_t>(a.data_size())};
+}
+
+// A quantized weight's scales and biases as row-major data in their stored type, with the
+// type's code (affine_qmm's `Scale::CODE`: float32 0, float16 1, bfloat16 2); 16-bit ones
+// are passed as their bits. Gathered into `copies` when a view is strided.
+struct ScalesAndBiases {
+  Dense<void> scales;
+  Dense<void> biases;
+  int32_t scale_type;
+};
+
+struct ScaleCopies {
+  std::vector<float> s32, b32;
+  std::vector<uint16_t> s16, b16;
+};
+
+inline ScalesAndBiases scales_and_biases(const mlx::core::array& scales, const mlx::core::array& biases, ScaleCopies& copies) {
+  if (scales.dtype() == mlx::core::float32) {
+    const auto s = dense(scales, copies.s32);
+    const auto b = dense(biases, copies.b32);
+    return {{s.ptr, s.len}, {b.ptr, b.len}, 0};
+  }
+  const auto s = dense(scales, copies.s16);
+  const auto b = dense(biases, copies.b16);
+  return {{s.ptr, s.len}, {b.ptr, b.len}, scales.dtype() == mlx::core::float16 ? 1 : 2};
+}
+
 // A dimension computed from others, checked to fit MLX's int32 shapes (an output shape is
 // made of these; past 2^31 - 1 it would wrap).
 inline int dim(int64_t v, const char* what) {

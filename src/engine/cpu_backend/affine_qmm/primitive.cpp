@@ -45,10 +45,7 @@ extern "C" void mlxbar_affine_qmm_run(
     float* out,
     int64_t out_len);
 
-// As in affine_qmm/mod.rs (`Scale::CODE`, the prologue codes).
-constexpr int SCALE_F32 = 0;
-constexpr int SCALE_F16 = 1;
-constexpr int SCALE_BF16 = 2;
+// As in affine_qmm/mod.rs (the prologue codes).
 constexpr int PROLOGUE_NONE = 0;
 constexpr int PROLOGUE_RMS_NORM = 1;
 constexpr int PROLOGUE_SWIGLU = 2;
@@ -81,27 +78,14 @@ class AffineQmm : public mx::UnaryPrimitive {
       if (rows == 0) return;
       // Every input is read as row-major data: gathered here when it is not (a strided or
       // broadcast view; weights come contiguous, so only x and the residual ever are).
-      std::vector<float> xc, sc, bc, nc, rc;
-      std::vector<uint16_t> sc16, bc16;
+      std::vector<float> xc, nc, rc;
       std::vector<uint32_t> wc;
+      mlxbar::ScaleCopies sbc;
       const auto x = mlxbar::dense(inputs[0], xc);
       const auto w = mlxbar::dense(inputs[1], wc);
-      // Scales and biases in their stored type: 16-bit ones are passed as their bits.
-      const auto scale_type = inputs[2].dtype() == mx::float32 ? SCALE_F32
-          : inputs[2].dtype() == mx::float16                   ? SCALE_F16
-                                                               : SCALE_BF16;
-      mlxbar::Dense<void> s{nullptr, 0}, b{nullptr, 0};
-      if (scale_type == SCALE_F32) {
-        const auto s32 = mlxbar::dense(inputs[2], sc);
-        const auto b32 = mlxbar::dense(inputs[3], bc);
-        s = {s32.ptr, s32.len};
-        b = {b32.ptr, b32.len};
-      } else {
-        const auto s16 = mlxbar::dense(inputs[2], sc16);
-        const auto b16 = mlxbar::dense(inputs[3], bc16);
-        s = {s16.ptr, s16.len};
-        b = {b16.ptr, b16.len};
-      }
+      const auto sb = mlxbar::scales_and_biases(inputs[2], inputs[3], sbc);
+      const auto &s = sb.scales, &b = sb.biases;
+      const auto scale_type = sb.scale_type;
       const mlxbar::Dense<float> none{nullptr, 0};
       const auto nm = prologue == PROLOGUE_RMS_NORM ? mlxbar::dense(inputs[4], nc) : none;
       const auto r = has_res ? mlxbar::dense(inputs.back(), rc) : none;

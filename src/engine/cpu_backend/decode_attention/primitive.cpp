@@ -66,14 +66,9 @@ class DecodeAttention : public mx::UnaryPrimitive {
       const auto periods = optional(c.has_periods, fc);
       const auto q_norm = optional(c.has_q_norm, qnc);
       const auto k_norm = optional(c.has_k_norm, knc);
-      // The cache buffers are row-contiguous (checked when the op was built): their own
-      // memory, written in place.
-      auto buffer = [](const mx::array& a) {
-        return mlxbar::Dense<float>{a.data<float>(), static_cast<int64_t>(a.data_size())};
-      };
       mlxbar_decode_attention_run(
           &c.step, mlxbar::dense(inputs[0], qkvc), mlxbar::dense(inputs[3], pc), periods, q_norm, k_norm,
-          buffer(inputs[1]), buffer(inputs[2]), mlxbar::Dense<float>{op, out_len});
+          mlxbar::cache_buffer(inputs[1]), mlxbar::cache_buffer(inputs[2]), mlxbar::Dense<float>{op, out_len});
     });
   }
 

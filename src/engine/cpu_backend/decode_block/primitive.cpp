@@ -76,30 +76,17 @@ struct Config {
 // (weights come contiguous, so they never are).
 struct WeightCopies {
   std::vector<uint32_t> packed;
-  std::vector<float> s32, b32;
-  std::vector<uint16_t> s16, b16;
+  mlxbar::ScaleCopies scales;
 };
 
 QuantizedWeight quantized_weight(const std::vector<mx::array>& inputs, int which, const Config& c, WeightCopies& copies) {
   const auto& w = inputs[FIRST_WEIGHT + 3 * which];
-  const auto& scales = inputs[FIRST_WEIGHT + 3 * which + 1];
-  const auto& biases = inputs[FIRST_WEIGHT + 3 * which + 2];
+  const auto sb = mlxbar::scales_and_biases(inputs[FIRST_WEIGHT + 3 * which + 1], inputs[FIRST_WEIGHT + 3 * which + 2], copies.scales);
   QuantizedWeight q{};
-  const auto packed = mlxbar::dense(w, copies.packed);
-  q.packed = packed;
-  if (scales.dtype() == mx::float32) {
-    const auto s = mlxbar::dense(scales, copies.s32);
-    const auto b = mlxbar::dense(biases, copies.b32);
-    q.scales = {s.ptr, s.len};
-    q.biases = {b.ptr, b.len};
-    q.scale_type = 0;
-  } else {
-    const auto s = mlxbar::dense(scales, copies.s16);
-    const auto b = mlxbar::dense(biases, copies.b16);
-    q.scales = {s.ptr, s.len};
-    q.biases = {b.ptr, b.len};
-    q.scale_type = scales.dtype() == mx::float16 ? 1 : 2;
-  }
+  q.packed = mlxbar::dense(w, copies.packed);
+  q.scales = sb.scales;
+  q.biases = sb.biases;
+  q.scale_type = sb.scale_type;
   q.bits = c.bits[which];
   q.group_size = c.group_size[which];
   q.n = w.shape(0);
@@ -129,14 +116,9 @@ class DecodeBlock : public mx::UnaryPrimitive {
       const auto periods = optional(c.has_periods, fc);
       const auto q_norm = optional(c.has_q_norm, qnc);
       const auto k_norm = optional(c.has_k_norm, knc);
-      // The cache buffers are row-contiguous (checked when the op was built): their own
-      // memory, written in place.
-      auto buffer = [](const mx::array& a) {
-        return mlxbar::Dense<float>{a.data<float>(), static_cast<int64_t>(a.data_size())};
-      };
       mlxbar_decode_block_run(
           &c.step, mlxbar::dense(inputs[0], hc), mlxbar::dense(inputs[4], anc), mlxbar::dense(inputs[5], mnc), &w[QKV], &w[O],
-          &w[GATE_UP], &w[DOWN], mlxbar::dense(inputs[3], pc), periods, q_norm, k_norm, buffer(inputs[1]), buffer(inputs[2]),
+          &w[GATE_UP], &w[DOWN], mlxbar::dense(inputs[3], pc), periods, q_norm, k_norm, mlxbar::cache_buffer(inputs[1]), mlxbar::cache_buffer(inputs[2]),
           mlxbar::Dense<float>{op, out_len});
     });
   }
