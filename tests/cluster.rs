@@ -99,8 +99,7 @@ impl Proc {
 
     /// rank 0's URL, once it listens (before the model is ready).
     fn listening(&self) -> String {
-        let l = self.line("listening on http://", 60);
-        format!("http://{}", l.split("http://").nth(1).unwrap().split_whitespace().next().unwrap())
+        listening_url(&self.line("listening on http://", 60))
     }
 
     fn exits_within(&mut self, secs: u64) -> std::process::ExitStatus {
@@ -128,6 +127,11 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The address in a "listening on http://…" line.
+fn listening_url(line: &str) -> String {
+    format!("http://{}", line.split("http://").nth(1).unwrap().split_whitespace().next().unwrap())
 }
 
 fn mlxbar() -> Command {
@@ -525,7 +529,10 @@ async fn with_rejoin_a_lost_rank_is_waited_for_and_the_cluster_serves_again() {
     ranks[1].exits_within(10);
     let restart = ranks[0].line("restarting this rank in", 30);
     assert!(restart.contains("the cluster lost rank 1 (localhost)"), "{restart}");
-    let base = ranks[0].listening();
+    // The new server's address and the notice may come in either order: both threads log.
+    let found = ranks[0].lines(&["listening on http://", "Waiting for every rank to join the cluster again after"], 60);
+    let (base, notice) = (listening_url(&found[0]), &found[1]);
+    assert!(notice.contains("A rank of the cluster was lost") && notice.contains("again after: the cluster lost rank 1"), "{notice}");
     let h = health_says(&base, "waiting for every rank to join the cluster again after: the cluster lost rank 1 (localhost)", 30).await;
     assert_eq!(h["state"], "loading", "{h}");
     assert!(h["cluster"]["rejoining_after"].as_str().unwrap().starts_with("the cluster lost rank 1"), "{h}");
@@ -534,8 +541,6 @@ async fn with_rejoin_a_lost_rank_is_waited_for_and_the_cluster_serves_again() {
     let snapshot: Value = reqwest::get(format!("{base}/api/metrics/snapshot")).await.unwrap().json().await.unwrap();
     assert_eq!(snapshot["cluster"]["healthy"], 0, "{}", snapshot["cluster"]);
     assert!(snapshot["cluster"]["broken"].as_str().unwrap().starts_with("waiting for every rank"), "{}", snapshot["cluster"]);
-    let notice = ranks[0].line("A rank of the cluster was lost", 15);
-    assert!(notice.contains("Waiting for every rank to join the cluster again after: the cluster lost rank 1"), "{notice}");
 
     // Rank 1 back: the cluster forms again and answers as before, from the same process.
     ranks[1] = rank_by_hand(dir.path(), port, 1, mode, &common::model_path());
@@ -610,8 +615,7 @@ async fn a_rank_that_never_joins_fails_within_the_join_timeout() {
     cmd.args(["serve", "--port", "0", "--join-timeout", "2", "--rank", "0", "--ring-port", &ring_port().to_string(), "--hostfile"]);
     cmd.arg(&hosts).arg("--model").arg(common::model_path());
     let rank0 = Proc::spawn(cmd, dir.path());
-    let l = rank0.line("listening on http://", 60);
-    let base = format!("http://{}", l.split("http://").nth(1).unwrap().split_whitespace().next().unwrap());
+    let base = rank0.listening();
     let h: Value = until("/health to say the ranks did not join", 60, async || {
         let resp = reqwest::get(format!("{base}/health")).await.ok()?;
         let h: Value = resp.json().await.ok()?;
@@ -646,8 +650,7 @@ async fn a_rank_that_never_joins_fails_within_the_join_timeout() {
     // do not restart for it even with --on-rank-lost rejoin (it would fail the same way).
     let dir2 = tempfile::tempdir().unwrap();
     let mut ranks = ranks_by_hand(dir2.path(), 2, "tensor --on-rank-lost rejoin");
-    let base =
-        format!("http://{}", ranks[0].line("listening on http://", 60).split("http://").nth(1).unwrap().split_whitespace().next().unwrap());
+    let base = ranks[0].listening();
     let h: Value = until("/health to refuse tensor parallel over 2 ranks", 60, async || {
         let h: Value = reqwest::get(format!("{base}/health")).await.ok()?.json().await.ok()?;
         (h["state"] == "failed").then_some(h)
