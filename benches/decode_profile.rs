@@ -65,7 +65,13 @@ impl StepMatmuls {
                 // float16 scales and biases.
                 let (wq, scales, biases) = ops::quantize(&a, 32, bits).unwrap();
                 let (scales, biases) = (scales.as_dtype(Dtype::Float16).unwrap(), biases.as_dtype(Dtype::Float16).unwrap());
-                Weight::Quantized(Quantized::new(wq, scales, Some(biases), QuantSpec::affine(32, bits)).unwrap()).for_cpu().unwrap()
+                let w =
+                    Weight::Quantized(Quantized::new(wq, scales, Some(biases), QuantSpec::affine(32, bits)).unwrap()).for_cpu().unwrap();
+                // In strips where the server loads them so (AVX512-VNNI, 4-bit).
+                match w {
+                    Weight::Quantized(q) => Weight::Quantized(q.into_strips().unwrap()),
+                    dense => dense,
+                }
             } else {
                 Weight::dense(a).unwrap()
             };
@@ -96,8 +102,9 @@ impl StepMatmuls {
 
 /// Milliseconds for a step's projections (30 layers of 4-bit q|k|v, o, gate|up and down,
 /// the 8-bit head; groups of 32, float16 scales) at `rows` rows through each quantized
-/// kernel this CPU runs, called directly (no MLX graph): the instruction sets side by side.
-fn kernels_ms(rows: usize, iters: usize) -> Vec<(Kernel, f64)> {
+/// kernel this CPU runs, called directly (no MLX graph): the instruction sets side by side,
+/// and AVX512-VNNI with the 4-bit weights in strips (as the server loads them there).
+fn kernels_ms(rows: usize, iters: usize) -> Vec<(String, f64)> {
     let mut state = 0x9e37_79b9_u32;
     let mut words = |n: usize| -> Vec<u32> {
         (0..n)
@@ -116,19 +123,35 @@ fn kernels_ms(rows: usize, iters: usize) -> Vec<(Kernel, f64)> {
         shapes.iter().map(|&(n, k, bits)| (words(n * k * bits as usize / 32), vec![half::f16::from_f32(0.01); n * k / 32])).collect();
     let x: Vec<f32> = (0..rows * ff).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
     let mut out = vec![0f32; rows * vocab];
-    affine_qmm::Kernel::available()
+    let in_strips: Vec<Option<(Vec<u32>, Vec<half::f16>)>> = shapes
+        .iter()
+        .zip(&held)
+        .map(|(&(n, k, bits), (packed, scales))| {
+            let (p, s, _) = affine_qmm::strips::repack(packed, scales, scales, (n, k, 32, bits as usize));
+            Some((p, s))
+        })
+        .collect();
+    let mut run = |kernel: Kernel, strips: bool| {
+        time_ms(iters, || {
+            for ((&(n, k, bits), (packed, scales)), repacked) in shapes.iter().zip(&held).zip(&in_strips) {
+                let (packed, scales, strips) = match repacked {
+                    Some((p, s)) if strips => (p, s, true),
+                    _ => (packed, scales, false),
+                };
+                let w = affine_qmm::Weights { packed, scales, biases: scales, n, k, group_size: 32, bits, strips };
+                affine_qmm::matmul(kernel, &x[..rows * k], rows, &w, affine_qmm::Fusion::default(), &mut out[..rows * n]);
+            }
+        })
+    };
+    let mut all: Vec<(String, f64)> = affine_qmm::Kernel::available()
         .iter()
         .filter(|k| **k != affine_qmm::Kernel::Scalar)
-        .map(|&kernel| {
-            let ms = time_ms(iters, || {
-                for (&(n, k, bits), (packed, scales)) in shapes.iter().zip(&held) {
-                    let w = affine_qmm::Weights { packed, scales, biases: scales, n, k, group_size: 32, bits };
-                    affine_qmm::matmul(kernel, &x[..rows * k], rows, &w, affine_qmm::Fusion::default(), &mut out[..rows * n]);
-                }
-            });
-            (kernel, ms)
-        })
-        .collect()
+        .map(|&kernel| (format!("{kernel:?}"), run(kernel, false)))
+        .collect();
+    if affine_qmm::Kernel::available().contains(&Kernel::Avx512Vnni) {
+        all.push(("Avx512Vnni in strips".into(), run(Kernel::Avx512Vnni, true)));
+    }
+    all
 }
 
 /// Milliseconds for a step's attention through mlxbar's CPU op (one per layer: RoPE, the
@@ -254,11 +277,10 @@ fn main() -> anyhow::Result<()> {
     // decode's, where Amx hands the product to the AVX512-VNNI kernel).
     println!("a step's quantized projections by kernel, called directly (ms; 1 row / 8 rows / 64 rows):");
     let (one, eight, many) = (kernels_ms(1, 20), kernels_ms(8, 10), kernels_ms(64, 3));
-    let avx2 = |set: &[(Kernel, f64)]| set.iter().find(|(k, _)| *k == Kernel::Avx2).map_or(f64::NAN, |(_, ms)| *ms);
+    let avx2 = |set: &[(String, f64)]| set.iter().find(|(k, _)| k == "Avx2").map_or(f64::NAN, |(_, ms)| *ms);
     for (((kernel, a), (_, b)), (_, c)) in one.iter().zip(&eight).zip(&many) {
         println!(
-            "  {:<12}{a:>8.2}{b:>8.2}{c:>8.2}   ({:.2}x / {:.2}x / {:.2}x AVX2's speed)",
-            format!("{kernel:?}"),
+            "  {kernel:<21}{a:>8.2}{b:>8.2}{c:>8.2}   ({:.2}x / {:.2}x / {:.2}x AVX2's speed)",
             avx2(&one) / a,
             avx2(&eight) / b,
             avx2(&many) / c

@@ -100,7 +100,7 @@ impl Packed {
         let scales = Array::from_slice(&self.scales, &[self.n as i32, groups]);
         let biases = Array::from_slice(&self.biases, &[self.n as i32, groups]);
         let (gs, bits) = (self.group_size as i32, self.bits as i32);
-        let y = cpu_backend::quantized_matmul(x, &w, &scales, &biases, gs, bits, Prologue::None, None).unwrap();
+        let y = cpu_backend::quantized_matmul(x, &w, &scales, &biases, gs, bits, false, Prologue::None, None).unwrap();
         y.eval().unwrap();
         y.as_slice::<f32>().to_vec()
     }
@@ -178,22 +178,28 @@ fn check(bits: i32, group_size: i32, rows: i32, n: i32, k: i32, layout: &str, sc
         _ => mlx_rs::Array::from_slice(&host, &[rows, k]),
     };
     mlx_rs::transforms::eval([&wq, &kernel_scales, &kernel_biases, &scales, &biases, &dense, &x]).unwrap();
-    let ours = cpu_backend::quantized_matmul(&x, &wq, &kernel_scales, &kernel_biases, group_size, bits, Prologue::None, None).unwrap();
     let mlx = ops::quantized_matmul(&x, &wq, &scales, &biases, true, group_size, bits).unwrap();
-    mlx_rs::transforms::eval([&ours, &mlx]).unwrap();
-    assert_eq!(ours.shape(), mlx.shape());
     let packed = Packed::of(&wq, &scales, &biases, n as usize, k as usize, group_size as usize, bits as u32);
-    let what = format!("{bits}-bit, groups of {group_size}, {rows}x{k} ({layout}) by {n}x{k}, {scale_type:?} scales");
-    if let Some(miss) = tight_misses(&host, all_rows, &packed, ours.as_slice::<f32>()).first() {
-        panic!("{what}: {miss}");
-    }
     let case = Case { x: host, w: dense.as_slice::<f32>().to_vec(), rows: all_rows, n: n as usize, k: k as usize };
-    let (o, m) = (ours.as_slice::<f32>(), mlx.as_slice::<f32>());
-    for r in 0..case.rows {
-        for j in 0..case.n {
-            let (a, b) = (o[r * case.n + j], m[r * case.n + j]);
-            let bound = case.bound(r, j);
-            assert!((a - b).abs() <= bound, "{what}: [{r},{j}] = {a}, MLX {b}, bound {bound}");
+    // MLX's layout, and the same weights in strips where this machine's kernel reads those.
+    let strips = cpu_backend::repack_in_strips(&wq, &kernel_scales, &kernel_biases, group_size, bits).unwrap();
+    let runs = std::iter::once((&wq, &kernel_scales, &kernel_biases, false)).chain(strips.as_ref().map(|(w, s, b)| (w, s, b, true)));
+    for (w, s, b, in_strips) in runs {
+        let ours = cpu_backend::quantized_matmul(&x, w, s, b, group_size, bits, in_strips, Prologue::None, None).unwrap();
+        mlx_rs::transforms::eval([&ours, &mlx]).unwrap();
+        assert_eq!(ours.shape(), mlx.shape());
+        let what =
+            format!("{bits}-bit, groups of {group_size}, {rows}x{k} ({layout}) by {n}x{k}, {scale_type:?} scales, strips {in_strips}");
+        if let Some(miss) = tight_misses(&case.x, all_rows, &packed, ours.as_slice::<f32>()).first() {
+            panic!("{what}: {miss}");
+        }
+        let (o, m) = (ours.as_slice::<f32>(), mlx.as_slice::<f32>());
+        for r in 0..case.rows {
+            for j in 0..case.n {
+                let (a, b) = (o[r * case.n + j], m[r * case.n + j]);
+                let bound = case.bound(r, j);
+                assert!((a - b).abs() <= bound, "{what}: [{r},{j}] = {a}, MLX {b}, bound {bound}");
+            }
         }
     }
 }
@@ -210,7 +216,8 @@ fn matches_mlx_quantized_matmul_on_random_shapes() {
     for bits in [4, 8] {
         for group_size in [32, 64, 128] {
             for rows in [1, 2, 3, 4, 5, 7, 8, 13, 16] {
-                let n = 1 + next(300) as i32;
+                // Every other case whole strips of 16 columns (the layout AVX512-VNNI reads).
+                let n = if cases % 2 == 0 { 16 * (1 + next(18) as i32) } else { 1 + next(300) as i32 };
                 let k = group_size * (1 + next(8) as i32);
                 let layout = ["contiguous", "contiguous", "strided", "batched"][next(4) as usize];
                 let scale_type = [Dtype::Float16, Dtype::Bfloat16, Dtype::Float32][cases % 3];
@@ -282,7 +289,7 @@ fn a_packed_row_of_2_pow_26_words_multiplies() {
     let scales = ops::zeros::<f32>(&[1, k / gs]).unwrap();
     // 2^21 groups, each adding 2^-20 · 0.5.
     let biases = ops::full::<f32>(&[1, k / gs], Array::from_f32(1.0 / (1u32 << 20) as f32)).unwrap();
-    let y = cpu_backend::quantized_matmul(&x, &w, &scales, &biases, gs, 8, Prologue::None, None).unwrap();
+    let y = cpu_backend::quantized_matmul(&x, &w, &scales, &biases, gs, 8, false, Prologue::None, None).unwrap();
     y.eval().unwrap();
     assert_eq!(y.shape(), &[1, 1]);
     assert_eq!(y.as_slice::<f32>(), &[1.0]);
@@ -509,16 +516,17 @@ fn refuses_unsupported_formats_with_a_reason() {
     let w = random::normal::<f32>(&[8, 64][..], None, None, None).unwrap();
     let (wq, scales, biases) = ops::quantize(&w, 64, 3).unwrap();
     let x = random::normal::<f32>(&[1, 64][..], None, None, None).unwrap();
-    let err = cpu_backend::quantized_matmul(&x, &wq, &scales, &biases, 64, 3, Prologue::None, None).unwrap_err();
+    let err = cpu_backend::quantized_matmul(&x, &wq, &scales, &biases, 64, 3, false, Prologue::None, None).unwrap_err();
     assert!(err.to_string().contains("3-bit"), "{err}");
     let (wq, scales, biases) = ops::quantize(&w, 64, 4).unwrap();
     let wrong_k = random::normal::<f32>(&[1, 32][..], None, None, None).unwrap();
-    let err = cpu_backend::quantized_matmul(&wrong_k, &wq, &scales, &biases, 64, 4, Prologue::None, None).unwrap_err();
+    let err = cpu_backend::quantized_matmul(&wrong_k, &wq, &scales, &biases, 64, 4, false, Prologue::None, None).unwrap_err();
     assert!(err.to_string().contains("disagree"), "{err}");
 }
 
 /// The fused forms equal MLX's ops: `r + qmm(fast::rms_norm(x, w))` and
-/// `r + qmm(silu(gate) · up)`, within the int8 bound taken on the transformed `x`.
+/// `r + qmm(silu(gate) · up)`, within the int8 bound taken on the transformed `x`; with the
+/// weights in strips too where this machine's kernel reads them.
 #[test]
 fn fusions_equal_the_ops_they_replace() {
     Device::set_default(&Device::cpu());
@@ -537,20 +545,24 @@ fn fusions_equal_the_ops_they_replace() {
         ("rms_norm", &x, Prologue::RmsNorm(&norm, 1e-5), mlx_rs::fast::rms_norm(&x, Some(&norm), 1e-5).unwrap()),
         ("swiglu", &gate_up, Prologue::SwiGlu, mlx_rs::nn::silu(&halves[0]).unwrap().multiply(&halves[1]).unwrap()),
     ] {
-        let fused = cpu_backend::quantized_matmul(input, &wq, &scales, &biases, gs, bits, prologue, Some(&residual)).unwrap();
-        let want = residual.add(ops::quantized_matmul(&transformed, &wq, &scales, &biases, true, gs, bits).unwrap()).unwrap();
-        mlx_rs::transforms::eval([&fused, &want, &transformed]).unwrap();
-        let case = Case {
-            x: transformed.as_slice::<f32>().to_vec(),
-            w: dense.as_slice::<f32>().to_vec(),
-            rows: rows as usize,
-            n: n as usize,
-            k: k as usize,
-        };
-        for r in 0..case.rows {
-            for j in 0..case.n {
-                let (a, b) = (fused.as_slice::<f32>()[r * case.n + j], want.as_slice::<f32>()[r * case.n + j]);
-                assert!((a - b).abs() <= case.bound(r, j) + 1e-5 * b.abs(), "{name} [{r},{j}]: {a} vs MLX {b}");
+        let strips = cpu_backend::repack_in_strips(&wq, &scales, &biases, gs, bits).unwrap();
+        let runs = std::iter::once((&wq, &scales, &biases, false)).chain(strips.as_ref().map(|(w, s, b)| (w, s, b, true)));
+        for (w, s, b, in_strips) in runs {
+            let fused = cpu_backend::quantized_matmul(input, w, s, b, gs, bits, in_strips, prologue, Some(&residual)).unwrap();
+            let want = residual.add(ops::quantized_matmul(&transformed, &wq, &scales, &biases, true, gs, bits).unwrap()).unwrap();
+            mlx_rs::transforms::eval([&fused, &want, &transformed]).unwrap();
+            let case = Case {
+                x: transformed.as_slice::<f32>().to_vec(),
+                w: dense.as_slice::<f32>().to_vec(),
+                rows: rows as usize,
+                n: n as usize,
+                k: k as usize,
+            };
+            for r in 0..case.rows {
+                for j in 0..case.n {
+                    let (a, b) = (fused.as_slice::<f32>()[r * case.n + j], want.as_slice::<f32>()[r * case.n + j]);
+                    assert!((a - b).abs() <= case.bound(r, j) + 1e-5 * b.abs(), "{name} (strips {in_strips}) [{r},{j}]: {a} vs MLX {b}");
+                }
             }
         }
     }
@@ -583,7 +595,8 @@ fn doctor_names_the_kernels() {
 /// give (the q|k|v, o, gate|up and down projections with their fusions, and the decode
 /// attention), bit for bit, in its output and in the cache it writes; with and without the
 /// per-head q and k norms, projections of mixed formats (4 and 8 bits, groups of 32 and
-/// 64, float16, bfloat16 and float32 scales), rows at different positions. Refused when a
+/// 64, float16, bfloat16 and float32 scales), rows at different positions; the weights in
+/// MLX's layout, and in strips where this machine's kernel reads those. Refused when a
 /// projection does not fit the block.
 #[test]
 fn decode_block_equals_its_five_ops() {
@@ -599,19 +612,21 @@ fn decode_block_equals_its_five_ops() {
         (2 * ff, hidden, 4, 32, Dtype::Float16),
         (hidden, ff, 4, 32, Dtype::Float32),
     ];
-    let weights: Vec<(Array, Array, Array, i32, i32)> = formats
+    let rows_layout: Vec<(Array, Array, Array, i32, i32, bool)> = formats
         .iter()
         .map(|&(n, k, bits, gs, dtype)| {
             let (w, s, b) = ops::quantize(array(&[n, k]).multiply(Array::from_f32(0.1)).unwrap(), gs, bits).unwrap();
             let (s, b) = (s.as_dtype(dtype).unwrap(), b.as_dtype(dtype).unwrap());
             mlx_rs::transforms::eval([&w, &s, &b]).unwrap();
-            (w, s, b, gs, bits)
+            (w, s, b, gs, bits, false)
         })
         .collect();
-    let arrays = |i: usize| {
-        let (w, s, b, group_size, bits) = &weights[i];
-        cpu_backend::QuantizedArrays { weight: w, scales: s, biases: b, group_size: *group_size, bits: *bits }
-    };
+    let in_strips: Option<Vec<_>> = rows_layout
+        .iter()
+        .map(|(w, s, b, gs, bits, _)| {
+            cpu_backend::repack_in_strips(w, s, b, *gs, *bits).unwrap().map(|(w, s, b)| (w, s, b, *gs, *bits, true))
+        })
+        .collect();
     let (attn_norm, mlp_norm) = (array(&[hidden]).add(Array::from_f32(1.5)).unwrap(), array(&[hidden]).add(Array::from_f32(1.5)).unwrap());
     let (q_norm, k_norm) = (array(&[hd]).add(Array::from_f32(1.5)).unwrap(), array(&[hd]).add(Array::from_f32(1.5)).unwrap());
     let h = array(&[1, rows, hidden]);
@@ -625,52 +640,62 @@ fn decode_block_equals_its_five_ops() {
     };
     mlx_rs::transforms::eval([&attn_norm, &mlp_norm, &q_norm, &k_norm, &h]).unwrap();
     let rope = cpu_backend::RopeParams { dims: hd, traditional: false, base: 10000.0, position_scale: 1.0, input_scale: 1.0 };
-    for norms in [false, true] {
-        let (fused_keys, fused_values, apart_keys, apart_values) = (cache(0), cache(1), cache(0), cache(1));
-        let step = |keys, values| cpu_backend::AttentionStep {
-            keys,
-            values,
-            positions: &positions,
-            heads,
-            q_norm: norms.then_some(&q_norm),
-            k_norm: norms.then_some(&k_norm),
-            eps: 1e-5,
-            rope,
-            periods: None,
-            scale: 0.2,
+    for weights in std::iter::once(&rows_layout).chain(in_strips.as_ref()) {
+        let arrays = |i: usize| {
+            let (w, s, b, group_size, bits, strips) = &weights[i];
+            cpu_backend::QuantizedArrays { weight: w, scales: s, biases: b, group_size: *group_size, bits: *bits, strips: *strips }
         };
-        let fused = cpu_backend::decode_block(&cpu_backend::DecodeBlock {
-            h: &h,
-            attn_norm: &attn_norm,
-            mlp_norm: &mlp_norm,
-            qkv: arrays(0),
-            o: arrays(1),
-            gate_up: arrays(2),
-            down: arrays(3),
-            attention: step(&fused_keys, &fused_values),
-        })
-        .unwrap();
-        fused.eval().unwrap();
-        let qmm = |x: &Array, i: usize, prologue, residual| {
-            let (w, s, b, gs, bits) = &weights[i];
-            cpu_backend::quantized_matmul(x, w, s, b, *gs, *bits, prologue, residual).unwrap()
-        };
-        let qkv = qmm(&h, 0, Prologue::RmsNorm(&attn_norm, 1e-5), None);
-        let attention =
-            cpu_backend::decode_attention(&cpu_backend::DecodeAttention { qkv: &qkv, step: step(&apart_keys, &apart_values) }).unwrap();
-        let h1 = qmm(&attention, 1, Prologue::None, Some(&h));
-        let gate_up = qmm(&h1, 2, Prologue::RmsNorm(&mlp_norm, 1e-5), None);
-        let apart = qmm(&gate_up, 3, Prologue::SwiGlu, Some(&h1));
-        apart.eval().unwrap();
-        assert_eq!(fused.shape(), &[1, rows, hidden]);
-        // The first element whose bits differ, if any.
-        let differ =
-            |a: &Array, b: &Array| a.as_slice::<f32>().iter().zip(b.as_slice::<f32>()).position(|(x, y)| x.to_bits() != y.to_bits());
-        assert_eq!(differ(&fused, &apart), None, "the block's output (q and k norms: {norms})");
-        assert_eq!(differ(&fused_keys, &apart_keys), None, "the keys written (q and k norms: {norms})");
-        assert_eq!(differ(&fused_values, &apart_values), None, "the values written (q and k norms: {norms})");
-        assert!(differ(&fused_keys, &cache(0)).is_some(), "the step wrote its keys");
+        for norms in [false, true] {
+            let (fused_keys, fused_values, apart_keys, apart_values) = (cache(0), cache(1), cache(0), cache(1));
+            let step = |keys, values| cpu_backend::AttentionStep {
+                keys,
+                values,
+                positions: &positions,
+                heads,
+                q_norm: norms.then_some(&q_norm),
+                k_norm: norms.then_some(&k_norm),
+                eps: 1e-5,
+                rope,
+                periods: None,
+                scale: 0.2,
+            };
+            let fused = cpu_backend::decode_block(&cpu_backend::DecodeBlock {
+                h: &h,
+                attn_norm: &attn_norm,
+                mlp_norm: &mlp_norm,
+                qkv: arrays(0),
+                o: arrays(1),
+                gate_up: arrays(2),
+                down: arrays(3),
+                attention: step(&fused_keys, &fused_values),
+            })
+            .unwrap();
+            fused.eval().unwrap();
+            let qmm = |x: &Array, i: usize, prologue, residual| {
+                let (w, s, b, gs, bits, strips) = &weights[i];
+                cpu_backend::quantized_matmul(x, w, s, b, *gs, *bits, *strips, prologue, residual).unwrap()
+            };
+            let qkv = qmm(&h, 0, Prologue::RmsNorm(&attn_norm, 1e-5), None);
+            let attention =
+                cpu_backend::decode_attention(&cpu_backend::DecodeAttention { qkv: &qkv, step: step(&apart_keys, &apart_values) }).unwrap();
+            let h1 = qmm(&attention, 1, Prologue::None, Some(&h));
+            let gate_up = qmm(&h1, 2, Prologue::RmsNorm(&mlp_norm, 1e-5), None);
+            let apart = qmm(&gate_up, 3, Prologue::SwiGlu, Some(&h1));
+            apart.eval().unwrap();
+            assert_eq!(fused.shape(), &[1, rows, hidden]);
+            // The first element whose bits differ, if any.
+            let differ =
+                |a: &Array, b: &Array| a.as_slice::<f32>().iter().zip(b.as_slice::<f32>()).position(|(x, y)| x.to_bits() != y.to_bits());
+            assert_eq!(differ(&fused, &apart), None, "the block's output (q and k norms: {norms})");
+            assert_eq!(differ(&fused_keys, &apart_keys), None, "the keys written (q and k norms: {norms})");
+            assert_eq!(differ(&fused_values, &apart_values), None, "the values written (q and k norms: {norms})");
+            assert!(differ(&fused_keys, &cache(0)).is_some(), "the step wrote its keys");
+        }
     }
+    let arrays = |i: usize| {
+        let (w, s, b, group_size, bits, strips) = &rows_layout[i];
+        cpu_backend::QuantizedArrays { weight: w, scales: s, biases: b, group_size: *group_size, bits: *bits, strips: *strips }
+    };
     // o with the MLP's width where the attention's goes.
     let (keys, values) = (cache(0), cache(1));
     let err = cpu_backend::decode_block(&cpu_backend::DecodeBlock {

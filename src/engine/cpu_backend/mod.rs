@@ -62,7 +62,13 @@ pub fn quantized_kernel(bits: i32, group_size: i32) -> Option<&'static str> {
 /// where [`quantized_kernel`] does not hold such a table (another platform, bits or group
 /// size, a scale type other than float32, float16 and bfloat16, a layout not
 /// row-contiguous); an error for an id outside the table.
-pub fn dequantize_rows(packed: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32, ids: &[u32]) -> Result<Option<Array>> {
+pub fn dequantize_rows(
+    packed: &Array,
+    scales: &Array,
+    biases: &Array,
+    (group_size, bits, strips): (i32, i32, bool),
+    ids: &[u32],
+) -> Result<Option<Array>> {
     #[cfg(target_os = "linux")]
     {
         fn rows<S: affine_qmm::Scale + mlx_rs::ArrayElement>(
@@ -70,6 +76,7 @@ pub fn dequantize_rows(packed: &Array, scales: &Array, biases: &Array, group_siz
             scales: &Array,
             biases: &Array,
             shape: [usize; 4],
+            strips: bool,
             ids: &[u32],
         ) -> Result<Option<Array>> {
             let [n, k, group_size, bits] = shape;
@@ -79,7 +86,8 @@ pub fn dequantize_rows(packed: &Array, scales: &Array, biases: &Array, group_siz
                 packed.len() == n * k * bits / 32 && scales.len() == n * k / group_size && biases.len() == scales.len(),
                 "a quantized table's parts disagree"
             );
-            let w = affine_qmm::Weights { packed, scales, biases, n, k, group_size, bits: bits as u32 };
+            anyhow::ensure!(!strips || n.is_multiple_of(affine_qmm::strips::STRIP), "strips of 16 rows, not {n}");
+            let w = affine_qmm::Weights { packed, scales, biases, n, k, group_size, bits: bits as u32, strips };
             let mut out = vec![0f32; ids.len() * k];
             for (&id, row) in ids.iter().zip(out.chunks_exact_mut(k)) {
                 anyhow::ensure!((id as usize) < n, "token id {id} outside the vocabulary of {n}");
@@ -94,15 +102,69 @@ pub fn dequantize_rows(packed: &Array, scales: &Array, biases: &Array, group_siz
         let (n, k) = (packed.shape()[0] as usize, packed.shape()[1] as usize * 32 / bits as usize);
         let shape = [n, k, group_size as usize, bits as usize];
         match scales.dtype() {
-            mlx_rs::Dtype::Float32 => rows::<f32>(words, scales, biases, shape, ids),
-            mlx_rs::Dtype::Float16 => rows::<half::f16>(words, scales, biases, shape, ids),
-            mlx_rs::Dtype::Bfloat16 => rows::<half::bf16>(words, scales, biases, shape, ids),
+            mlx_rs::Dtype::Float32 => rows::<f32>(words, scales, biases, shape, strips, ids),
+            mlx_rs::Dtype::Float16 => rows::<half::f16>(words, scales, biases, shape, strips, ids),
+            mlx_rs::Dtype::Bfloat16 => rows::<half::bf16>(words, scales, biases, shape, strips, ids),
             _ => Ok(None),
         }
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (packed, scales, biases, group_size, bits, ids);
+        let _ = (packed, scales, biases, group_size, bits, strips, ids);
+        Ok(None)
+    }
+}
+
+/// A quantized weight's packed values, scales and biases (evaluated) as new arrays in strips of
+/// sixteen columns, the layout the AVX512-VNNI kernel reads fastest (`affine_qmm::strips`;
+/// same shapes and bytes, another order); None where that kernel does not run them (another
+/// CPU or platform, columns not a multiple of 16, a scale type it does not take).
+pub fn repack_in_strips(
+    weight: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Option<(Array, Array, Array)>> {
+    #[cfg(target_os = "linux")]
+    {
+        fn typed<S: affine_qmm::Scale + mlx_rs::ArrayElement>(
+            words: &[u32],
+            scales: &Array,
+            biases: &Array,
+            [n, k, group_size, bits]: [usize; 4],
+        ) -> Result<Option<(Array, Array, Array)>> {
+            let (Ok(s), Ok(b)) = (scales.try_as_slice::<S>(), biases.try_as_slice::<S>()) else { return Ok(None) };
+            anyhow::ensure!(
+                words.len() == n * k * bits / 32 && s.len() == n * k / group_size && b.len() == s.len(),
+                "a quantized weight's parts disagree"
+            );
+            let (w, s, b) = affine_qmm::strips::repack(words, s, b, (n, k, group_size, bits));
+            // Through float32 and back: exact for every scale type, and mlx-rs builds
+            // arrays from float32 slices.
+            let floats = |v: &[S], like: &Array| -> Result<Array> {
+                let wide: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+                Ok(Array::from_slice(&wide, like.shape()).as_dtype(like.dtype())?)
+            };
+            let out = (Array::from_slice(&w, &[n as i32, (k * bits / 32) as i32]), floats(&s, scales)?, floats(&b, biases)?);
+            mlx_rs::transforms::eval([&out.0, &out.1, &out.2])?;
+            Ok(Some(out))
+        }
+        if weight.ndim() != 2 || !affine_qmm::strips::applies(bits, group_size, weight.shape()[0].into()) {
+            return Ok(None);
+        }
+        let Ok(words) = weight.try_as_slice::<u32>() else { return Ok(None) };
+        let shape = [weight.shape()[0] as usize, weight.shape()[1] as usize * 32 / bits as usize, group_size as usize, bits as usize];
+        match scales.dtype() {
+            mlx_rs::Dtype::Float32 => typed::<f32>(words, scales, biases, shape),
+            mlx_rs::Dtype::Float16 => typed::<half::f16>(words, scales, biases, shape),
+            mlx_rs::Dtype::Bfloat16 => typed::<half::bf16>(words, scales, biases, shape),
+            _ => Ok(None),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (weight, scales, biases, group_size, bits);
         Ok(None)
     }
 }
@@ -167,16 +229,17 @@ pub fn quantized_matmul(
     biases: &Array,
     group_size: i32,
     bits: i32,
+    strips: bool,
     prologue: Prologue,
     residual: Option<&Array>,
 ) -> Result<Array> {
     #[cfg(target_os = "linux")]
     {
-        affine_qmm::op::affine_qmm(x, w, scales, biases, group_size, bits, prologue, residual)
+        affine_qmm::op::affine_qmm(x, w, scales, biases, group_size, bits, strips, prologue, residual)
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (x, w, scales, biases, group_size, bits, prologue, residual);
+        let _ = (x, w, scales, biases, group_size, bits, strips, prologue, residual);
         anyhow::bail!("no CPU quantized kernel on this platform")
     }
 }
@@ -222,6 +285,8 @@ pub struct QuantizedArrays<'a> {
     pub biases: &'a Array,
     pub group_size: i32,
     pub bits: i32,
+    /// In strips of 16 columns ([`repack_in_strips`]).
+    pub strips: bool,
 }
 
 /// One decode step's whole dense block for a batch of rows ([`decode_block`]).

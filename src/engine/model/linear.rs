@@ -112,7 +112,7 @@ impl Weight {
             .collect();
         let Some(qs) = qs else { return Ok(None) };
         let first = qs[0];
-        if qs.iter().any(|q| q.spec() != first.spec() || q.cpu_kernel != first.cpu_kernel) {
+        if qs.iter().any(|q| q.spec() != first.spec() || q.cpu_kernel != first.cpu_kernel || q.strips) {
             return Ok(None);
         }
         let cat = |f: fn(&Quantized) -> &Array| -> Result<Array> { Ok(ops::concatenate(&qs.iter().map(|q| f(q)).collect::<Vec<_>>(), 0)?) };
@@ -158,6 +158,18 @@ impl Weight {
             Weight::Dense(w) => vec![w],
             Weight::Quantized(q) => q.arrays(),
         }
+    }
+
+    /// Repacked for the CPU kernel where it reads that faster ([`Quantized::into_strips`]);
+    /// whether it was.
+    pub(super) fn repack_in_strips(&mut self) -> Result<bool> {
+        if let Weight::Quantized(q) = self {
+            if !q.strips {
+                *q = q.clone().into_strips()?;
+                return Ok(q.strips);
+            }
+        }
+        Ok(false)
     }
 }
 
@@ -267,8 +279,8 @@ impl Embedding {
     /// apply.
     pub fn lookup_on_host(&self, ids: &[u32]) -> Result<Option<Array>> {
         match &self.0 {
-            Weight::Quantized(Quantized { weight, scales, biases: Some(biases), group_size, bits, cpu_kernel: true, .. }) => {
-                crate::engine::cpu_backend::dequantize_rows(weight, scales, biases, *group_size, *bits, ids)
+            Weight::Quantized(Quantized { weight, scales, biases: Some(biases), group_size, bits, cpu_kernel: true, strips, .. }) => {
+                crate::engine::cpu_backend::dequantize_rows(weight, scales, biases, (*group_size, *bits, *strips), ids)
             }
             _ => Ok(None),
         }
@@ -294,11 +306,12 @@ mod tests {
 
     /// The host lookup gives MLX's dequantized rows bit for bit (so a step's embedding does
     /// not depend on which path took it), for 4 and 8 bits, each group size and each stored
-    /// scale type, and refuses an id outside the vocabulary.
+    /// scale type, from the table in MLX's layout and in strips (where this machine's
+    /// kernel reads those), and refuses an id outside the vocabulary.
     #[test]
     fn host_lookup_equals_mlx_dequantize() {
         Device::set_default(&Device::cpu());
-        let table = random::normal::<f32>(&[40, 256][..], 0.0, 0.05, None).unwrap();
+        let table = random::normal::<f32>(&[48, 256][..], 0.0, 0.05, None).unwrap();
         for (bits, group_size, dtype) in
             [(4, 32, Dtype::Float16), (8, 32, Dtype::Float16), (4, 64, Dtype::Bfloat16), (8, 128, Dtype::Float32), (4, 128, Dtype::Float32)]
         {
@@ -309,16 +322,21 @@ mod tests {
             if !q.cpu_kernel {
                 return; // no CPU kernel on this machine: the host path does not apply
             }
-            let embedding = Embedding(Weight::Quantized(q));
-            let ids = [0u32, 39, 7, 7, 22];
-            let host = embedding.lookup_on_host(&ids).unwrap().expect("the host path applies");
-            let mlx = embedding.lookup(&Array::from_slice(&ids, &[ids.len() as i32])).unwrap();
-            assert_eq!(host.shape(), mlx.shape());
-            let (h, m) = (host.as_slice::<f32>(), mlx.as_slice::<f32>());
-            for (i, (a, b)) in h.iter().zip(m).enumerate() {
-                assert_eq!(a.to_bits(), b.to_bits(), "{bits} bits, groups of {group_size}, {dtype:?}: value {i}: {a} vs {b}");
+            let ids = [0u32, 47, 7, 7, 22, 16];
+            let mlx = Embedding(Weight::Quantized(q.clone())).lookup(&Array::from_slice(&ids, &[ids.len() as i32])).unwrap();
+            let strips = q.clone().into_strips().unwrap();
+            for table in std::iter::once(q.clone()).chain(strips.strips.then_some(strips)) {
+                let in_strips = table.strips;
+                let embedding = Embedding(Weight::Quantized(table));
+                let host = embedding.lookup_on_host(&ids).unwrap().expect("the host path applies");
+                assert_eq!(host.shape(), mlx.shape());
+                let (h, m) = (host.as_slice::<f32>(), mlx.as_slice::<f32>());
+                for (i, (a, b)) in h.iter().zip(m).enumerate() {
+                    let what = format!("{bits} bits, groups of {group_size}, {dtype:?}, strips {in_strips}");
+                    assert_eq!(a.to_bits(), b.to_bits(), "{what}: value {i}: {a} vs {b}");
+                }
+                assert!(embedding.lookup_on_host(&[48]).unwrap_err().to_string().contains("outside the vocabulary"));
             }
-            assert!(embedding.lookup_on_host(&[40]).unwrap_err().to_string().contains("outside the vocabulary"));
         }
     }
 }

@@ -122,6 +122,13 @@ enum Projections {
 }
 
 impl Projections {
+    fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        match self {
+            Projections::Fused { linear, .. } => vec![linear],
+            Projections::Separate(parts) => parts.iter_mut().collect(),
+        }
+    }
+
     fn new(parts: Vec<Linear>) -> Result<Self> {
         let sizes: Vec<i32> = parts.iter().map(|p| p.weight.out_features()).collect();
         Ok(match Linear::concat_rows(parts)? {
@@ -218,6 +225,18 @@ impl Block {
 }
 
 impl Block {
+    /// The attention's and a dense MLP's projections (not the experts, which MLX's
+    /// `gather_qmm` runs).
+    fn dense_projections_mut(&mut self) -> Vec<&mut Linear> {
+        let mut all = self.qkv.linears_mut();
+        all.push(&mut self.o);
+        if let Mlp::Dense { gate_up, down, .. } = &mut self.mlp {
+            all.extend(gate_up.linears_mut());
+            all.push(down);
+        }
+        all
+    }
+
     /// The four projections as [`super::cpu_backend::decode_block`] takes them: a dense
     /// SwiGLU block with q|k|v and gate|up fused, each projection run by the CPU kernel, no
     /// sandwich norms or sinks; None for any other block.
@@ -234,6 +253,7 @@ impl Block {
                 biases: q.biases.as_ref()?,
                 group_size: q.group_size,
                 bits: q.bits,
+                strips: q.strips,
             })
         }
         fn fused(p: &Projections) -> Option<QuantizedArrays<'_>> {
@@ -487,10 +507,11 @@ impl Model {
             && !c.style.attention_sinks
             && super::cpu_backend::has_decode_attention();
         let cpu_rope = !on_gpu && dtype == Dtype::Float32 && super::cpu_backend::has_rope();
-        let model =
+        let mut model =
             Model { config, dtype, format, slice, ends, blocks, rope_periods, cpu_attention, cpu_rope, experts: streamed, reduce: None };
         model.eval_weights(progress)?;
         if !on_gpu {
+            model.projections_in_strips()?;
             model.weights_on_huge_pages();
         }
         Ok(model)
@@ -515,6 +536,29 @@ impl Model {
             all.extend(b.mlp.arrays());
             mlx_rs::transforms::eval(std::mem::take(&mut all)).context("materializing weights")?;
             progress(0.1 + 0.85 * (i + 1) as f64 / layers);
+        }
+        Ok(())
+    }
+
+    /// On the CPU, the projections (the head and the embedding too: the host lookup reads
+    /// either layout) repacked for the CPU kernel where it reads them faster so
+    /// ([`Weight::repack_in_strips`]).
+    fn projections_in_strips(&mut self) -> Result<()> {
+        let start = std::time::Instant::now();
+        let mut repacked = 0;
+        if let Some(e) = &mut self.ends {
+            repacked += usize::from(e.embed.0.repack_in_strips()?);
+            if let Some(head) = &mut e.lm_head {
+                repacked += usize::from(head.repack_in_strips()?);
+            }
+        }
+        for b in &mut self.blocks {
+            for l in b.dense_projections_mut() {
+                repacked += usize::from(l.weight.repack_in_strips()?);
+            }
+        }
+        if repacked > 0 {
+            tracing::info!("{repacked} weights in 16-column strips for the AVX512-VNNI kernel ({:.0?})", start.elapsed());
         }
         Ok(())
     }

@@ -101,6 +101,9 @@ pub struct Quantized {
     /// `quantized_matmul`: set at assembly on the CPU device, affine, scales and biases
     /// as the file holds them (float16, bfloat16 or float32).
     pub cpu_kernel: bool,
+    /// Packed in strips of sixteen columns for the CPU kernel ([`Quantized::into_strips`],
+    /// after loading), not MLX's rows: only the CPU kernel reads it then.
+    pub strips: bool,
 }
 
 impl Quantized {
@@ -113,7 +116,16 @@ impl Quantized {
             spec.mode.name(),
             if biases.is_some() { "has no" } else { "needs" }
         );
-        Ok(Quantized { weight, scales, biases, group_size: spec.group_size, bits: spec.bits, mode: spec.mode, cpu_kernel: false })
+        Ok(Quantized {
+            weight,
+            scales,
+            biases,
+            group_size: spec.group_size,
+            bits: spec.bits,
+            mode: spec.mode,
+            cpu_kernel: false,
+            strips: false,
+        })
     }
 
     pub fn spec(&self) -> QuantSpec {
@@ -123,11 +135,30 @@ impl Quantized {
     /// The CPU kernel's product, with what it fuses around it.
     pub(super) fn cpu_matmul(&self, x: &Array, prologue: Prologue, residual: Option<&Array>) -> Result<Array> {
         let Some(biases) = &self.biases else { bail!("the CPU kernel runs affine weights only") };
-        cpu_backend::quantized_matmul(x, &self.weight, &self.scales, biases, self.group_size, self.bits, prologue, residual)
+        cpu_backend::quantized_matmul(x, &self.weight, &self.scales, biases, self.group_size, self.bits, self.strips, prologue, residual)
+    }
+
+    /// The weight repacked in strips of sixteen columns where the CPU kernel reads those
+    /// ([`cpu_backend::repack_in_strips`]: AVX512-VNNI without AMX, 4 or 8 bits), itself
+    /// otherwise. Afterwards only the CPU kernel and the host embedding lookup read it
+    /// (MLX's own ops on it are refused).
+    pub fn into_strips(self) -> Result<Quantized> {
+        let Some(biases) = self.biases.as_ref().filter(|_| self.cpu_kernel && !self.strips) else { return Ok(self) };
+        match cpu_backend::repack_in_strips(&self.weight, &self.scales, biases, self.group_size, self.bits)? {
+            Some((weight, scales, biases)) => Ok(Quantized { weight, scales, biases: Some(biases), strips: true, ..self }),
+            None => Ok(self),
+        }
+    }
+
+    /// Refuses a weight in strips, which only the CPU kernel reads.
+    fn in_rows(&self, what: &str) -> Result<()> {
+        ensure!(!self.strips, "{what}: the weight is packed in strips for the CPU kernel");
+        Ok(())
     }
 
     /// `x @ dequantize(self).T` (MLX's `quantized_matmul`).
     pub fn matmul(&self, x: &Array) -> Result<Array> {
+        self.in_rows("quantized_matmul")?;
         // SAFETY: every handle is alive for the call (borrowed from self and x; the empty
         // handle for absent biases is freed by `Handles`).
         unsafe {
@@ -152,6 +183,7 @@ impl Quantized {
     /// `x` through the stacked matrix each of `indices` names (MLX's `gather_qmm`, the
     /// weight transposed, `sorted` when `indices` ascend).
     pub fn gather(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        self.in_rows("gather_qmm")?;
         // SAFETY: as in `matmul`; `indices` is alive for the call.
         unsafe {
             let none = Handles::none();
@@ -177,6 +209,7 @@ impl Quantized {
 
     /// The float matrix, as `dtype`.
     pub fn dequantize(&self, dtype: Dtype) -> Result<Array> {
+        self.in_rows("dequantize")?;
         // SAFETY: as in `matmul`.
         unsafe {
             let none = Handles::none();
@@ -200,6 +233,7 @@ impl Quantized {
     /// The same weight with `f` applied to each array (scales and biases by `floats`, which
     /// an mxfp4 weight's `u8` scales skip).
     pub fn map(self, packed: impl Fn(Array) -> Result<Array>, floats: impl Fn(Array) -> Result<Array>) -> Result<Quantized> {
+        self.in_rows("a transform of its arrays")?;
         let affine = self.mode == QuantMode::Affine;
         Ok(Quantized {
             weight: packed(self.weight)?,

@@ -98,6 +98,7 @@ impl Shard {
             Weight::Dense(m) => Weight::Dense(m.take_axis(indices(a, b), 1)?),
             Weight::Quantized(q) => {
                 ensure!(q.mode == QuantMode::Affine, "tensor parallel splits affine-quantized or float weights only");
+                ensure!(!q.strips, "tensor parallel splits weights in MLX's layout only");
                 let per_word = 32 / q.bits;
                 if a % q.group_size != 0 || a % per_word != 0 {
                     bail!("{} columns a rank do not fall on {}-column quantization groups", b - a, q.group_size);

@@ -13,7 +13,9 @@
 //! x86_64 the widest instruction set the CPU has is chosen at run time
 //! ([`Kernel::detect`]): [`amx`]'s int8 tiles for products of 16 rows or more where the
 //! CPU has AMX, [`vnni`]'s `vpdpbusd` (AVX512-VNNI or AVX-VNNI), else [`avx2`]'s
-//! `maddubs`; [`scalar`] elsewhere.
+//! `maddubs`; [`scalar`] elsewhere. Where AVX512-VNNI runs without AMX, the model's weights
+//! are repacked at load into [`strips`] of sixteen columns, which that kernel reads with the
+//! columns in the lanes ([`Weights::strips`] says which layout a weight is in).
 //!
 //! [`primitive.cpp`](primitive.cpp) makes this an MLX primitive, so it runs inside MLX's
 //! lazy graph on the CPU stream like any other op; [`op`] builds it from Rust. Each MLX op
@@ -28,6 +30,7 @@ mod amx;
 mod avx2;
 pub mod op;
 mod scalar;
+pub mod strips;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
@@ -93,7 +96,7 @@ impl Kernel {
             Kernel::Amx => {
                 "AMX int8 tiles for 16+ rows (prefill), else AVX512-VNNI (int8 activations, vpdpbusd on 512-bit registers, 8-row tiles)"
             }
-            Kernel::Avx512Vnni => "AVX512-VNNI (int8 activations, vpdpbusd on 512-bit registers, 8-row tiles)",
+            Kernel::Avx512Vnni => "AVX512-VNNI (int8 activations, vpdpbusd on 512-bit registers, weights in 16-column strips, 8-row tiles)",
             Kernel::AvxVnni => "AVX-VNNI (int8 activations, vpdpbusd, 8-row tiles)",
             Kernel::Avx2 => "AVX2+FMA (int8 activations, weights unpacked in registers)",
             Kernel::Scalar => "portable scalar",
@@ -258,6 +261,9 @@ pub struct Weights<'a, S: Scale = f32> {
     pub k: usize,
     pub group_size: usize,
     pub bits: u32,
+    /// In [`strips`] of sixteen columns (repacked at load for the AVX-512 kernel), not
+    /// MLX's rows.
+    pub strips: bool,
 }
 
 impl<S: Scale> Weights<'_, S> {
@@ -266,9 +272,18 @@ impl<S: Scale> Weights<'_, S> {
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
         let (k, gs) = (self.k, self.group_size);
         let (groups, words) = (k / gs, k * self.bits as usize / 32);
-        let row = &self.packed[j * words..][..words];
+        // In strips, the row's words gathered first (`bits` words a block).
+        let gathered: Vec<u32>;
+        let row = if self.strips {
+            let (blocks, per_block) = (k / 32, self.bits as usize);
+            gathered = (0..words).map(|i| self.packed[strips::word_at(j, i / per_block, i % per_block, blocks, per_block)]).collect();
+            &gathered[..]
+        } else {
+            &self.packed[j * words..][..words]
+        };
+        let group = |g: usize| if self.strips { strips::group_at(j, g, groups) } else { j * groups + g };
         for (g, values) in out[..k].chunks_exact_mut(gs).enumerate() {
-            let (scale, bias) = (self.scales[j * groups + g].to_f32(), self.biases[j * groups + g].to_f32());
+            let (scale, bias) = (self.scales[group(g)].to_f32(), self.biases[group(g)].to_f32());
             for (i, v) in values.iter_mut().enumerate() {
                 *v = scale * scalar::value(row, g * gs + i, self.bits) as f32 + bias;
             }
@@ -299,9 +314,11 @@ impl<'a> AnyWeights<'a> {
         scales: (*const std::ffi::c_void, i64),
         biases: (*const std::ffi::c_void, i64),
         scale_type: i32,
+        strips: bool,
         (n, k, group_size, bits): (usize, usize, usize, usize),
     ) -> AnyWeights<'a> {
         assert!(supports(bits as i32, group_size as i32) && k.is_multiple_of(group_size), "{bits} bits, groups of {group_size}, k {k}");
+        assert!(!strips || n.is_multiple_of(strips::STRIP), "strips of 16 columns, not {n}");
         let groups = elems(&[n, k / group_size]);
         let packed = primitive_call::input(packed, packed_len, elems(&[n, k, bits]) / 32, "w");
         /// # Safety
@@ -311,17 +328,18 @@ impl<'a> AnyWeights<'a> {
             (s, sl): (*const std::ffi::c_void, i64),
             (b, bl): (*const std::ffi::c_void, i64),
             groups: usize,
+            strips: bool,
             (n, k, group_size, bits): (usize, usize, usize, usize),
         ) -> Weights<'a, S> {
             let scales = primitive_call::input(s as *const S, sl, groups, "scales");
             let biases = primitive_call::input(b as *const S, bl, groups, "biases");
-            Weights { packed, scales, biases, n, k, group_size, bits: bits as u32 }
+            Weights { packed, scales, biases, n, k, group_size, bits: bits as u32, strips }
         }
         let shape = (n, k, group_size, bits);
         match scale_type {
-            <f32 as Scale>::CODE => AnyWeights::F32(typed(packed, scales, biases, groups, shape)),
-            <half::f16 as Scale>::CODE => AnyWeights::F16(typed(packed, scales, biases, groups, shape)),
-            <half::bf16 as Scale>::CODE => AnyWeights::Bf16(typed(packed, scales, biases, groups, shape)),
+            <f32 as Scale>::CODE => AnyWeights::F32(typed(packed, scales, biases, groups, strips, shape)),
+            <half::f16 as Scale>::CODE => AnyWeights::F16(typed(packed, scales, biases, groups, strips, shape)),
+            <half::bf16 as Scale>::CODE => AnyWeights::Bf16(typed(packed, scales, biases, groups, strips, shape)),
             other => panic!("unknown scale type {other}"),
         }
     }
@@ -469,13 +487,20 @@ pub fn matmul<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, 
         assert!(weight.len() == k);
     }
     assert!(fusion.residual.is_none_or(|r| r.len() == rows * n));
+    assert!(!w.strips || kernel == Kernel::Avx512Vnni, "weights in strips run on the AVX512-VNNI kernel only, not {kernel:?}");
     let tiles = kernel.tiles(rows);
     let layout = if tiles { Layout::Tiles } else { Layout::for_bits(w.bits) };
     let a = Activations::new(x, rows, k, w.group_size, layout, fusion.prologue);
     let o = Out { ptr: out.as_mut_ptr(), residual: fusion.residual.map_or(std::ptr::null(), |r| r.as_ptr()), n };
     let tasks = (super::pool::threads() * 4).min(n.div_ceil(MIN_COLUMNS_PER_TASK)).max(1);
-    // AMX's tasks take whole strips of columns.
-    let per_task = if tiles { n.div_ceil(tasks).next_multiple_of(AMX_TILE) } else { n.div_ceil(tasks) };
+    // AMX's tasks take whole strips of columns, and so do weights in strips.
+    let per_task = if tiles {
+        n.div_ceil(tasks).next_multiple_of(AMX_TILE)
+    } else if w.strips {
+        n.div_ceil(tasks).next_multiple_of(strips::STRIP)
+    } else {
+        n.div_ceil(tasks)
+    };
     let body = |t: usize| {
         let columns: Range<usize> = t * per_task..((t + 1) * per_task).min(n);
         if columns.is_empty() {
@@ -489,6 +514,10 @@ pub fn matmul<S: Scale>(kernel: Kernel, x: &[f32], rows: usize, w: &Weights<S>, 
             // is listed only then); `a` is in Layout::Tiles (above; asserted there too);
             // shapes checked; tasks own their columns.
             Kernel::Amx if tiles => unsafe { amx::columns(w, &a, o, columns) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as the next arm's; `w` is in strips and `columns` whole strips (the
+            // tasks' split above).
+            Kernel::Avx512Vnni if w.strips => unsafe { strips::columns(w, &a, o, columns) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX512-VNNI, AVX512VL, AVX512BW, AVX2, FMA and F16C detected (Amx is
             // listed only with them); `a` in Layout::for_bits (above); shapes checked.
@@ -535,6 +564,7 @@ pub unsafe extern "C" fn mlxbar_affine_qmm_run(
     n: i64,
     group_size: i32,
     bits: i32,
+    strips: i32,
     prologue: i32,
     norm: *const f32,
     norm_len: i64,
@@ -557,7 +587,8 @@ pub unsafe extern "C" fn mlxbar_affine_qmm_run(
         let fusion = Fusion { prologue, residual };
         let x = primitive_call::input(x, x_len, elems(&[rows, prologue.input_columns(k)]), "x");
         let out = primitive_call::output(out, out_len, elems(&[rows, n]), "out");
-        let w = AnyWeights::from_raw((packed, packed_len), (scales, scales_len), (biases, biases_len), scale_type, (n, k, gs, b));
+        let raw = ((packed, packed_len), (scales, scales_len), (biases, biases_len));
+        let w = AnyWeights::from_raw(raw.0, raw.1, raw.2, scale_type, strips != 0, (n, k, gs, b));
         w.matmul(kernel(), x, rows, fusion, out);
     };
     // A panic must not unwind into MLX's C++ scheduler thread.
@@ -584,7 +615,7 @@ pub fn faster_than_float32() -> bool {
         let (n, k, gs) = (1536usize, 576usize, 64usize);
         let packed: Vec<u32> = (0..n * k / 8).map(|i| (i as u32).wrapping_mul(2654435761)).collect();
         let scales = vec![0.01f32; n * k / gs];
-        let w = Weights { packed: &packed, scales: &scales, biases: &scales, n, k, group_size: gs, bits: 4 };
+        let w = Weights { packed: &packed, scales: &scales, biases: &scales, n, k, group_size: gs, bits: 4, strips: false };
         let dense = vec![0.01f32; n * k];
         let x = vec![0.5f32; k];
         let mut out = vec![0f32; n];
@@ -626,6 +657,20 @@ mod tests {
             let differ = elsewhere.iter().zip(&simd).position(|(a, b)| a.to_bits() != b.to_bits());
             assert!(differ.is_none(), "{kernel:?} {what}: a row alone (or in another tile) differs from batched at {differ:?}");
         }
+        // The same weights in strips, where the CPU has the kernel that reads them.
+        if !Kernel::available().contains(&Kernel::Avx512Vnni) || !w.n.is_multiple_of(strips::STRIP) {
+            return;
+        }
+        let (packed, scales, biases) = strips::repack(w.packed, w.scales, w.biases, (w.n, w.k, w.group_size, w.bits as usize));
+        let ws = Weights { packed: &packed, scales: &scales, biases: &biases, strips: true, ..*w };
+        let mut simd = vec![0f32; rows * w.n];
+        matmul(Kernel::Avx512Vnni, x, rows, &ws, Fusion::default(), &mut simd);
+        for (i, (s, p)) in simd.iter().zip(&plain).enumerate() {
+            assert!((s - p).abs() <= 1e-4 * p.abs().max(1.0), "strips {what} [{i}]: {s} vs {p}");
+        }
+        let elsewhere = rows_elsewhere(Kernel::Avx512Vnni, x, rows, &ws, Fusion::default());
+        let differ = elsewhere.iter().zip(&simd).position(|(a, b)| a.to_bits() != b.to_bits());
+        assert!(differ.is_none(), "strips {what}: a row alone differs from batched at {differ:?}");
     }
 
     /// Each row of `x`'s product computed apart from the call's other rows: alone, or where
@@ -671,7 +716,7 @@ mod tests {
         let biases: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4 - 0.05).collect();
         let x: Vec<f32> = (0..rows * 2 * k).map(|_| (next() % 2001) as f32 / 500.0 - 2.0).collect();
         let norm: Vec<f32> = (0..k).map(|_| (next() % 1000) as f32 / 500.0).collect();
-        let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits: 4 };
+        let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits: 4, strips: false };
         let cases = [("SwiGLU", &x[..], Prologue::SwiGlu), ("RMS norm", &x[..rows * k], Prologue::RmsNorm { weight: &norm, eps: 1e-5 })];
         // Each row transformed before the product.
         let transformed = |input: &[f32], prologue: Prologue| -> Vec<f32> {
@@ -740,23 +785,25 @@ mod tests {
                         continue;
                     }
                     // With 16 rows or more, 197 columns: tasks of two strips, and a last
-                    // strip of five columns.
-                    let n = if rows >= AMX_MIN_ROWS { 197 } else { 37 };
-                    let packed: Vec<u32> = (0..n * k * bits as usize / 32).map(|_| next()).collect();
-                    let scales: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4).collect();
-                    let biases: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4 - 0.05).collect();
-                    let x: Vec<f32> = (0..rows * k).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
-                    let what = format!("bits {bits} gs {gs} rows {rows}");
-                    let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits };
-                    kernels_agree(&x, rows, &w, &format!("float32 scales, {what}"));
-                    let half = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>();
-                    let (scales, biases) = (half(&scales), half(&biases));
-                    let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits };
-                    kernels_agree(&x, rows, &w, &format!("float16 scales, {what}"));
-                    let brain = |v: &[half::f16]| v.iter().map(|x| half::bf16::from_f32(x.to_f32())).collect::<Vec<_>>();
-                    let (scales, biases) = (brain(&scales), brain(&biases));
-                    let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits };
-                    kernels_agree(&x, rows, &w, &format!("bfloat16 scales, {what}"));
+                    // strip of five columns; every other shape also 48 or 208 columns,
+                    // for the weights in strips.
+                    for n in if rows >= AMX_MIN_ROWS { [197, 208] } else { [37, 48] } {
+                        let packed: Vec<u32> = (0..n * k * bits as usize / 32).map(|_| next()).collect();
+                        let scales: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4).collect();
+                        let biases: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4 - 0.05).collect();
+                        let x: Vec<f32> = (0..rows * k).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+                        let what = format!("bits {bits} gs {gs} rows {rows} columns {n}");
+                        let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits, strips: false };
+                        kernels_agree(&x, rows, &w, &format!("float32 scales, {what}"));
+                        let half = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>();
+                        let (scales, biases) = (half(&scales), half(&biases));
+                        let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits, strips: false };
+                        kernels_agree(&x, rows, &w, &format!("float16 scales, {what}"));
+                        let brain = |v: &[half::f16]| v.iter().map(|x| half::bf16::from_f32(x.to_f32())).collect::<Vec<_>>();
+                        let (scales, biases) = (brain(&scales), brain(&biases));
+                        let w = Weights { packed: &packed, scales: &scales, biases: &biases, n, k, group_size: gs, bits, strips: false };
+                        kernels_agree(&x, rows, &w, &format!("bfloat16 scales, {what}"));
+                    }
                 }
             }
         }

@@ -17,6 +17,7 @@ extern "C" {
         biases: mlx_array,
         group_size: c_int,
         bits: c_int,
+        strips: c_int,
         prologue: c_int,
         norm: mlx_array,
         eps: f32,
@@ -29,7 +30,7 @@ extern "C" {
 
 /// `prologue(x) · dequant(w)ᵀ (+ residual)` for MLX affine-quantized `w`
 /// (`[n, k·bits/32]` uint32, `scales`/`biases` `[n, k/group_size]` of one type, float32,
-/// float16 or bfloat16, evaluated);
+/// float16 or bfloat16, evaluated; in [`super::strips`] where `strips`);
 /// `x` float32 `[..., k]` (`[..., 2k]` for SwiGLU), `residual` the output's shape.
 #[allow(clippy::too_many_arguments)]
 pub fn affine_qmm(
@@ -39,6 +40,7 @@ pub fn affine_qmm(
     biases: &Array,
     group_size: i32,
     bits: i32,
+    strips: bool,
     prologue: Prologue,
     residual: Option<&Array>,
 ) -> Result<Array> {
@@ -62,6 +64,7 @@ pub fn affine_qmm(
                 biases.as_ptr(),
                 group_size,
                 bits,
+                strips.into(),
                 code,
                 opt(norm),
                 eps,

@@ -36,6 +36,7 @@ extern "C" void mlxbar_affine_qmm_run(
     int64_t n,
     int32_t group_size,
     int32_t bits,
+    int32_t strips,
     int32_t prologue,
     const float* norm,
     int64_t norm_len,
@@ -54,10 +55,11 @@ namespace {
 
 class AffineQmm : public mx::UnaryPrimitive {
  public:
-  AffineQmm(mx::Stream stream, int group_size, int bits, int prologue, float eps, bool residual)
+  AffineQmm(mx::Stream stream, int group_size, int bits, bool strips, int prologue, float eps, bool residual)
       : mx::UnaryPrimitive(stream),
         group_size_(group_size),
         bits_(bits),
+        strips_(strips),
         prologue_(prologue),
         eps_(eps),
         residual_(residual) {}
@@ -74,7 +76,7 @@ class AffineQmm : public mx::UnaryPrimitive {
     const int64_t n = w.shape(0);
     const int64_t rows = n > 0 ? static_cast<int64_t>(out.size()) / n : 0;
     enc.dispatch([inputs, out_ptr = out.data<float>(), out_len = static_cast<int64_t>(out.size()), rows, k, n,
-                  gs = group_size_, bits = bits_, prologue = prologue_, eps = eps_, has_res = residual_]() {
+                  gs = group_size_, bits = bits_, strips = strips_, prologue = prologue_, eps = eps_, has_res = residual_]() {
       if (rows == 0) return;
       // Every input is read as row-major data: gathered here when it is not (a strided or
       // broadcast view; weights come contiguous, so only x and the residual ever are).
@@ -90,7 +92,7 @@ class AffineQmm : public mx::UnaryPrimitive {
       const auto nm = prologue == PROLOGUE_RMS_NORM ? mlxbar::dense(inputs[4], nc) : none;
       const auto r = has_res ? mlxbar::dense(inputs.back(), rc) : none;
       mlxbar_affine_qmm_run(
-          x.ptr, x.len, rows, k, w.ptr, w.len, s.ptr, s.len, b.ptr, b.len, scale_type, n, gs, bits, prologue, nm.ptr, nm.len, eps,
+          x.ptr, x.len, rows, k, w.ptr, w.len, s.ptr, s.len, b.ptr, b.len, scale_type, n, gs, bits, strips, prologue, nm.ptr, nm.len, eps,
           r.ptr, r.len, out_ptr, out_len);
     });
   }
@@ -105,7 +107,7 @@ class AffineQmm : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const AffineQmm&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_ && prologue_ == o.prologue_ && eps_ == o.eps_ &&
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && strips_ == o.strips_ && prologue_ == o.prologue_ && eps_ == o.eps_ &&
         residual_ == o.residual_;
   }
 
@@ -118,6 +120,8 @@ class AffineQmm : public mx::UnaryPrimitive {
  private:
   int group_size_;
   int bits_;
+  // The weights in strips of 16 columns (affine_qmm/strips.rs), not MLX's rows.
+  bool strips_;
   int prologue_;
   float eps_;
   bool residual_;
@@ -130,6 +134,7 @@ mx::array affine_qmm(
     const mx::array& biases,
     int group_size,
     int bits,
+    bool strips,
     int prologue,
     const mx::array* norm,
     float eps,
@@ -155,6 +160,9 @@ mx::array affine_qmm(
       scales.shape(0) != w.shape(0) || scales.shape(1) != k / group_size) {
     throw std::invalid_argument("affine_qmm: shapes of x, w and scales disagree");
   }
+  if (strips && w.shape(0) % 16 != 0) {
+    throw std::invalid_argument("affine_qmm: weights in strips of 16 columns need a multiple of 16 columns");
+  }
   auto shape = x.shape();
   shape.back() = w.shape(0);
   std::vector<mx::array> inputs = {x, w, scales, biases};
@@ -175,7 +183,7 @@ mx::array affine_qmm(
   return mx::array(
       shape,
       mx::float32,
-      std::make_shared<AffineQmm>(s, group_size, bits, prologue, eps, residual != nullptr),
+      std::make_shared<AffineQmm>(s, group_size, bits, strips, prologue, eps, residual != nullptr),
       std::move(inputs));
 }
 
@@ -191,6 +199,7 @@ extern "C" int mlxbar_affine_qmm(
     mlx_array biases,
     int group_size,
     int bits,
+    int strips,
     int prologue,
     mlx_array norm,
     float eps,
@@ -206,6 +215,7 @@ extern "C" int mlxbar_affine_qmm(
             mlx_array_get_(biases),
             group_size,
             bits,
+            strips != 0,
             prologue,
             norm.ctx ? &mlx_array_get_(norm) : nullptr,
             eps,

@@ -28,6 +28,8 @@ pub struct QuantizedWeight {
     pub scale_type: i32,
     pub bits: i32,
     pub group_size: i32,
+    /// Non-zero: in [`affine_qmm::strips`].
+    pub strips: i32,
     pub n: i64,
     pub k: i64,
 }
@@ -39,7 +41,14 @@ impl QuantizedWeight {
     unsafe fn weights<'a>(&self) -> AnyWeights<'a> {
         let shape = (count(self.n), count(self.k), count(self.group_size.into()), count(self.bits.into()));
         let raw = |b: &Buffer<c_void>| (b.ptr, b.len);
-        AnyWeights::from_raw((self.packed.ptr, self.packed.len), raw(&self.scales), raw(&self.biases), self.scale_type, shape)
+        AnyWeights::from_raw(
+            (self.packed.ptr, self.packed.len),
+            raw(&self.scales),
+            raw(&self.biases),
+            self.scale_type,
+            self.strips != 0,
+            shape,
+        )
     }
 }
 

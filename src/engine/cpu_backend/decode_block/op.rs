@@ -22,6 +22,7 @@ extern "C" {
         weights: *const mlx_array,
         bits: *const c_int,
         group_sizes: *const c_int,
+        strips: *const c_int,
         periods: mlx_array,
         q_norm: mlx_array,
         k_norm: mlx_array,
@@ -39,9 +40,10 @@ pub fn decode_block(b: &DecodeBlock) -> Result<Array> {
     let weights: Vec<mlx_array> = projections.iter().flat_map(|p| [p.weight.as_ptr(), p.scales.as_ptr(), p.biases.as_ptr()]).collect();
     let bits = projections.map(|p| p.bits);
     let group_sizes = projections.map(|p| p.group_size);
+    let strips = projections.map(|p| c_int::from(p.strips));
     let a = &b.attention;
     // SAFETY: every handle is alive for the call (an empty one owns nothing), the three
-    // arrays hold twelve handles and four formats; the cache buffers are written by the
+    // arrays hold twelve handles and four of each format field; the cache buffers are written by the
     // op's task only, which the op's C++ side checks they allow.
     unsafe {
         primitive_call::new_array(|res, stream, err, err_len| {
@@ -56,6 +58,7 @@ pub fn decode_block(b: &DecodeBlock) -> Result<Array> {
                 weights.as_ptr(),
                 bits.as_ptr(),
                 group_sizes.as_ptr(),
+                strips.as_ptr(),
                 handle(a.periods),
                 handle(a.q_norm),
                 handle(a.k_norm),

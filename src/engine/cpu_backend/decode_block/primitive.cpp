@@ -29,6 +29,8 @@ struct QuantizedWeight {
   int32_t scale_type;
   int32_t bits;
   int32_t group_size;
+  // In strips of 16 columns (affine_qmm/strips.rs), not MLX's rows.
+  int32_t strips;
   int64_t n;
   int64_t k;
 };
@@ -65,6 +67,7 @@ struct Config {
   StepParams step;
   int bits[4];
   int group_size[4];
+  int strips[4];
   bool has_periods;
   bool has_q_norm;
   bool has_k_norm;
@@ -89,6 +92,7 @@ QuantizedWeight quantized_weight(const std::vector<mx::array>& inputs, int which
   q.scale_type = sb.scale_type;
   q.bits = c.bits[which];
   q.group_size = c.group_size[which];
+  q.strips = c.strips[which];
   q.n = w.shape(0);
   q.k = static_cast<int64_t>(w.shape(1)) * 32 / c.bits[which];
   return q;
@@ -144,9 +148,12 @@ class DecodeBlock : public mx::UnaryPrimitive {
 };
 
 // A projection of `k` inputs to `n` outputs as affine_qmm takes it.
-void check_weight(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits, int gs, int64_t n, int64_t k, const char* what) {
+void check_weight(
+    const mx::array& w, const mx::array& scales, const mx::array& biases, int bits, int gs, bool strips, int64_t n, int64_t k,
+    const char* what) {
   const auto st = scales.dtype();
-  const bool ok = (bits == 4 || bits == 8) && (gs == 32 || gs == 64 || gs == 128) && w.dtype() == mx::uint32 &&
+  const bool ok = (bits == 4 || bits == 8) && (gs == 32 || gs == 64 || gs == 128) && (!strips || n % 16 == 0) &&
+      w.dtype() == mx::uint32 &&
       (st == mx::float32 || st == mx::float16 || st == mx::bfloat16) && biases.dtype() == st && w.ndim() == 2 &&
       scales.ndim() == 2 && biases.shape() == scales.shape() && w.shape(0) == n &&
       static_cast<int64_t>(w.shape(1)) * 32 == k * bits && k % gs == 0 && scales.shape(0) == n && scales.shape(1) == k / gs;
@@ -173,7 +180,7 @@ mx::array decode_block(std::vector<mx::array> inputs, const mx::array* periods, 
   const char* names[4] = {"q|k|v", "o", "gate|up", "down"};
   for (int i = 0; i < 4; i++) {
     const auto base = FIRST_WEIGHT + 3 * i;
-    check_weight(inputs[base], inputs[base + 1], inputs[base + 2], c.bits[i], c.group_size[i], shapes[i][0], shapes[i][1], names[i]);
+    check_weight(inputs[base], inputs[base + 1], inputs[base + 2], c.bits[i], c.group_size[i], c.strips[i] != 0, shapes[i][0], shapes[i][1], names[i]);
   }
   c.has_periods = periods != nullptr;
   c.has_q_norm = q_norm != nullptr;
@@ -194,7 +201,7 @@ const mx::array* optional(const mlx_array& a) {
 
 // 0 on success; otherwise 1 and the reason in `err` (see mlxbar::guarded). `weights` holds
 // the four projections' packed weights, scales and biases (q|k|v, o, gate|up, down: twelve
-// handles), `bits` and `group_sizes` their formats; `periods`, `q_norm` and `k_norm` may be
+// handles), `bits`, `group_sizes` and `strips` their formats; `periods`, `q_norm` and `k_norm` may be
 // empty handles (ctx null); `step`'s shapes are ignored (taken from the inputs').
 extern "C" int mlxbar_decode_block(
     mlx_array* res,
@@ -207,6 +214,7 @@ extern "C" int mlxbar_decode_block(
     const mlx_array* weights,
     const int* bits,
     const int* group_sizes,
+    const int* strips,
     mlx_array periods,
     mlx_array q_norm,
     mlx_array k_norm,
@@ -216,12 +224,13 @@ extern "C" int mlxbar_decode_block(
     size_t err_len) {
   return mlxbar::guarded(res, err, err_len, [&] {
     // The shapes are filled in from the inputs'.
-    Config c = {*step, {}, {}, false, false, false};
+    Config c = {*step, {}, {}, {}, false, false, false};
     std::vector<mx::array> inputs = {mlx_array_get_(h),         mlx_array_get_(keys),      mlx_array_get_(values),
                                      mlx_array_get_(positions), mlx_array_get_(attn_norm), mlx_array_get_(mlp_norm)};
     for (int i = 0; i < 4; i++) {
       c.bits[i] = bits[i];
       c.group_size[i] = group_sizes[i];
+      c.strips[i] = strips[i];
       for (int j = 0; j < 3; j++) inputs.push_back(mlx_array_get_(weights[3 * i + j]));
     }
     return decode_block(std::move(inputs), optional(periods), optional(q_norm), optional(k_norm), c, mlx_stream_get_(stream));
