@@ -67,7 +67,7 @@ impl StepMatmuls {
                 let (scales, biases) = (scales.as_dtype(Dtype::Float16).unwrap(), biases.as_dtype(Dtype::Float16).unwrap());
                 let w =
                     Weight::Quantized(Quantized::new(wq, scales, Some(biases), QuantSpec::affine(32, bits)).unwrap()).for_cpu().unwrap();
-                // In strips where the server loads them so (AVX512-VNNI, 4-bit).
+                // In strips where the server loads them so (AVX512-VNNI without AMX).
                 match w {
                     Weight::Quantized(q) => Weight::Quantized(q.into_strips().unwrap()),
                     dense => dense,
@@ -103,7 +103,7 @@ impl StepMatmuls {
 /// Milliseconds for a step's projections (30 layers of 4-bit q|k|v, o, gate|up and down,
 /// the 8-bit head; groups of 32, float16 scales) at `rows` rows through each quantized
 /// kernel this CPU runs, called directly (no MLX graph): the instruction sets side by side,
-/// and AVX512-VNNI with the 4-bit weights in strips (as the server loads them there).
+/// and AVX512-VNNI with the weights in strips (as the server loads them there).
 fn kernels_ms(rows: usize, iters: usize) -> Vec<(String, f64)> {
     let mut state = 0x9e37_79b9_u32;
     let mut words = |n: usize| -> Vec<u32> {
@@ -123,21 +123,18 @@ fn kernels_ms(rows: usize, iters: usize) -> Vec<(String, f64)> {
         shapes.iter().map(|&(n, k, bits)| (words(n * k * bits as usize / 32), vec![half::f16::from_f32(0.01); n * k / 32])).collect();
     let x: Vec<f32> = (0..rows * ff).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
     let mut out = vec![0f32; rows * vocab];
-    let in_strips: Vec<Option<(Vec<u32>, Vec<half::f16>)>> = shapes
+    let in_strips: Vec<(Vec<u32>, Vec<half::f16>)> = shapes
         .iter()
         .zip(&held)
         .map(|(&(n, k, bits), (packed, scales))| {
             let (p, s, _) = affine_qmm::strips::repack(packed, scales, scales, (n, k, 32, bits as usize));
-            Some((p, s))
+            (p, s)
         })
         .collect();
     let mut run = |kernel: Kernel, strips: bool| {
         time_ms(iters, || {
-            for ((&(n, k, bits), (packed, scales)), repacked) in shapes.iter().zip(&held).zip(&in_strips) {
-                let (packed, scales, strips) = match repacked {
-                    Some((p, s)) if strips => (p, s, true),
-                    _ => (packed, scales, false),
-                };
+            for ((&(n, k, bits), as_mlx), repacked) in shapes.iter().zip(&held).zip(&in_strips) {
+                let (packed, scales) = if strips { repacked } else { as_mlx };
                 let w = affine_qmm::Weights { packed, scales, biases: scales, n, k, group_size: 32, bits, strips };
                 affine_qmm::matmul(kernel, &x[..rows * k], rows, &w, affine_qmm::Fusion::default(), &mut out[..rows * n]);
             }

@@ -61,7 +61,8 @@ pub fn quantized_kernel(bits: i32, group_size: i32) -> Option<&'static str> {
 /// and unpacking are ~40 ops, each a dispatch that costs more than this arithmetic. None
 /// where [`quantized_kernel`] does not hold such a table (another platform, bits or group
 /// size, a scale type other than float32, float16 and bfloat16, a layout not
-/// row-contiguous); an error for an id outside the table.
+/// row-contiguous); an error for an id outside the table. `strips`: the table is in
+/// `affine_qmm::strips` (repacked at load for the kernel).
 pub fn dequantize_rows(
     packed: &Array,
     scales: &Array,
@@ -86,7 +87,7 @@ pub fn dequantize_rows(
                 packed.len() == n * k * bits / 32 && scales.len() == n * k / group_size && biases.len() == scales.len(),
                 "a quantized table's parts disagree"
             );
-            anyhow::ensure!(!strips || n.is_multiple_of(affine_qmm::strips::STRIP), "strips of 16 rows, not {n}");
+            anyhow::ensure!(!strips || n.is_multiple_of(affine_qmm::strips::STRIP), "strips of 16 columns, not {n}");
             let w = affine_qmm::Weights { packed, scales, biases, n, k, group_size, bits: bits as u32, strips };
             let mut out = vec![0f32; ids.len() * k];
             for (&id, row) in ids.iter().zip(out.chunks_exact_mut(k)) {
@@ -136,12 +137,12 @@ pub fn repack_in_strips(
         ) -> Result<Option<(Array, Array, Array)>> {
             let (Ok(s), Ok(b)) = (scales.try_as_slice::<S>(), biases.try_as_slice::<S>()) else { return Ok(None) };
             anyhow::ensure!(
-                words.len() == n * k * bits / 32 && s.len() == n * k / group_size && b.len() == s.len(),
+                k.is_multiple_of(group_size) && words.len() == n * k * bits / 32 && s.len() == n * k / group_size && b.len() == s.len(),
                 "a quantized weight's parts disagree"
             );
             let (w, s, b) = affine_qmm::strips::repack(words, s, b, (n, k, group_size, bits));
-            // Through float32 and back: exact for every scale type, and mlx-rs builds
-            // arrays from float32 slices.
+            // Through float32 and back: exact for every scale type (mlx-rs does not export
+            // the bound that would build them from any element type generically).
             let floats = |v: &[S], like: &Array| -> Result<Array> {
                 let wide: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
                 Ok(Array::from_slice(&wide, like.shape()).as_dtype(like.dtype())?)
@@ -278,7 +279,8 @@ pub struct AttentionStep<'a> {
     pub scale: f32,
 }
 
-/// A projection's arrays as MLX's affine quantization holds them, for [`decode_block`].
+/// A projection's arrays as MLX's affine quantization holds them (or in strips), for
+/// [`decode_block`].
 pub struct QuantizedArrays<'a> {
     pub weight: &'a Array,
     pub scales: &'a Array,

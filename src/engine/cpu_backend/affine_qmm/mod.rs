@@ -250,7 +250,7 @@ impl Scale for half::bf16 {
     }
 }
 
-/// A quantized weight matrix as MLX holds it (`transpose = true` layout).
+/// A quantized weight matrix as MLX holds it (`transpose = true` layout), or in [`strips`].
 pub struct Weights<'a, S: Scale = f32> {
     /// `n × k·bits/32`.
     pub packed: &'a [u32],
@@ -785,8 +785,8 @@ mod tests {
                         continue;
                     }
                     // With 16 rows or more, 197 columns: tasks of two strips, and a last
-                    // strip of five columns; every other shape also 48 or 208 columns,
-                    // for the weights in strips.
+                    // strip of five columns; every shape also 48 or 208 columns, for the
+                    // weights in strips.
                     for n in if rows >= AMX_MIN_ROWS { [197, 208] } else { [37, 48] } {
                         let packed: Vec<u32> = (0..n * k * bits as usize / 32).map(|_| next()).collect();
                         let scales: Vec<f32> = (0..n * k / gs).map(|_| (next() % 1000) as f32 / 1e4).collect();

@@ -7,10 +7,11 @@
 //! Why: [`super::vnni`]'s layout puts one column's values in the lanes, and each block's
 //! int32 sums must be converted and scaled per column and row: four instructions a row for
 //! 128 values of one column, where this layout takes about twelve for 512 (sixteen
-//! columns of 32). On Zen 4 eight rows of a step's projections took 8.8 ms in the old
-//! layout against 4.3 ms here (a probe, the same weights), the one-row pass 3.4 against
-//! 3.1 ms (it reads the same bytes; README's performance section). Used where
-//! [`applies`] (AVX512-VNNI without AMX, whose tiles read the rows' layout).
+//! columns of 32). On Zen 4 (`decode_profile`, a step's projections and head called
+//! directly) eight rows took 9.48 ms in MLX's layout against 6.30 ms with the 4-bit
+//! projections in strips, and 9.19 against 5.53 ms in a run with the head in strips too;
+//! one row about the same (it reads the same bytes; README's performance section). Used
+//! where [`applies`] (AVX512-VNNI without AMX, whose tiles read MLX's layout).
 //!
 //! The layout: strip `s` holds columns `16s..16s+16`; per block of 32 values, one chunk of
 //! 64 bytes per packed word of a column's block (4 at 4 bits, 8 at 8), chunk `m`'s lane `c`
@@ -56,14 +57,23 @@ pub fn repack<S: Copy>(
     let (blocks, groups, words) = (k / 32, k / group_size, bits);
     assert!(matches!(bits, 4 | 8) && n.is_multiple_of(STRIP) && k.is_multiple_of(group_size) && group_size.is_multiple_of(32));
     assert!(packed.len() == n * k * bits / 32 && scales.len() == n * groups && biases.len() == scales.len());
+    // Strips across the pool, 64 a task: a multi-GB model's load would otherwise wait
+    // seconds on one core here.
+    let (row_words, strip_words) = (blocks * words, STRIP * blocks * words);
     let mut out = vec![0u32; packed.len()];
-    for (j, row) in packed.chunks_exact(blocks * words).enumerate() {
-        for (b, block) in row.chunks_exact(words).enumerate() {
-            for (m, word) in block.iter().enumerate() {
-                out[word_at(j, b, m, blocks, words)] = *word;
+    super::super::pool::for_each_chunk_mut(&mut out, 64 * strip_words, |t, strips| {
+        for (i, strip) in strips.chunks_exact_mut(strip_words).enumerate() {
+            let first = (t * 64 + i) * STRIP;
+            for (c, row) in packed[first * row_words..][..STRIP * row_words].chunks_exact(row_words).enumerate() {
+                for (b, block) in row.chunks_exact(words).enumerate() {
+                    for (m, word) in block.iter().enumerate() {
+                        // word_at(first + c, b, m, ..) less the strip's start.
+                        strip[(b * words + m) * STRIP + c] = *word;
+                    }
+                }
             }
         }
-    }
+    });
     let by_strip = |v: &[S]| -> Vec<S> {
         let mut out = v.to_vec();
         for (i, x) in v.iter().enumerate() {
